@@ -1,0 +1,1 @@
+"""MoE Desk desktop app (PySide6)."""

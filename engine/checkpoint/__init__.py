@@ -1,0 +1,125 @@
+"""A checkpoint folder: its files, its tensor names (normalised once, here) and its weight formats.
+
+Layers ask `Checkpoint.weight(module, shape)` for a linear weight and `Checkpoint.tensor(name, shape)`
+for a plain parameter, always with the normalised name (`layers.3.linear_attn.in_proj_qkv`), never
+with a raw checkpoint key.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+
+from engine.checkpoint.formats import StoredWeight, check_scales, detect_format
+from engine.checkpoint.quant_config import QuantSettings, read_quant_settings
+from engine.checkpoint.safetensors_file import REDOWNLOAD, SafetensorsFile
+from engine.errors import CheckpointError
+
+# Exports put the language model under different prefixes; the longest match is stripped.
+KEY_PREFIXES = ("model.language_model.", "language_model.model.", "language_model.", "model.")
+# Vision tower and multi-token-prediction head: a text-only engine never reads them.
+SKIPPED_PREFIXES = ("model.visual.", "visual.", "mtp.", "model.mtp.")
+WEIGHT_ROLES = frozenset({"weight", "weight_scale", "weight_scale_2", "weight_scale_inv", "input_scale",
+                          "weight_packed", "weight_global_scale", "input_global_scale"})
+INDEX_FILE = "model.safetensors.index.json"
+
+
+def normalise_key(key: str) -> str | None:
+    """The engine's name for a checkpoint key, or None for tensors a text-only engine skips."""
+    if key.startswith(SKIPPED_PREFIXES):
+        return None
+    for prefix in KEY_PREFIXES:
+        if key.startswith(prefix):
+            return key[len(prefix):]
+    return key
+
+
+class Checkpoint:
+    def __init__(self, folder: Path, quantization_config: dict | None):
+        self.folder = folder
+        self.quant: QuantSettings = read_quant_settings(folder, quantization_config)
+        self._files: dict[str, SafetensorsFile] = {}
+        self._location: dict[str, tuple[SafetensorsFile, str]] = {}
+        for file_name in self._file_names():
+            shard = self._open(file_name)
+            for key in shard.keys():
+                name = normalise_key(key)
+                if name is not None:
+                    self._location[name] = (shard, key)
+        self._modules: dict[str, dict[str, str]] = {}
+        for name in self._location:
+            module, _, role = name.rpartition(".")
+            if role in WEIGHT_ROLES:
+                self._modules.setdefault(module, {})[role] = name
+
+    def _file_names(self) -> list[str]:
+        index_path = self.folder / INDEX_FILE
+        if index_path.is_file():
+            try:
+                weight_map = json.loads(index_path.read_text(encoding="utf-8"))["weight_map"]
+                names = sorted(set(weight_map.values()))
+            except (ValueError, KeyError, TypeError, AttributeError) as exc:
+                raise CheckpointError(index_path, f"is not a valid safetensors index ({exc!r})", REDOWNLOAD) from None
+            missing = [n for n in names if not (self.folder / n).is_file()]
+            if missing:
+                raise CheckpointError(self.folder, f"is missing shard {missing[0]}"
+                                      + (f" and {len(missing) - 1} more" if len(missing) > 1 else "")
+                                      + f" listed in {INDEX_FILE}", "the download is incomplete; resume or repeat it")
+            return names
+        names = sorted(p.name for p in self.folder.glob("*.safetensors"))
+        if not names:
+            raise CheckpointError(self.folder, "holds no .safetensors weights",
+                                  "MoE Desk reads Hugging Face safetensors checkpoints; GGUF and .bin are not supported")
+        return names
+
+    def _open(self, file_name: str) -> SafetensorsFile:
+        if file_name not in self._files:
+            self._files[file_name] = SafetensorsFile(self.folder / file_name)
+        return self._files[file_name]
+
+    # ---- what layers ask for -------------------------------------------------------------------
+
+    def has(self, name: str) -> bool:
+        return name in self._location or name in self._modules
+
+    def tensor(self, name: str, shape: tuple[int, ...] | None = None) -> torch.Tensor:
+        """A plain (unquantised) parameter such as a norm weight or A_log."""
+        if name not in self._location:
+            raise self._missing(name)
+        shard, key = self._location[name]
+        tensor = shard.tensor(key)
+        if shape is not None and tuple(tensor.shape) != tuple(shape):
+            raise self._bad_shape(key, shard, tuple(tensor.shape), shape)
+        return tensor
+
+    def weight(self, module: str, shape: tuple[int, ...]) -> StoredWeight:
+        """The weight of linear `module` (or a stacked expert tensor) in its stored format."""
+        roles = self._modules.get(module)
+        if roles is None:
+            if module in self._location:  # fused expert stacks are bare tensors without a .weight suffix
+                roles = {"weight": module}
+            else:
+                raise self._missing(module + ".weight")
+        tensors = {role: self._location[name][0].tensor(self._location[name][1]) for role, name in roles.items()}
+        shard, key = self._location[next(iter(roles.values()))]
+        try:
+            fmt, logical_shape = detect_format(module, tensors)
+            weight = StoredWeight(fmt, tensors, logical_shape, module, self.quant.fp8_block_size)
+            if logical_shape != tuple(shape):
+                raise self._bad_shape(key, shard, logical_shape, shape)
+            check_scales(weight)
+        except ValueError as exc:
+            raise CheckpointError(shard.path, str(exc), REDOWNLOAD) from None
+        return weight
+
+    def _missing(self, name: str) -> CheckpointError:
+        return CheckpointError(self.folder, f"has no tensor {name!r} that the config calls for",
+                               "the checkpoint does not match its config.json, or a shard is incomplete")
+
+    @staticmethod
+    def _bad_shape(key: str, shard: SafetensorsFile, found: tuple, expected: tuple) -> CheckpointError:
+        return CheckpointError(shard.path, f"tensor {key!r} has shape {list(found)} but config.json "
+                                           f"implies {list(expected)}",
+                               "the weights and config.json come from different models")

@@ -1,0 +1,64 @@
+"""The quantisation settings a checkpoint declares, checked before any tensor is read.
+
+Which format each weight is in is read off its tensors (formats.detect_format); this module
+refuses the methods and algorithms we cannot decode, and finds the FP8 block size.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+from engine.errors import CheckpointError
+
+MODELOPT_ALGOS = {"FP8", "NVFP4", "W4A16_NVFP4", "MIXED_PRECISION"}
+MODELOPT_LAYER_ALGOS = {"FP8", "NVFP4", "W4A16_NVFP4"}
+COMPRESSED_TENSORS_FORMATS = {"nvfp4-pack-quantized", "float-quantized", "mixed-precision"}
+SUPPORTED = "bf16/fp16/fp32, FP8 (block or per-tensor) and NVFP4 (ModelOpt or compressed-tensors)"
+
+
+@dataclass(frozen=True)
+class QuantSettings:
+    method: str | None  # None for unquantised checkpoints
+    fp8_block_size: tuple[int, int] = (128, 128)
+
+
+def read_quant_settings(folder: Path, quantization_config: dict | None) -> QuantSettings:
+    source = folder / "config.json"
+    if quantization_config is None and (folder / "hf_quant_config.json").is_file():
+        source = folder / "hf_quant_config.json"
+        try:
+            quantization_config = json.loads(source.read_text(encoding="utf-8")).get("quantization")
+            quantization_config = dict(quantization_config or {}, quant_method="modelopt")
+        except (ValueError, AttributeError) as exc:
+            raise CheckpointError(source, f"is not valid quantisation JSON ({exc})") from None
+    if not quantization_config:
+        return QuantSettings(method=None)
+    method = str(quantization_config.get("quant_method", "")).lower()
+    if method == "fp8":
+        block = quantization_config.get("weight_block_size") or [128, 128]
+        return QuantSettings(method, fp8_block_size=(int(block[0]), int(block[1])))
+    if method == "modelopt":
+        algo = str(quantization_config.get("quant_algo", "")).upper()
+        if algo not in MODELOPT_ALGOS:
+            raise _unknown(source, f"ModelOpt quant_algo {algo!r}")
+        for layer, spec in (quantization_config.get("quantized_layers") or {}).items():
+            layer_algo = str(spec.get("quant_algo", "")).upper() if isinstance(spec, dict) else repr(spec)
+            if layer_algo not in MODELOPT_LAYER_ALGOS:
+                raise _unknown(source, f"ModelOpt quant_algo {layer_algo!r} for {layer}")
+            group = spec.get("group_size", 16) if "NVFP4" in layer_algo else 16
+            if group != 16:
+                raise _unknown(source, f"NVFP4 group size {group} for {layer}")
+        return QuantSettings(method)
+    if method == "compressed-tensors":
+        fmt = str(quantization_config.get("format", ""))
+        if fmt not in COMPRESSED_TENSORS_FORMATS:
+            raise _unknown(source, f"compressed-tensors format {fmt!r}")
+        return QuantSettings(method)
+    raise _unknown(source, f"quant_method {method or '(none given)'!r}")
+
+
+def _unknown(source: Path, what: str) -> CheckpointError:
+    return CheckpointError(source, f"uses the unknown quantisation algorithm {what}",
+                           f"MoE Desk reads {SUPPORTED}; pick another build of this model")

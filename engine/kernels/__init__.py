@@ -1,0 +1,41 @@
+"""Per-device kernel dispatch: layers call these functions, and the tensor's device picks the kernel.
+
+Every device starts on the plain-PyTorch reference; a device-specific module (Triton on CUDA)
+registers itself for the ops it accelerates and is tested against the reference.
+"""
+
+from __future__ import annotations
+
+from types import ModuleType
+
+from engine.kernels import reference
+
+_BY_DEVICE: dict[str, dict[str, object]] = {}
+
+
+def register(device_type: str, module: ModuleType, ops: list[str]) -> None:
+    _BY_DEVICE.setdefault(device_type, {}).update({op: getattr(module, op) for op in ops})
+
+
+def _kernel(op: str, tensor):
+    return _BY_DEVICE.get(tensor.device.type, {}).get(op) or getattr(reference, op)
+
+
+def linear(x, weight):
+    return _kernel("linear", x)(x, weight)
+
+
+def rms_norm(x, weight, eps, offset=0.0):
+    return _kernel("rms_norm", x)(x, weight, eps, offset)
+
+
+def causal_conv1d(x, conv_state, weight):
+    return _kernel("causal_conv1d", x)(x, conv_state, weight)
+
+
+def gated_delta_rule(q, k, v, g, beta, state):
+    return _kernel("gated_delta_rule", q)(q, k, v, g, beta, state)
+
+
+def causal_attention(q, k, v, scale):
+    return _kernel("causal_attention", q)(q, k, v, scale)

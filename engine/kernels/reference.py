@@ -1,0 +1,92 @@
+"""Plain-PyTorch kernels: the reference every device-specific kernel is checked against.
+
+Shapes are batch-free (one sequence): tokens first, then heads, then features.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from engine.checkpoint.formats import StoredWeight
+
+GDN_CHUNK = 64  # tokens per chunk of the chunked gated delta rule
+
+
+def linear(x: torch.Tensor, weight: StoredWeight) -> torch.Tensor:
+    return F.linear(x, weight.dequantize(x.dtype))
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, offset: float) -> torch.Tensor:
+    """RMSNorm in float32; `offset` 1.0 gives the zero-centred (1 + weight) variant."""
+    x32 = x.float()
+    x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + eps)
+    return (x32 * (offset + weight.float())).to(x.dtype)
+
+
+def causal_conv1d(x: torch.Tensor, conv_state: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    """Depthwise causal conv + SiLU over x [T, C], continuing from conv_state [C, K-1] (updated in place)."""
+    kernel = weight.shape[-1]
+    history = torch.cat([conv_state.to(x.dtype), x.t()], dim=1)  # [C, K-1+T]
+    conv_state.copy_(history[:, -(kernel - 1):])
+    out = F.conv1d(history.unsqueeze(0), weight.to(x.dtype).unsqueeze(1), groups=x.shape[1])
+    return F.silu(out[0].t())
+
+
+def gated_delta_rule(q, k, v, g, beta, state):
+    """Gated delta rule over T tokens, continuing from `state` [Hv, Dk, Dv] (updated in place).
+
+    q, k: [T, Hv, Dk] (already L2-normalised; q already scaled); v: [T, Hv, Dv];
+    g: [T, Hv] log-decay (<= 0); beta: [T, Hv]. Returns o [T, Hv, Dv] in float32.
+    The state evolves as S <- exp(g) S + k (beta (v - exp(g) S^T k))^T and o = S^T q.
+    """
+    q, k, v, g, beta = (t.float().transpose(0, 1) for t in (q, k, v, g, beta))  # heads first
+    s = state.float()
+    if q.shape[1] == 1:
+        s = s * g[:, 0].exp()[:, None, None]
+        delta = beta[:, 0, None] * (v[:, 0] - torch.einsum("hkv,hk->hv", s, k[:, 0]))
+        s = s + k[:, 0, :, None] * delta[:, None, :]
+        state.copy_(s)
+        return torch.einsum("hkv,hk->hv", s, q[:, 0]).unsqueeze(0)
+    outputs = []
+    for start in range(0, q.shape[1], GDN_CHUNK):
+        end = min(start + GDN_CHUNK, q.shape[1])
+        o, s = _delta_chunk(q[:, start:end], k[:, start:end], v[:, start:end], g[:, start:end],
+                            beta[:, start:end], s)
+        outputs.append(o)
+    state.copy_(s)
+    return torch.cat(outputs, dim=1).transpose(0, 1)
+
+
+def _delta_chunk(q, k, v, g, beta, s):
+    """One chunk in closed form. With G the inclusive cumulative log-decay inside the chunk, the values
+    written to the state solve (I + A) U = beta*V - beta*exp(G) K S0, A strictly lower triangular with
+    A_ij = beta_i exp(G_i - G_j) k_i.k_j; then o_i = exp(G_i) S0^T q_i + sum_{j<=i} exp(G_i - G_j)(q_i.k_j) u_j."""
+    length = q.shape[1]
+    cum = g.cumsum(dim=1)  # [H, C]
+    decay = (cum[:, :, None] - cum[:, None, :])
+    causal = torch.ones(length, length, dtype=torch.bool, device=q.device).tril()
+    decay = decay.masked_fill(~causal, float("-inf")).exp()  # [H, C, C], zero above the diagonal
+    strictly_lower = decay.masked_fill(torch.eye(length, dtype=torch.bool, device=q.device), 0.0)
+    a = beta[:, :, None] * (k @ k.transpose(1, 2)) * strictly_lower
+    rhs = beta[:, :, None] * (v - cum.exp()[:, :, None] * (k @ s))
+    identity = torch.eye(length, dtype=a.dtype, device=a.device)
+    u = torch.linalg.solve_triangular(identity + a, rhs, upper=False, unitriangular=True)
+    o = cum.exp()[:, :, None] * (q @ s) + ((q @ k.transpose(1, 2)) * decay) @ u
+    last = cum[:, -1]
+    s = s * last.exp()[:, None, None] + (k * (last[:, None] - cum).exp()[:, :, None]).transpose(1, 2) @ u
+    return o, s
+
+
+def causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float) -> torch.Tensor:
+    """q [T, Hq, D] are the last T positions of k, v [S, Hkv, D]; grouped-query; returns [T, Hq, D]."""
+    new, total = q.shape[0], k.shape[0]
+    groups = q.shape[1] // k.shape[1]
+    k = k.repeat_interleave(groups, dim=1).transpose(0, 1)
+    v = v.repeat_interleave(groups, dim=1).transpose(0, 1)
+    scores = (q.transpose(0, 1) @ k.transpose(1, 2)).float() * scale  # [H, T, S]
+    query_pos = torch.arange(total - new, total, device=q.device)[:, None]
+    key_pos = torch.arange(total, device=q.device)[None, :]
+    scores = scores.masked_fill(key_pos > query_pos, float("-inf"))
+    probs = scores.softmax(dim=-1).to(v.dtype)
+    return (probs @ v).transpose(0, 1)

@@ -1,0 +1,83 @@
+"""Full attention with q/k norms, partial RoPE, grouped KV heads and (Qwen3.5/3.6) a sigmoid output gate."""
+
+from __future__ import annotations
+
+import torch
+
+from engine import kernels
+from engine.errors import ContextOverflowError
+from engine.layers.linear import Linear
+from engine.layers.norm import RMSNorm
+from engine.layers.rotary import Rotary
+from engine.layers.source import WeightSource
+
+
+class KVCache:
+    """Keys and values of one attention layer; preallocated when the token budget is known, else grown."""
+
+    def __init__(self, kv_heads: int, head_dim: int, capacity: int | None, device, dtype):
+        self.limit = capacity
+        size = capacity if capacity is not None else 256
+        self.keys = torch.empty(size, kv_heads, head_dim, device=device, dtype=dtype)
+        self.values = torch.empty_like(self.keys)
+        self.length = 0
+
+    def append(self, keys: torch.Tensor, values: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        end = self.length + keys.shape[0]
+        if end > self.keys.shape[0]:
+            if self.limit is not None:
+                raise ContextOverflowError(end, self.limit)
+            grown = max(end, 2 * self.keys.shape[0])
+            self.keys = _grow(self.keys, grown)
+            self.values = _grow(self.values, grown)
+        self.keys[self.length:end] = keys
+        self.values[self.length:end] = values
+        self.length = end
+        return self.keys[:end], self.values[:end]
+
+    def clone(self) -> KVCache:
+        copy = object.__new__(KVCache)
+        copy.limit, copy.length = self.limit, self.length
+        copy.keys, copy.values = self.keys.clone(), self.values.clone()
+        return copy
+
+
+def _grow(t: torch.Tensor, rows: int) -> torch.Tensor:
+    bigger = torch.empty(rows, *t.shape[1:], device=t.device, dtype=t.dtype)
+    bigger[: t.shape[0]] = t
+    return bigger
+
+
+class Attention:
+    def __init__(self, source: WeightSource, prefix: str, rotary: Rotary):
+        c = source.config
+        self.heads, self.kv_heads, self.head_dim = c.num_attention_heads, c.num_key_value_heads, c.head_dim
+        self.output_gate = c.attention_output_gate
+        q_out = self.heads * self.head_dim * (2 if self.output_gate else 1)
+        self.q_proj = Linear(source, f"{prefix}.q_proj", c.hidden_size, q_out)
+        self.k_proj = Linear(source, f"{prefix}.k_proj", c.hidden_size, self.kv_heads * self.head_dim)
+        self.v_proj = Linear(source, f"{prefix}.v_proj", c.hidden_size, self.kv_heads * self.head_dim)
+        self.o_proj = Linear(source, f"{prefix}.o_proj", self.heads * self.head_dim, c.hidden_size)
+        self.q_norm = RMSNorm(source, f"{prefix}.q_norm.weight", self.head_dim, c.zero_centered_norms)
+        self.k_norm = RMSNorm(source, f"{prefix}.k_norm.weight", self.head_dim, c.zero_centered_norms)
+        self.rotary = rotary
+        self.scale = self.head_dim ** -0.5
+
+    def new_state(self, max_tokens: int | None, device, dtype) -> KVCache:
+        return KVCache(self.kv_heads, self.head_dim, max_tokens, device, dtype)
+
+    def __call__(self, x: torch.Tensor, positions: torch.Tensor, cache: KVCache) -> torch.Tensor:
+        tokens = x.shape[0]
+        q = self.q_proj(x).view(tokens, self.heads, -1)
+        if self.output_gate:  # each head's projection is [query | gate]
+            q, gate = q.split(self.head_dim, dim=-1)
+        q = self.q_norm(q)
+        k = self.k_norm(self.k_proj(x).view(tokens, self.kv_heads, self.head_dim))
+        v = self.v_proj(x).view(tokens, self.kv_heads, self.head_dim)
+        cos, sin = self.rotary.cos_sin(positions, x.dtype)
+        q, k = self.rotary.apply(q, cos, sin), self.rotary.apply(k, cos, sin)
+        keys, values = cache.append(k, v)
+        out = kernels.causal_attention(q, keys, values, self.scale)
+        if self.output_gate:
+            out = out * torch.sigmoid(gate)
+        return self.o_proj(out.reshape(tokens, self.heads * self.head_dim))

@@ -1,0 +1,74 @@
+"""Gated DeltaNet (Qwen3.5/3.6 linear attention): causal conv over q/k/v, then the gated delta rule.
+
+Its state per sequence is fixed-size: the last K-1 conv inputs and a [value heads, Dk, Dv] matrix.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from engine import kernels
+from engine.layers.linear import Linear
+from engine.layers.source import WeightSource
+
+
+@dataclass
+class DeltaNetState:
+    conv: torch.Tensor  # [conv channels, kernel - 1]
+    recurrent: torch.Tensor  # [value heads, key dim, value dim], float32
+
+    def clone(self) -> DeltaNetState:
+        return DeltaNetState(self.conv.clone(), self.recurrent.clone())
+
+
+def l2_normalise(x: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
+    x = x.float()
+    return x * torch.rsqrt((x * x).sum(dim=-1, keepdim=True) + eps)
+
+
+class GatedDeltaNet:
+    def __init__(self, source: WeightSource, prefix: str):
+        c = source.config
+        self.key_heads, self.value_heads = c.linear_num_key_heads, c.linear_num_value_heads
+        self.key_dim, self.value_dim = c.linear_key_head_dim, c.linear_value_head_dim
+        keys, values = self.key_heads * self.key_dim, self.value_heads * self.value_dim
+        self.conv_channels = 2 * keys + values
+        self.kernel_size = c.linear_conv_kernel_dim
+        self.in_proj_qkv = Linear(source, f"{prefix}.in_proj_qkv", c.hidden_size, self.conv_channels)
+        self.in_proj_z = Linear(source, f"{prefix}.in_proj_z", c.hidden_size, values)
+        self.in_proj_b = Linear(source, f"{prefix}.in_proj_b", c.hidden_size, self.value_heads)
+        self.in_proj_a = Linear(source, f"{prefix}.in_proj_a", c.hidden_size, self.value_heads)
+        self.out_proj = Linear(source, f"{prefix}.out_proj", values, c.hidden_size)
+        self.conv_weight = source.param(f"{prefix}.conv1d.weight", (self.conv_channels, 1, self.kernel_size))[:, 0]
+        self.a_log = source.param(f"{prefix}.A_log", (self.value_heads,))
+        self.dt_bias = source.param(f"{prefix}.dt_bias", (self.value_heads,))
+        self.norm_weight = source.param(f"{prefix}.norm.weight", (self.value_dim,))
+        self.eps = c.rms_norm_eps
+
+    def new_state(self, max_tokens: int | None, device, dtype) -> DeltaNetState:
+        del max_tokens  # fixed-size state, whatever the context length
+        return DeltaNetState(
+            conv=torch.zeros(self.conv_channels, self.kernel_size - 1, device=device, dtype=dtype),
+            recurrent=torch.zeros(self.value_heads, self.key_dim, self.value_dim, device=device, dtype=torch.float32),
+        )
+
+    def __call__(self, x: torch.Tensor, positions: torch.Tensor, state: DeltaNetState) -> torch.Tensor:
+        tokens = x.shape[0]
+        qkv = kernels.causal_conv1d(self.in_proj_qkv(x), state.conv, self.conv_weight)
+        q, k, v = qkv.split([self.key_heads * self.key_dim, self.key_heads * self.key_dim,
+                             self.value_heads * self.value_dim], dim=-1)
+        # each key head serves value_heads // key_heads consecutive value heads
+        repeat = self.value_heads // self.key_heads
+        q = l2_normalise(q.view(tokens, self.key_heads, self.key_dim)).repeat_interleave(repeat, dim=1)
+        k = l2_normalise(k.view(tokens, self.key_heads, self.key_dim)).repeat_interleave(repeat, dim=1)
+        q = q * self.key_dim ** -0.5
+        v = v.view(tokens, self.value_heads, self.value_dim)
+        beta = torch.sigmoid(self.in_proj_b(x).float())
+        decay = -self.a_log.exp() * F.softplus(self.in_proj_a(x).float() + self.dt_bias)
+        out = kernels.gated_delta_rule(q, k, v, decay, beta, state.recurrent).to(x.dtype)
+        z = self.in_proj_z(x).view(tokens, self.value_heads, self.value_dim)
+        out = kernels.rms_norm(out, self.norm_weight, self.eps) * F.silu(z.float()).to(x.dtype)
+        return self.out_proj(out.reshape(tokens, -1))

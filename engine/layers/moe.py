@@ -1,0 +1,39 @@
+"""Sparse MoE block: softmax top-k router, routed experts through an executor, optional shared expert."""
+
+from __future__ import annotations
+
+import torch
+
+from engine.experts.bank import ExpertBank
+from engine.layers.linear import Linear
+from engine.layers.mlp import SwiGLU
+from engine.layers.source import WeightSource
+
+
+class SparseMoe:
+    def __init__(self, source: WeightSource, prefix: str, executor):
+        c = source.config
+        self.top_k, self.normalise_top_k = c.num_experts_per_tok, c.norm_topk_prob
+        self.router = Linear(source, f"{prefix}.gate", c.hidden_size, c.num_experts)
+        self.experts = ExpertBank(source, f"{prefix}.experts", c.num_experts, c.hidden_size, c.moe_intermediate_size)
+        self.executor = executor
+        self.shared_expert = self.shared_expert_gate = None
+        if c.shared_expert_intermediate_size:
+            self.shared_expert = SwiGLU(source, f"{prefix}.shared_expert", c.hidden_size,
+                                        c.shared_expert_intermediate_size)
+            self.shared_expert_gate = Linear(source, f"{prefix}.shared_expert_gate", c.hidden_size, 1)
+
+    def route(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(expert ids [T, k], weights [T, k] float32) of each token."""
+        probs = self.router(x).float().softmax(dim=-1)
+        weights, ids = probs.topk(self.top_k, dim=-1)
+        if self.normalise_top_k:
+            weights = weights / weights.sum(dim=-1, keepdim=True)
+        return ids, weights
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        ids, weights = self.route(x)
+        out = self.executor(self.experts, x, ids, weights)
+        if self.shared_expert is not None:
+            out = out + torch.sigmoid(self.shared_expert_gate(x)) * self.shared_expert(x)
+        return out

@@ -1,0 +1,92 @@
+"""What every supported model shares: embedding, a stack of decoder layers, final norm, LM head,
+and the per-sequence state that lets a prompt be fed in chunks of any size."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+from engine.config import ModelConfig
+from engine.errors import ContextOverflowError
+from engine.layers.linear import Linear
+from engine.layers.norm import RMSNorm
+from engine.layers.source import WeightSource
+
+
+class DecoderLayer:
+    """x + mixer(norm(x)), then x + mlp(norm(x)); the mixer is attention or Gated DeltaNet."""
+
+    def __init__(self, source: WeightSource, index: int, mixer, mlp):
+        c = source.config
+        self.index, self.mixer, self.mlp = index, mixer, mlp
+        self.input_norm = RMSNorm(source, f"layers.{index}.input_layernorm.weight", c.hidden_size,
+                                  c.zero_centered_norms)
+        self.post_attention_norm = RMSNorm(source, f"layers.{index}.post_attention_layernorm.weight",
+                                           c.hidden_size, c.zero_centered_norms)
+
+    def __call__(self, x: torch.Tensor, positions: torch.Tensor, mixer_state) -> torch.Tensor:
+        x = x + self.mixer(self.input_norm(x), positions, mixer_state)
+        return x + self.mlp(self.post_attention_norm(x))
+
+
+@dataclass
+class ModelState:
+    """KV caches and recurrent states of one sequence; `position` tokens have been fed so far."""
+
+    layers: list
+    max_tokens: int | None
+    position: int = 0
+    extra: dict = field(default_factory=dict)
+
+    def clone(self) -> ModelState:
+        return ModelState([s.clone() for s in self.layers], self.max_tokens, self.position, dict(self.extra))
+
+
+class CausalLM:
+    def __init__(self, source: WeightSource, layers: list[DecoderLayer], executor):
+        c = source.config
+        self.config: ModelConfig = c
+        self.device, self.dtype = source.device, source.dtype
+        self.expert_executor = executor
+        self.embed_tokens = source.checkpoint.tensor("embed_tokens.weight", (c.vocab_size, c.hidden_size)).to(self.device)
+        self.layers = layers
+        self.norm = RMSNorm(source, "norm.weight", c.hidden_size, c.zero_centered_norms)
+        tied = c.tie_word_embeddings and not source.checkpoint.has("lm_head")
+        self.lm_head = Linear(source, "embed_tokens" if tied else "lm_head", c.hidden_size, c.vocab_size)
+
+    def new_state(self, max_tokens: int | None = None) -> ModelState:
+        return ModelState([layer.mixer.new_state(max_tokens, self.device, self.dtype) for layer in self.layers],
+                          max_tokens)
+
+    @torch.inference_mode()
+    def forward(self, token_ids, state: ModelState) -> torch.Tensor:
+        """Append `token_ids` to `state`; float32 logits [vocab] of the last token."""
+        return self._run(token_ids, state, all_logits=False)[-1]
+
+    @torch.inference_mode()
+    def score(self, token_ids) -> torch.Tensor:
+        """Float32 logits [T, vocab] of every position of `token_ids`, from a fresh state."""
+        ids = self._ids(token_ids)
+        return self._run(ids, self.new_state(ids.numel()), all_logits=True)
+
+    def _ids(self, token_ids) -> torch.Tensor:
+        ids = torch.as_tensor(token_ids, dtype=torch.long).reshape(-1)
+        if ids.numel() and (int(ids.min()) < 0 or int(ids.max()) >= self.config.vocab_size):
+            raise ValueError(f"token ids must lie in 0..{self.config.vocab_size - 1}")
+        return ids
+
+    def _run(self, token_ids, state: ModelState, all_logits: bool) -> torch.Tensor:
+        ids = self._ids(token_ids)
+        if ids.numel() == 0:
+            raise ValueError("no tokens to run")
+        end = state.position + ids.numel()
+        if state.max_tokens is not None and end > state.max_tokens:
+            raise ContextOverflowError(end, state.max_tokens)  # checked first: the state stays untouched
+        positions = torch.arange(state.position, end, device=self.device)
+        x = self.embed_tokens[ids.to(self.device)].to(self.dtype)
+        for layer, layer_state in zip(self.layers, state.layers):
+            x = layer(x, positions, layer_state)
+        state.position = end
+        x = self.norm(x if all_logits else x[-1:])
+        return self.lm_head(x).float()

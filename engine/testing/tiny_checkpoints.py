@@ -1,0 +1,245 @@
+"""Write tiny random checkpoints in the real layouts of the models MoE Desk runs.
+
+    python -m engine.testing.tiny_checkpoints OUT_DIR --arch qwen3_5_moe --format nvfp4
+
+Architectures: qwen3_5_moe (vision-language wrapper, keys under model.language_model.),
+qwen3_5_moe_text (text-only, keys under model.), qwen3_moe. Formats: bf16, fp32, fp8_block
+(Qwen's -FP8 repos), nvfp4 (ModelOpt MIXED_PRECISION: NVFP4 experts, FP8 per-tensor attention
+and GDN projections, bf16 rest), nvfp4_ct (compressed-tensors NVFP4 experts). Experts are stored
+fused per layer or per expert.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+import torch
+from safetensors.torch import save_file
+
+from engine.checkpoint import quantize
+
+FORMATS = ("bf16", "fp32", "fp8_block", "nvfp4", "nvfp4_ct")
+ARCHS = ("qwen3_5_moe", "qwen3_5_moe_text", "qwen3_moe")
+FP8_BLOCK = (32, 32)  # smaller than the real 128 so tiny weights span several (and partial) blocks
+
+TEXT_QWEN3_5 = dict(
+    vocab_size=320, hidden_size=64, num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2,
+    head_dim=32, rms_norm_eps=1e-6, max_position_embeddings=4096, tie_word_embeddings=False,
+    layer_types=["linear_attention", "linear_attention", "linear_attention", "full_attention"],
+    linear_conv_kernel_dim=4, linear_key_head_dim=16, linear_value_head_dim=16, linear_num_key_heads=2,
+    linear_num_value_heads=4, moe_intermediate_size=32, shared_expert_intermediate_size=32,
+    num_experts=8, num_experts_per_tok=2, hidden_act="silu",
+    rope_parameters={"rope_type": "default", "rope_theta": 10000000.0, "partial_rotary_factor": 0.25,
+                     "mrope_section": [1, 1, 2], "mrope_interleaved": True},
+    eos_token_id=1,
+)
+TEXT_QWEN3 = dict(
+    vocab_size=320, hidden_size=64, num_hidden_layers=3, num_attention_heads=4, num_key_value_heads=2,
+    head_dim=32, rms_norm_eps=1e-6, max_position_embeddings=4096, tie_word_embeddings=False,
+    intermediate_size=96, moe_intermediate_size=32, num_experts=8, num_experts_per_tok=2,
+    norm_topk_prob=True, decoder_sparse_step=1, mlp_only_layers=[1], hidden_act="silu",
+    rope_theta=1000000.0, rope_scaling=None, use_sliding_window=False, eos_token_id=1,
+)
+VISION = dict(depth=1, hidden_size=16, intermediate_size=32, num_heads=2, out_hidden_size=64,
+              patch_size=16, spatial_merge_size=2, temporal_patch_size=2, in_channels=3)
+
+
+def _expert_formats(fmt: str) -> tuple[str, str]:
+    """(format of expert MLP weights, format of attention/GDN projections)."""
+    return {"bf16": ("bf16", "bf16"), "fp32": ("fp32", "fp32"), "fp8_block": ("fp8_block", "fp8_block"),
+            "nvfp4": ("nvfp4", "fp8_tensor"), "nvfp4_ct": ("nvfp4_ct", "bf16")}[fmt]
+
+
+def _encode(w: torch.Tensor, fmt: str) -> dict[str, torch.Tensor]:
+    if fmt == "bf16":
+        return {"weight": w.to(torch.bfloat16)}
+    if fmt == "fp32":
+        return {"weight": w.float()}
+    if fmt == "fp8_block":
+        return quantize.fp8_block(w, FP8_BLOCK)
+    if fmt == "fp8_tensor":
+        return quantize.fp8_per_tensor(w)
+    if fmt == "nvfp4":
+        return quantize.nvfp4_modelopt(w)
+    if fmt == "nvfp4_ct":
+        return quantize.nvfp4_compressed_tensors(w)
+    raise ValueError(fmt)
+
+
+class _Writer:
+    def __init__(self, seed: int, plain_dtype: torch.dtype):
+        self.generator = torch.Generator().manual_seed(seed)
+        self.tensors: dict[str, torch.Tensor] = {}
+        self.plain_dtype = plain_dtype
+        self.quantized: dict[str, str] = {}  # module -> format, for the quantisation config
+
+    def randn(self, *shape: int, std: float) -> torch.Tensor:
+        return torch.randn(*shape, generator=self.generator) * std
+
+    def plain(self, name: str, value: torch.Tensor) -> None:
+        self.tensors[name] = value.to(self.plain_dtype).contiguous()
+
+    def linear(self, module: str, out_features: int, in_features: int, fmt: str, std: float | None = None) -> None:
+        w = self.randn(out_features, in_features, std=std or in_features ** -0.5)
+        for role, t in _encode(w, fmt).items():
+            self.tensors[f"{module}.{role}"] = t.contiguous()
+        if fmt not in ("bf16", "fp32"):
+            self.quantized[module] = fmt
+
+
+def write_tiny_checkpoint(folder: str | Path, arch: str = "qwen3_5_moe", fmt: str = "bf16",
+                          fused_experts: bool = False, shards: int = 1, seed: int = 0) -> Path:
+    if arch not in ARCHS or fmt not in FORMATS:
+        raise ValueError(f"arch must be one of {ARCHS} and format one of {FORMATS}")
+    if fused_experts and fmt not in ("bf16", "fp32"):
+        raise ValueError("fused expert stacks exist in bf16/fp32 checkpoints only")
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    text = dict(TEXT_QWEN3 if arch == "qwen3_moe" else TEXT_QWEN3_5)
+    prefix = "model.language_model." if arch == "qwen3_5_moe" else "model."
+    writer = _Writer(seed, torch.float32 if fmt == "fp32" else torch.bfloat16)
+    expert_fmt, mixer_fmt = _expert_formats(fmt)
+    _write_text_model(writer, text, arch, prefix, expert_fmt, mixer_fmt, fused_experts)
+    if arch == "qwen3_5_moe":  # tensors a text-only engine must skip
+        writer.plain("model.visual.patch_embed.proj.weight", writer.randn(16, 3, 2, 16, 16, std=0.02))
+        writer.plain("mtp.fc.weight", writer.randn(64, 128, std=0.02))
+    config = _config(arch, text)
+    quant = _quantization_config(fmt, writer.quantized)
+    if quant is not None:
+        config["quantization_config"] = quant
+    if fmt == "nvfp4":
+        (folder / "hf_quant_config.json").write_text(json.dumps(
+            {"producer": {"name": "modelopt", "version": "0.37.0"}, "quantization": quant}, indent=2))
+    (folder / "config.json").write_text(json.dumps(config, indent=2))
+    (folder / "generation_config.json").write_text(json.dumps({"eos_token_id": text["eos_token_id"]}))
+    _save(writer.tensors, folder, shards)
+    return folder
+
+
+def _write_text_model(w: _Writer, text: dict, arch: str, prefix: str, expert_fmt: str, mixer_fmt: str,
+                      fused_experts: bool) -> None:
+    hidden, vocab = text["hidden_size"], text["vocab_size"]
+    qwen3_5 = arch != "qwen3_moe"
+    norm = (lambda n: w.randn(n, std=0.1)) if qwen3_5 else (lambda n: 1.0 + w.randn(n, std=0.1))
+    w.plain(f"{prefix}embed_tokens.weight", w.randn(vocab, hidden, std=1.0))
+    w.plain(f"{prefix}norm.weight", norm(hidden))
+    w.linear("lm_head", vocab, hidden, "bf16" if expert_fmt != "fp32" else "fp32", std=2.0 * hidden ** -0.5)
+    heads, kv_heads, head_dim = text["num_attention_heads"], text["num_key_value_heads"], text["head_dim"]
+    layer_types = text.get("layer_types") or ["full_attention"] * text["num_hidden_layers"]
+    for i, kind in enumerate(layer_types):
+        layer = f"{prefix}layers.{i}"
+        w.plain(f"{layer}.input_layernorm.weight", norm(hidden))
+        w.plain(f"{layer}.post_attention_layernorm.weight", norm(hidden))
+        if kind == "full_attention":
+            attn = f"{layer}.self_attn"
+            w.linear(f"{attn}.q_proj", heads * head_dim * (2 if qwen3_5 else 1), hidden, mixer_fmt)
+            w.linear(f"{attn}.k_proj", kv_heads * head_dim, hidden, mixer_fmt)
+            w.linear(f"{attn}.v_proj", kv_heads * head_dim, hidden, mixer_fmt)
+            w.linear(f"{attn}.o_proj", hidden, heads * head_dim, mixer_fmt)
+            w.plain(f"{attn}.q_norm.weight", norm(head_dim))
+            w.plain(f"{attn}.k_norm.weight", norm(head_dim))
+        else:
+            _write_gated_deltanet(w, text, f"{layer}.linear_attn", mixer_fmt)
+        if arch == "qwen3_moe" and i in text["mlp_only_layers"]:
+            _write_swiglu(w, f"{layer}.mlp", hidden, text["intermediate_size"], mixer_fmt)
+            continue
+        _write_moe(w, text, f"{layer}.mlp", expert_fmt, fused_experts, shared=qwen3_5)
+
+
+def _write_gated_deltanet(w: _Writer, text: dict, prefix: str, fmt: str) -> None:
+    hidden = text["hidden_size"]
+    keys = text["linear_num_key_heads"] * text["linear_key_head_dim"]
+    values = text["linear_num_value_heads"] * text["linear_value_head_dim"]
+    value_heads, kernel = text["linear_num_value_heads"], text["linear_conv_kernel_dim"]
+    w.linear(f"{prefix}.in_proj_qkv", 2 * keys + values, hidden, fmt)
+    w.linear(f"{prefix}.in_proj_z", values, hidden, fmt)
+    w.linear(f"{prefix}.in_proj_b", value_heads, hidden, "bf16" if fmt != "fp32" else "fp32")
+    w.linear(f"{prefix}.in_proj_a", value_heads, hidden, "bf16" if fmt != "fp32" else "fp32")
+    w.linear(f"{prefix}.out_proj", hidden, values, fmt)
+    w.plain(f"{prefix}.conv1d.weight", w.randn(2 * keys + values, 1, kernel, std=0.5))
+    w.plain(f"{prefix}.A_log", torch.empty(value_heads).uniform_(1.0, 16.0, generator=w.generator).log())
+    w.plain(f"{prefix}.dt_bias", 1.0 + w.randn(value_heads, std=0.5))
+    w.plain(f"{prefix}.norm.weight", 1.0 + w.randn(text["linear_value_head_dim"], std=0.1))
+
+
+def _write_swiglu(w: _Writer, prefix: str, hidden: int, intermediate: int, fmt: str) -> None:
+    w.linear(f"{prefix}.gate_proj", intermediate, hidden, fmt)
+    w.linear(f"{prefix}.up_proj", intermediate, hidden, fmt)
+    w.linear(f"{prefix}.down_proj", hidden, intermediate, fmt)
+
+
+def _write_moe(w: _Writer, text: dict, prefix: str, fmt: str, fused: bool, shared: bool) -> None:
+    hidden, inter, experts = text["hidden_size"], text["moe_intermediate_size"], text["num_experts"]
+    w.linear(f"{prefix}.gate", experts, hidden, "bf16" if fmt != "fp32" else "fp32", std=1.0)
+    if fused:
+        w.plain(f"{prefix}.experts.gate_up_proj", w.randn(experts, 2 * inter, hidden, std=hidden ** -0.5))
+        w.plain(f"{prefix}.experts.down_proj", w.randn(experts, hidden, inter, std=inter ** -0.5))
+    else:
+        for e in range(experts):
+            _write_swiglu(w, f"{prefix}.experts.{e}", hidden, inter, fmt)
+    if shared:
+        _write_swiglu(w, f"{prefix}.shared_expert", hidden, text["shared_expert_intermediate_size"], fmt)
+        w.linear(f"{prefix}.shared_expert_gate", 1, hidden, "bf16" if fmt != "fp32" else "fp32")
+
+
+def _config(arch: str, text: dict) -> dict:
+    if arch == "qwen3_moe":
+        return dict(text, model_type="qwen3_moe", architectures=["Qwen3MoeForCausalLM"])
+    text_config = dict(text, model_type="qwen3_5_moe_text")
+    if arch == "qwen3_5_moe_text":
+        return dict(text_config, architectures=["Qwen3_5MoeForCausalLM"])
+    return {"model_type": "qwen3_5_moe", "architectures": ["Qwen3_5MoeForConditionalGeneration"],
+            "text_config": text_config, "vision_config": dict(VISION, model_type="qwen3_5_moe_vision"),
+            "tie_word_embeddings": False}
+
+
+def _quantization_config(fmt: str, quantized: dict[str, str]) -> dict | None:
+    if fmt == "fp8_block":
+        return {"quant_method": "fp8", "fmt": "e4m3", "activation_scheme": "dynamic",
+                "weight_block_size": list(FP8_BLOCK)}
+    if fmt == "nvfp4":
+        layers = {m: ({"quant_algo": "NVFP4", "group_size": 16} if f == "nvfp4" else {"quant_algo": "FP8"})
+                  for m, f in quantized.items()}
+        return {"quant_method": "modelopt", "quant_algo": "MIXED_PRECISION", "kv_cache_quant_algo": None,
+                "quantized_layers": layers, "exclude_modules": ["lm_head", "*.mlp.gate", "*in_proj_a", "*in_proj_b"]}
+    if fmt == "nvfp4_ct":
+        return {"quant_method": "compressed-tensors", "format": "nvfp4-pack-quantized",
+                "config_groups": {"group_0": {"targets": ["Linear"], "weights": {
+                    "num_bits": 4, "type": "float", "strategy": "tensor_group", "group_size": 16}}},
+                "ignore": ["lm_head", "re:.*mlp.gate$", "re:.*self_attn.*", "re:.*linear_attn.*"]}
+    return None
+
+
+def _save(tensors: dict[str, torch.Tensor], folder: Path, shards: int) -> None:
+    if shards == 1:
+        save_file(tensors, str(folder / "model.safetensors"), metadata={"format": "pt"})
+        return
+    names = sorted(tensors)
+    weight_map, total = {}, 0
+    for s in range(shards):
+        file_name = f"model-{s + 1:05d}-of-{shards:05d}.safetensors"
+        part = {n: tensors[n] for n in names[s::shards]}
+        save_file(part, str(folder / file_name), metadata={"format": "pt"})
+        weight_map.update({n: file_name for n in part})
+        total += sum(t.numel() * t.element_size() for t in part.values())
+    (folder / "model.safetensors.index.json").write_text(
+        json.dumps({"metadata": {"total_size": total}, "weight_map": weight_map}, indent=2))
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("out_dir", type=Path)
+    parser.add_argument("--arch", choices=ARCHS, default="qwen3_5_moe")
+    parser.add_argument("--format", dest="fmt", choices=FORMATS, default="bf16")
+    parser.add_argument("--fused-experts", action="store_true")
+    parser.add_argument("--shards", type=int, default=1)
+    parser.add_argument("--seed", type=int, default=0)
+    args = parser.parse_args(argv)
+    path = write_tiny_checkpoint(args.out_dir, args.arch, args.fmt, args.fused_experts, args.shards, args.seed)
+    print(path)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,27 @@
+import os
+import sys
+from pathlib import Path
+
+import pytest
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
+sys.path.insert(0, str(Path(__file__).parent))
+
+from engine.testing.tiny_checkpoints import write_tiny_checkpoint  # noqa: E402
+
+
+@pytest.fixture(scope="session")
+def tiny_checkpoint(tmp_path_factory):
+    """tiny_checkpoint(arch, fmt, fused=False, shards=1) -> folder, written once per session."""
+    made = {}
+
+    def make(arch: str, fmt: str, fused: bool = False, shards: int = 1) -> Path:
+        key = (arch, fmt, fused, shards)
+        if key not in made:
+            folder = tmp_path_factory.mktemp(f"{arch}-{fmt}-{'fused' if fused else 'split'}-{shards}")
+            made[key] = write_tiny_checkpoint(folder, arch, fmt, fused, shards)
+        return made[key]
+
+    return make
