@@ -60,7 +60,8 @@ class ModelConfig:
 def read_config(folder: Path) -> ModelConfig:
     config_path = folder / "config.json"
     if not folder.is_dir():
-        raise CheckpointError(folder, "is not a folder", "choose the folder that holds config.json and the .safetensors files")
+        raise CheckpointError(folder, "is not a folder" if folder.exists() else "does not exist",
+                              "choose the folder that holds config.json and the .safetensors files")
     if not config_path.is_file():
         raise CheckpointError(folder, "has no config.json, so it is not a Hugging Face model folder",
                               "choose the folder that holds config.json and the .safetensors files")

@@ -103,7 +103,8 @@ class Checkpoint:
             else:
                 raise self._missing(module + ".weight")
         tensors = {role: self._location[name][0].tensor(self._location[name][1]) for role, name in roles.items()}
-        shard, key = self._location[next(iter(roles.values()))]
+        # errors name the weight itself (and its shard), not whichever scale tensor happens to come first
+        shard, key = self._location[roles.get("weight") or roles.get("weight_packed") or next(iter(roles.values()))]
         try:
             fmt, logical_shape = detect_format(module, tensors)
             weight = StoredWeight(fmt, tensors, logical_shape, module, self.quant.fp8_block_size)

@@ -16,6 +16,7 @@ MODELOPT_ALGOS = {"FP8", "NVFP4", "W4A16_NVFP4", "MIXED_PRECISION"}
 MODELOPT_LAYER_ALGOS = {"FP8", "NVFP4", "W4A16_NVFP4"}
 COMPRESSED_TENSORS_FORMATS = {"nvfp4-pack-quantized", "float-quantized", "mixed-precision"}
 SUPPORTED = "bf16/fp16/fp32, FP8 (block or per-tensor) and NVFP4 (ModelOpt or compressed-tensors)"
+REPAIR = "the quantisation settings are damaged; download config.json again"
 
 
 @dataclass(frozen=True)
@@ -31,19 +32,30 @@ def read_quant_settings(folder: Path, quantization_config: dict | None) -> Quant
         try:
             quantization_config = json.loads(source.read_text(encoding="utf-8")).get("quantization")
             quantization_config = dict(quantization_config or {}, quant_method="modelopt")
-        except (ValueError, AttributeError) as exc:
+        except (ValueError, AttributeError, TypeError) as exc:
             raise CheckpointError(source, f"is not valid quantisation JSON ({exc})") from None
     if not quantization_config:
         return QuantSettings(method=None)
+    if not isinstance(quantization_config, dict):
+        raise CheckpointError(source, f"has a quantization_config that is not a JSON object "
+                                      f"({quantization_config!r:.60})", REPAIR)
     method = str(quantization_config.get("quant_method", "")).lower()
     if method == "fp8":
         block = quantization_config.get("weight_block_size") or [128, 128]
-        return QuantSettings(method, fp8_block_size=(int(block[0]), int(block[1])))
+        try:
+            rows, cols = (int(b) for b in block)
+        except (TypeError, ValueError):
+            raise CheckpointError(source, f"has an FP8 weight_block_size {block!r} that is not two whole numbers",
+                                  REPAIR) from None
+        return QuantSettings(method, fp8_block_size=(rows, cols))
     if method == "modelopt":
         algo = str(quantization_config.get("quant_algo", "")).upper()
         if algo not in MODELOPT_ALGOS:
             raise _unknown(source, f"ModelOpt quant_algo {algo!r}")
-        for layer, spec in (quantization_config.get("quantized_layers") or {}).items():
+        layers = quantization_config.get("quantized_layers") or {}
+        if not isinstance(layers, dict):
+            raise CheckpointError(source, "has a ModelOpt quantized_layers entry that is not a JSON object", REPAIR)
+        for layer, spec in layers.items():
             layer_algo = str(spec.get("quant_algo", "")).upper() if isinstance(spec, dict) else repr(spec)
             if layer_algo not in MODELOPT_LAYER_ALGOS:
                 raise _unknown(source, f"ModelOpt quant_algo {layer_algo!r} for {layer}")

@@ -90,14 +90,17 @@ class _Writer:
 
 
 def write_tiny_checkpoint(folder: str | Path, arch: str = "qwen3_5_moe", fmt: str = "bf16",
-                          fused_experts: bool = False, shards: int = 1, seed: int = 0) -> Path:
+                          fused_experts: bool = False, shards: int = 1, seed: int = 0,
+                          text_overrides: dict | None = None) -> Path:
+    """Write the checkpoint into `folder`; `text_overrides` changes the text model's shapes (e.g. to make
+    a larger model for memory tests)."""
     if arch not in ARCHS or fmt not in FORMATS:
         raise ValueError(f"arch must be one of {ARCHS} and format one of {FORMATS}")
     if fused_experts and fmt not in ("bf16", "fp32"):
         raise ValueError("fused expert stacks exist in bf16/fp32 checkpoints only")
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
-    text = dict(TEXT_QWEN3 if arch == "qwen3_moe" else TEXT_QWEN3_5)
+    text = dict(TEXT_QWEN3 if arch == "qwen3_moe" else TEXT_QWEN3_5, **(text_overrides or {}))
     prefix = "model.language_model." if arch == "qwen3_5_moe" else "model."
     writer = _Writer(seed, torch.float32 if fmt == "fp32" else torch.bfloat16)
     expert_fmt, mixer_fmt = _expert_formats(fmt)

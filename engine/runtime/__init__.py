@@ -1,0 +1,1 @@
+"""Generation at run time: picking tokens from logits and cutting the streamed text at stop strings."""
