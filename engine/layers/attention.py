@@ -35,6 +35,12 @@ class KVCache:
         self.length = end
         return self.keys[:end], self.values[:end]
 
+    def snapshot(self) -> int:
+        return self.length
+
+    def restore(self, length: int) -> None:
+        self.length = length
+
     def clone(self) -> KVCache:
         copy = object.__new__(KVCache)
         copy.limit, copy.length = self.limit, self.length

@@ -23,6 +23,12 @@ class DeltaNetState:
     def clone(self) -> DeltaNetState:
         return DeltaNetState(self.conv.clone(), self.recurrent.clone())
 
+    snapshot = clone
+
+    def restore(self, saved: DeltaNetState) -> None:
+        self.conv.copy_(saved.conv)
+        self.recurrent.copy_(saved.recurrent)
+
 
 def l2_normalise(x: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
     x = x.float()

@@ -3,7 +3,8 @@ and the per-sequence state that lets a prompt be fed in chunks of any size."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from collections.abc import Callable
+from dataclasses import dataclass
 
 import torch
 
@@ -37,10 +38,30 @@ class ModelState:
     layers: list
     max_tokens: int | None
     position: int = 0
-    extra: dict = field(default_factory=dict)
 
     def clone(self) -> ModelState:
-        return ModelState([s.clone() for s in self.layers], self.max_tokens, self.position, dict(self.extra))
+        return ModelState([s.clone() for s in self.layers], self.max_tokens, self.position)
+
+    def snapshot(self) -> StateSnapshot:
+        """A cheap restore point: KV caches only grow, so they are remembered by length; recurrent
+        states are fixed-size and copied."""
+        return StateSnapshot(self.position, [s.snapshot() for s in self.layers])
+
+    def restore(self, snapshot: StateSnapshot) -> None:
+        """Back to `snapshot`; snapshots taken after it are invalid once new tokens are fed."""
+        for layer_state, saved in zip(self.layers, snapshot.layers):
+            layer_state.restore(saved)
+        self.position = snapshot.position
+
+
+@dataclass(frozen=True)
+class StateSnapshot:
+    position: int
+    layers: list
+
+
+class Interrupted(Exception):
+    """A forward pass stopped between layers because its caller asked it to; the state is partly advanced."""
 
 
 class CausalLM:
@@ -60,9 +81,10 @@ class CausalLM:
                           max_tokens)
 
     @torch.inference_mode()
-    def forward(self, token_ids, state: ModelState) -> torch.Tensor:
-        """Append `token_ids` to `state`; float32 logits [vocab] of the last token."""
-        return self._run(token_ids, state, all_logits=False)[-1]
+    def forward(self, token_ids, state: ModelState, interrupt: Callable[[], bool] | None = None) -> torch.Tensor:
+        """Append `token_ids` to `state`; float32 logits [vocab] of the last token. `interrupt` is asked
+        between layers; when it answers True the pass raises Interrupted (restore a snapshot after it)."""
+        return self._run(token_ids, state, all_logits=False, interrupt=interrupt)[-1]
 
     @torch.inference_mode()
     def score(self, token_ids) -> torch.Tensor:
@@ -76,7 +98,7 @@ class CausalLM:
             raise ValueError(f"token ids must lie in 0..{self.config.vocab_size - 1}")
         return ids
 
-    def _run(self, token_ids, state: ModelState, all_logits: bool) -> torch.Tensor:
+    def _run(self, token_ids, state: ModelState, all_logits: bool, interrupt=None) -> torch.Tensor:
         ids = self._ids(token_ids)
         if ids.numel() == 0:
             raise ValueError("no tokens to run")
@@ -86,6 +108,8 @@ class CausalLM:
         positions = torch.arange(state.position, end, device=self.device)
         x = self.embed_tokens[ids.to(self.device)].to(self.dtype)
         for layer, layer_state in zip(self.layers, state.layers):
+            if interrupt is not None and interrupt():
+                raise Interrupted()
             x = layer(x, positions, layer_state)
         state.position = end
         x = self.norm(x if all_logits else x[-1:])

@@ -36,12 +36,9 @@ class StopMatcher:
 
     def _first_stop(self, text: str) -> tuple[int, str] | None:
         """(where, which) of the first stop string in text, or None."""
-        hits = [(start, len(stop), stop) for stop in self.stops if (start := text.find(stop)) >= 0]
-        if not hits:
-            return None
-        # At one start the shortest wins: streamed, it completes first.
-        start, _, stop = min(hits)
-        return start, stop
+        hits = [(start, stop) for stop in self.stops if (start := text.find(stop)) >= 0]
+        # Stops found at one start are prefixes of each other; the shortest sorts first and, streamed, completes first.
+        return min(hits, default=None)
 
     def _partial_stop_start(self, text: str) -> int:
         """Where the longest tail of text that begins a stop string starts; len(text) when none does."""

@@ -2,7 +2,8 @@
 
     python -m engine.testing.tiny_checkpoints OUT_DIR --arch qwen3_5_moe --format nvfp4
 
-Architectures: qwen3_5_moe (vision-language wrapper, keys under model.language_model.),
+Each comes with a tiny byte-level BPE tokenizer and a Qwen-style chat template
+(engine/testing/tiny_tokenizer.py). Architectures: qwen3_5_moe (vision-language wrapper, keys under model.language_model.),
 qwen3_5_moe_text (text-only, keys under model.), qwen3_moe. Formats: bf16, fp32, fp8_block
 (Qwen's -FP8 repos), nvfp4 (ModelOpt MIXED_PRECISION: NVFP4 experts, FP8 per-tensor attention
 and GDN projections, bf16 rest), nvfp4_ct (compressed-tensors NVFP4 experts). Experts are stored
@@ -19,6 +20,7 @@ import torch
 from safetensors.torch import save_file
 
 from engine.checkpoint import quantize
+from engine.testing.tiny_tokenizer import write_tiny_tokenizer
 
 FORMATS = ("bf16", "fp32", "fp8_block", "nvfp4", "nvfp4_ct")
 ARCHS = ("qwen3_5_moe", "qwen3_5_moe_text", "qwen3_moe")
@@ -116,7 +118,10 @@ def write_tiny_checkpoint(folder: str | Path, arch: str = "qwen3_5_moe", fmt: st
         (folder / "hf_quant_config.json").write_text(json.dumps(
             {"producer": {"name": "modelopt", "version": "0.37.0"}, "quantization": quant}, indent=2))
     (folder / "config.json").write_text(json.dumps(config, indent=2))
-    (folder / "generation_config.json").write_text(json.dumps({"eos_token_id": text["eos_token_id"]}))
+    special = write_tiny_tokenizer(folder, vocab_size=text["vocab_size"])
+    (folder / "generation_config.json").write_text(json.dumps(
+        {"eos_token_id": [special["eos"], special["endoftext"]], "do_sample": True, "temperature": 0.6,
+         "top_k": 20, "top_p": 0.95}))
     _save(writer.tensors, folder, shards)
     return folder
 

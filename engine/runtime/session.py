@@ -1,0 +1,258 @@
+"""A chat session: a conversation kept in a model state, replies streamed as events.
+
+The state only ever grows by what the model has seen: each turn feeds just the new text
+(the end of the previous reply, the new user message and the assistant header), so turn N
+costs the prefill of turn N alone. The model therefore sees its own earlier reasoning, where
+a fresh render of the chat template would drop it; that is the price of never recomputing
+history. A snapshot at every turn boundary lets regenerate and edit roll back instead.
+
+A turn cancelled during its prefill is undone whole (its user message is taken back out of
+`messages`; the app keeps the text). Threading: one thread drives `send`/`regenerate`/`edit` (the app's worker); `cancel` may be
+called from any thread and takes effect between layers of a prefill chunk or between tokens.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, replace
+
+from engine.errors import ContextOverflowError
+from engine.models.base import CausalLM, Interrupted, StateSnapshot
+from engine.runtime.events import AnswerDelta, ReasoningDelta, TurnFinished, TurnStats
+from engine.runtime.sampling import Sampler, SamplingParams
+from engine.runtime.stop import StopMatcher
+from engine.runtime.tokenizer import ChatTokenizer, IncrementalDetokenizer
+
+# Rendering [user, assistant] with this content around the new messages isolates the text the
+# template puts after a finished reply, whatever the template does with earlier turns.
+_SENTINEL = "\u2063moedesk-turn-boundary\u2063"
+DEFAULT_PREFILL_CHUNK_TOKENS = 512
+
+
+@dataclass
+class _Boundary:
+    """Where a user turn began: restoring it undoes that turn and everything after."""
+
+    message_index: int  # index of the turn's user message in `messages`
+    snapshot: StateSnapshot
+    fed_tokens: int
+    pending: tuple[int, ...]
+
+
+class ChatSession:
+    def __init__(self, model: CausalLM, tokenizer: ChatTokenizer, *, context_tokens: int,
+                 sampling: SamplingParams | None = None, system_prompt: str | None = None,
+                 enable_thinking: bool = True, prefill_chunk_tokens: int = DEFAULT_PREFILL_CHUNK_TOKENS):
+        self.model, self.tokenizer = model, tokenizer
+        self.context_tokens = context_tokens
+        self.sampling = sampling or SamplingParams.from_generation_config(tokenizer.generation_defaults)
+        self.system_prompt = system_prompt
+        self.enable_thinking = enable_thinking
+        self.prefill_chunk_tokens = prefill_chunk_tokens
+        self.messages: list[dict] = []
+        self.prefilled_tokens_total = 0  # every token this session pushed through prefill
+        self._cancel = threading.Event()
+        self.reset()
+
+    # ---- conversation controls ------------------------------------------------------------------
+
+    def reset(self) -> None:
+        """Forget the conversation (the system prompt and settings stay)."""
+        self.messages = []
+        self._state = self.model.new_state(self.context_tokens)
+        self._fed: list[int] = []  # token ids in the state, in order
+        self._pending: tuple[int, ...] = ()  # sampled but not yet fed (the last token of a reply)
+        self._synced = 0  # messages[:_synced] are in the state
+        self._boundaries: list[_Boundary] = []
+
+    def set_system_prompt(self, text: str | None) -> None:
+        """A new system prompt changes the start of the context, so the history is recomputed next turn."""
+        self.system_prompt = text or None
+        self._state = self.model.new_state(self.context_tokens)
+        self._fed, self._pending, self._synced, self._boundaries = [], (), 0, []
+
+    def cancel(self) -> None:
+        self._cancel.set()
+
+    @property
+    def context_used(self) -> int:
+        return self._state.position
+
+    # ---- turns ----------------------------------------------------------------------------------
+
+    def send(self, text: str, sampling: SamplingParams | None = None) -> Iterator:
+        """Add a user message and stream the reply: ReasoningDelta/AnswerDelta events, then TurnFinished."""
+        return self._turn(text, sampling)
+
+    def regenerate(self, sampling: SamplingParams | None = None) -> Iterator:
+        """Replace the last reply: roll back to the last user turn's boundary and answer it again."""
+        if not self._boundaries:
+            raise ValueError("there is no reply to regenerate yet")
+        user_text = self.messages[self._boundaries[-1].message_index]["content"]
+        self._rewind(len(self._boundaries) - 1)
+        return self._turn(user_text, sampling)
+
+    def edit(self, message_index: int, text: str, sampling: SamplingParams | None = None) -> Iterator:
+        """Replace user message `message_index` with `text`, drop what came after it, and answer again."""
+        turn = next((i for i, b in enumerate(self._boundaries) if b.message_index == message_index), None)
+        if turn is None:
+            raise ValueError(f"message {message_index} is not a user message of this conversation")
+        self._rewind(turn)
+        return self._turn(text, sampling)
+
+    def _rewind(self, turn: int) -> None:
+        boundary = self._boundaries[turn]
+        self._state.restore(boundary.snapshot)
+        del self._fed[boundary.fed_tokens:]
+        self._pending = boundary.pending
+        del self.messages[boundary.message_index:]
+        self._synced = boundary.message_index
+        del self._boundaries[turn:]
+
+    def _prompt_ids(self, new_messages: list[dict]) -> tuple[list[int], str]:
+        """(token ids to feed, rendered text) that bring the state up to `new_messages`."""
+        render = self.tokenizer.render
+        if not self._fed:
+            system = [{"role": "system", "content": self.system_prompt}] if self.system_prompt else []
+            text = render(system + self.messages[:self._synced] + new_messages, add_generation_prompt=True,
+                          enable_thinking=self.enable_thinking)
+            return self.tokenizer.encode(text), text
+        framed = [{"role": "user", "content": _SENTINEL}, {"role": "assistant", "content": _SENTINEL}]
+        text = render(framed + new_messages, add_generation_prompt=True, enable_thinking=self.enable_thinking)
+        text = text.rsplit(_SENTINEL, 1)[1]
+        return list(self._pending) + self.tokenizer.encode(text), text
+
+    def _turn(self, user_text: str, sampling: SamplingParams | None) -> Iterator:
+        params = sampling or self.sampling
+        sampler = Sampler(replace(params, stop=tuple(params.stop)))
+        self._cancel.clear()
+        user = {"role": "user", "content": user_text}
+        ids, rendered = self._prompt_ids(self.messages[self._synced:] + [user])
+        needed = self._state.position + len(ids) + 1  # at least one reply token must fit
+        if needed > self.context_tokens:
+            error = str(ContextOverflowError(needed, self.context_tokens))
+            yield TurnFinished("", "", TurnStats(self._state.position, 0, 0, 0.0, 0.0, 0.0, "error",
+                                                 sampler.seed, error))
+            return
+        self.messages.append(user)
+        self._boundaries.append(_Boundary(len(self.messages) - 1, self._state.snapshot(), len(self._fed),
+                                          self._pending))
+        yield from _Reply(self, sampler, ids, rendered).run()
+
+
+class _Reply:
+    """One reply: prefill the prompt in chunks, then decode, splitting reasoning from answer."""
+
+    def __init__(self, session: ChatSession, sampler: Sampler, prompt_ids: list[int], rendered: str):
+        self.session, self.sampler, self.prompt_ids = session, sampler, prompt_ids
+        tok = session.tokenizer
+        self.think_start = tok.token_id(tok.think_start) if tok.think_start else None
+        self.think_end = tok.token_id(tok.think_end) if tok.think_end else None
+        # Qwen3.5/3.6 templates open <think> in the generation prompt itself
+        self.reasoning = bool(tok.think_start) and rendered.rfind(tok.think_start) > rendered.rfind(tok.think_end or "")
+        self.detok = IncrementalDetokenizer(tok)
+        self.stop = StopMatcher(sampler.params.stop)
+        self.answer: list[str] = []
+        self.thoughts: list[str] = []
+        self.segment_started = False  # leading newlines of a segment are template layout, not text
+        self.prompt_tokens = session.context_used  # until the prefill has run
+
+    def run(self) -> Iterator:
+        s = self.session
+        start = time.perf_counter()
+        try:
+            logits = self._prefill()
+        except Interrupted:
+            s._rewind(len(s._boundaries) - 1)
+            yield self._finish("cancelled", start, start, 0, prefilled=0)
+            return
+        first_token_at = time.perf_counter()
+        self.prompt_tokens = s._state.position
+        generated: list[int] = []
+        reason = "length"
+        budget = min(self.sampler.params.max_new_tokens, s.context_tokens - s._state.position)
+        while len(generated) < budget:
+            if s._cancel.is_set():
+                reason = "cancelled"
+                break
+            token = self.sampler(logits, s._fed, generated)
+            generated.append(token)
+            if token in s.tokenizer.eos_token_ids:
+                reason = "eos"
+                break
+            events, stopped = self._emit(token)
+            yield from events
+            if stopped:
+                reason = "stop"
+                break
+            if len(generated) == budget:
+                break
+            logits = s.model.forward([token], s._state)
+            s._fed.append(token)
+        yield from self._drain(reason)
+        # the last sampled token is not in the state yet; eos is written by the next turn's template text
+        s._pending = () if reason == "eos" or not generated else (generated[-1],)
+        s.messages.append(self._assistant_message())
+        s._synced = len(s.messages)
+        yield self._finish(reason, start, first_token_at, len(generated), prefilled=len(self.prompt_ids))
+
+    def _prefill(self):
+        s = self.session
+        chunk = s.prefill_chunk_tokens
+        logits = None
+        for begin in range(0, len(self.prompt_ids), chunk):
+            piece = self.prompt_ids[begin:begin + chunk]
+            logits = s.model.forward(piece, s._state, interrupt=s._cancel.is_set)
+            s._fed.extend(piece)
+            s.prefilled_tokens_total += len(piece)
+        s._pending = ()
+        return logits
+
+    def _emit(self, token: int) -> tuple[list, bool]:
+        if token == self.think_start or token == self.think_end:
+            events, stopped = self._text(self.detok.flush())
+            self.detok = IncrementalDetokenizer(self.session.tokenizer)
+            self.reasoning = token == self.think_start
+            self.segment_started = False
+            return events, stopped
+        return self._text(self.detok.feed(token))
+
+    def _text(self, delta: str) -> tuple[list, bool]:
+        shown, stopped = self.stop.feed(delta)
+        if not self.segment_started:
+            shown = shown.lstrip("\n")
+            self.segment_started = bool(shown)
+        if not shown:
+            return [], stopped
+        (self.thoughts if self.reasoning else self.answer).append(shown)
+        return [ReasoningDelta(shown) if self.reasoning else AnswerDelta(shown)], stopped
+
+    def _drain(self, reason: str) -> Iterator:
+        if reason == "stop":
+            return
+        events, _ = self._text(self.detok.flush())
+        yield from events
+        tail = self.stop.flush()
+        if tail:
+            (self.thoughts if self.reasoning else self.answer).append(tail)
+            yield ReasoningDelta(tail) if self.reasoning else AnswerDelta(tail)
+
+    def _assistant_message(self) -> dict:
+        message = {"role": "assistant", "content": "".join(self.answer).rstrip()}
+        if self.thoughts:
+            message["reasoning_content"] = "".join(self.thoughts).strip()
+        return message
+
+    def _finish(self, reason: str, start: float, first_token_at: float, new_tokens: int,
+                prefilled: int) -> TurnFinished:
+        end = time.perf_counter()
+        prefill_s = max(first_token_at - start, 1e-9)
+        decode_s = end - first_token_at
+        stats = TurnStats(
+            prompt_tokens=self.prompt_tokens, prefill_tokens=prefilled, new_tokens=new_tokens,
+            time_to_first_token_s=prefill_s, prefill_tokens_per_s=prefilled / prefill_s,
+            decode_tokens_per_s=(new_tokens - 1) / decode_s if new_tokens > 1 and decode_s > 0 else 0.0,
+            stop_reason=reason, seed=self.sampler.seed)
+        return TurnFinished("".join(self.answer).rstrip(), "".join(self.thoughts).strip(), stats)

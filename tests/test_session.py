@@ -1,0 +1,183 @@
+"""Chat sessions: streaming events, reasoning split, stop strings, cancel, multi-turn reuse, rollback."""
+
+import threading
+import time
+
+import pytest
+
+import engine
+from engine.runtime.events import AnswerDelta, ReasoningDelta, TurnFinished
+from engine.runtime.sampling import SamplingParams
+from engine.runtime.session import ChatSession
+from engine.runtime.tokenizer import ChatTokenizer
+from scripted_model import ScriptedModel
+
+GREEDY = SamplingParams(temperature=0.0, max_new_tokens=64)
+SHORT = SamplingParams(temperature=0.0, max_new_tokens=6)  # replies of the real tiny model: short, to stay fast
+REPLY = "<think>\nLet me think: 你好 😀\n</think>\n\nAnswer: 答案 🎉 done."
+
+
+@pytest.fixture(scope="module")
+def folder(tiny_checkpoint):
+    return tiny_checkpoint("qwen3_5_moe", "bf16")
+
+
+@pytest.fixture(scope="module")
+def tokenizer(folder):
+    return ChatTokenizer.from_folder(folder)
+
+
+@pytest.fixture(scope="module")
+def model(folder):
+    return engine.load_model(folder)
+
+
+def scripted(tokenizer, text=REPLY, delay=0.0, **kwargs):
+    script = tokenizer.encode(text) + [min(tokenizer.eos_token_ids)]
+    model = ScriptedModel(320, script, delay)
+    return model, ChatSession(model, tokenizer, context_tokens=kwargs.pop("context_tokens", 4096),
+                              sampling=kwargs.pop("sampling", GREEDY), **kwargs)
+
+
+def split(events):
+    reasoning = "".join(e.text for e in events if isinstance(e, ReasoningDelta))
+    answer = "".join(e.text for e in events if isinstance(e, AnswerDelta))
+    return reasoning, answer, events[-1]
+
+
+def test_reasoning_is_streamed_apart_from_the_answer(tokenizer):
+    _, session = scripted(tokenizer)
+    events = list(session.send("Hi"))
+    reasoning, answer, final = split(events)
+    assert isinstance(final, TurnFinished) and final.stats.stop_reason == "eos"
+    assert reasoning == "Let me think: 你好 😀\n" and final.reasoning == "Let me think: 你好 😀"
+    assert answer == "Answer: 答案 🎉 done." == final.answer
+    # characters split over several byte-level tokens arrive whole, never as replacement characters
+    assert all("\ufffd" not in e.text for e in events[:-1])
+    assert len([e for e in events if isinstance(e, AnswerDelta)]) > 3  # streamed, not one blob
+    assert session.messages[-1] == {"role": "assistant", "content": final.answer,
+                                    "reasoning_content": final.reasoning}
+
+
+def test_thinking_off_puts_an_empty_think_block_in_the_prompt(tokenizer):
+    model, session = scripted(tokenizer, text="Plain answer.", enable_thinking=False)
+    reasoning, answer, final = split(list(session.send("Hi")))
+    assert reasoning == "" and answer == "Plain answer."
+    assert tokenizer.decode(model.fed[0]).endswith("<|im_start|>assistant\n<think>\n\n</think>\n\n")
+    model, session = scripted(tokenizer, text="Plain answer.", enable_thinking=True)
+    reasoning, answer, final = split(list(session.send("Hi")))
+    assert tokenizer.decode(model.fed[0]).endswith("<|im_start|>assistant\n<think>\n")
+    assert reasoning == "Plain answer." and answer == ""  # no </think> came: all of it was thinking
+
+
+def test_stop_string_ends_the_reply_without_showing_it(tokenizer):
+    _, session = scripted(tokenizer, sampling=SamplingParams(temperature=0.0, stop=("答案",)))
+    reasoning, answer, final = split(list(session.send("Hi")))
+    assert final.stats.stop_reason == "stop"
+    assert answer == "Answer: " and "答" not in answer
+
+
+def test_length_limit(tokenizer):
+    _, session = scripted(tokenizer, sampling=SamplingParams(temperature=0.0, max_new_tokens=5))
+    final = list(session.send("Hi"))[-1]
+    assert final.stats.stop_reason == "length" and final.stats.new_tokens == 5
+
+
+def test_system_prompt_is_rendered_first(tokenizer):
+    model, session = scripted(tokenizer, system_prompt="Be brief.")
+    list(session.send("Hi"))
+    assert tokenizer.decode(model.fed[0]).startswith("<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\nHi")
+
+
+def test_second_turn_prefills_only_its_new_tokens(tokenizer):
+    model, session = scripted(tokenizer)
+    first = list(session.send("Hi"))[-1]
+    fed_before = session.prefilled_tokens_total
+    second = list(session.send("And then?"))[-1]
+    assert second.stats.prefill_tokens == session.prefilled_tokens_total - fed_before
+    expected_suffix = tokenizer.encode("<|im_end|>\n<|im_start|>user\nAnd then?<|im_end|>\n<|im_start|>assistant\n<think>\n")
+    assert second.stats.prefill_tokens == len(expected_suffix)
+    prompt_forward = next(ids for ids in reversed(model.fed) if len(ids) > 1)
+    assert prompt_forward == expected_suffix
+    assert second.stats.prompt_tokens == first.stats.prompt_tokens + first.stats.new_tokens + len(expected_suffix) - 1
+
+
+def test_context_overflow_is_refused_before_running(tokenizer):
+    model, session = scripted(tokenizer, context_tokens=30)
+    final = list(session.send("word " * 40))[-1]
+    assert final.stats.stop_reason == "error"
+    assert "needs" in final.stats.error and "at most 30" in final.stats.error
+    assert model.fed == [] and session.messages == []  # nothing ran, nothing recorded
+
+
+def test_cancel_during_decode_is_prompt(tokenizer):
+    _, session = scripted(tokenizer, text="word " * 200, delay=0.02,
+                          sampling=SamplingParams(temperature=0.0, max_new_tokens=400))
+    events = session.send("Hi")
+    next(events)  # decoding has started
+    threading.Timer(0.1, session.cancel).start()
+    cancelled_at = None
+    for event in events:
+        if cancelled_at is None and session._cancel.is_set():
+            cancelled_at = time.perf_counter()
+        final = event
+    latency = time.perf_counter() - (cancelled_at or time.perf_counter())
+    assert final.stats.stop_reason == "cancelled" and 0 < final.stats.new_tokens < 400
+    assert latency < 0.1
+    # the partial reply is kept and the conversation goes on from it
+    assert session.messages[-1]["role"] == "assistant"
+    assert list(session.send("More", SHORT))[-1].stats.stop_reason == "length"
+
+
+def test_cancel_during_prefill_undoes_the_turn(model, tokenizer):
+    session = ChatSession(model, tokenizer, context_tokens=8192, sampling=SHORT, prefill_chunk_tokens=256)
+    list(session.send("Hello"))
+    used, messages = session.context_used, list(session.messages)
+    results = {}
+
+    def run():
+        results["events"] = list(session.send("long " * 1000))
+        results["done"] = time.perf_counter()
+
+    worker = threading.Thread(target=run)
+    worker.start()
+    time.sleep(0.3)  # well inside a prefill of ~4000 tokens on the tiny model (about 2 s)
+    cancelled = time.perf_counter()
+    session.cancel()
+    worker.join(5)
+    final = results["events"][-1]
+    assert final.stats.stop_reason == "cancelled" and final.stats.new_tokens == 0
+    assert results["done"] - cancelled < 0.1
+    assert session.context_used == used and session.messages == messages
+    assert list(session.send("Short"))[-1].stats.stop_reason in ("eos", "length")
+
+
+def test_regenerate_restores_the_snapshot(model, tokenizer):
+    params = SamplingParams(temperature=1.0, top_k=0, top_p=1.0, seed=7, max_new_tokens=12)
+    session = ChatSession(model, tokenizer, context_tokens=4096, sampling=params)
+    list(session.send("First question"))
+    first = list(session.send("Second question"))[-1]
+    used = session.context_used
+    prefilled = session.prefilled_tokens_total
+    again = list(session.regenerate())[-1]
+    assert (again.answer, again.reasoning) == (first.answer, first.reasoning)  # same seed, same state
+    assert again.stats.prefill_tokens == first.stats.prefill_tokens  # only the last turn was recomputed
+    assert session.prefilled_tokens_total - prefilled == first.stats.prefill_tokens
+    assert session.context_used == used and len(session.messages) == 4
+
+
+def test_edit_rolls_back_to_that_message(model, tokenizer):
+    session = ChatSession(model, tokenizer, context_tokens=4096, sampling=SHORT)
+    list(session.send("One"))
+    after_one = session.context_used
+    list(session.send("Two"))
+    list(session.send("Three"))
+    list(session.edit(2, "Two, edited"))
+    assert [m["content"] for m in session.messages if m["role"] == "user"] == ["One", "Two, edited"]
+    fresh = ChatSession(model, tokenizer, context_tokens=4096, sampling=SHORT)
+    list(fresh.send("One"))
+    assert fresh.context_used == after_one
+    edited_reply = list(fresh.send("Two, edited"))[-1]
+    assert session.messages[-1]["content"] == edited_reply.answer
+    with pytest.raises(ValueError, match="not a user message"):
+        session.edit(1, "x")
