@@ -53,7 +53,7 @@ def test_unpack_matches_compressed_tensors():
 
 
 @pytest.mark.parametrize("byte, values", [(0x21, [0.5, 1.0]), (0xF7, [6.0, -6.0]), (0x98, [-0.0, -0.5]),
-                                          (0x00, [0.0, 0.0]), (0x5C, [-4.0, 3.0]), (0xB3, [1.5, -1.5])])
+                                          (0x00, [0.0, 0.0]), (0x5C, [-2.0, 3.0]), (0xB3, [1.5, -1.5])])
 def test_unpack_hand_computed_bytes(byte, values):
     """The low nibble is element 0; bit 3 of a nibble is the sign."""
     assert _same(unpack_e2m1(torch.tensor([byte], dtype=torch.uint8)), torch.tensor(values))
@@ -88,9 +88,8 @@ def test_nvfp4_compressed_tensors_dequantize():
 # (d) our packer against compressed-tensors' packer and NVFP4's accuracy
 
 def _nearest_e2m1(x):
-    """Round to the E2M1 grid by bucketing between midpoints (ties to the smaller magnitude), sign kept."""
-    midpoints = (E2M1_GRID[1:] + E2M1_GRID[:-1]) / 2
-    magnitude = E2M1_GRID[torch.bucketize(x.abs(), midpoints)]
+    """Round to the E2M1 grid by brute force: the grid value at the least distance (ties: smaller magnitude)."""
+    magnitude = E2M1_GRID[(x.abs()[..., None] - E2M1_GRID).abs().argmin(dim=-1)]
     return torch.where(x < 0, -magnitude, magnitude)
 
 
@@ -140,8 +139,8 @@ def test_fp8_per_tensor_and_per_channel(scale_shape):
     assert (fmt, shape) == (FP8_TENSOR, (40, 48))
     stored = StoredWeight(fmt, tensors, shape, "m")
     check_scales(stored)
-    rows = scale.reshape(-1, 1) if scale.numel() > 1 else scale.reshape(())
-    expected = torch.stack([weight[i].float() * (rows[i] if scale.numel() > 1 else rows) for i in range(40)])
+    row_scale = scale.reshape(40, 1) if scale.numel() == 40 else scale.reshape(1, 1).expand(40, 1)
+    expected = weight.float() * row_scale  # row i scaled by the scale of output channel i
     torch.testing.assert_close(stored.dequantize(), expected, rtol=0, atol=0)
 
 
@@ -205,7 +204,6 @@ def test_select_expert_from_stack(fmt):
     detected, shape = detect_format("experts", tensors)
     assert detected == fmt.removesuffix("_channel") and shape == (3, 40, 64)
     stack = StoredWeight(detected, tensors, shape, "experts", (16, 32))
-    check_scales(stack)
     whole = stack.dequantize()
     for e in range(3):
         one = stack.select(e)
