@@ -212,7 +212,7 @@ def test_missing_scale_of_quantised_weight(tiny_checkpoint, tmp_path):
     folder = _copy(tiny_checkpoint(ARCH, "nvfp4"), tmp_path)
     module = "model.layers.0.mlp.experts.1.down_proj"
     _rewrite(folder / "model.safetensors", lambda t: t.pop(module + ".weight_scale_2"))
-    error = _fails(folder, rf"layers\.0\.mlp\.experts\.1\.down_proj stores weight \(torch\.uint8\), "
+    error = _fails(folder, r"layers\.0\.mlp\.experts\.1\.down_proj stores weight \(torch\.uint8\), "
                            r"weight_scale \(torch\.float8_e4m3fn\), which is no weight format")
     assert error.path == folder / "model.safetensors"
 

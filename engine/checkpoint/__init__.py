@@ -8,6 +8,7 @@ with a raw checkpoint key.
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 
 import torch
@@ -80,6 +81,11 @@ class Checkpoint:
         return self._files[file_name]
 
     # ---- what layers ask for -------------------------------------------------------------------
+
+    def tensor_bytes(self):
+        """(normalised name, stored bytes) of every tensor, from the headers alone."""
+        for name, (shard, key) in self._location.items():
+            yield name, math.prod(shard.shape(key)) * shard.dtype(key).itemsize
 
     def has(self, name: str) -> bool:
         return name in self._location or name in self._modules

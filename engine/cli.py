@@ -1,0 +1,222 @@
+"""`python -m engine`: chat, generate and plan from the command line.
+
+Every error a user can make ends in one line on stderr and a non-zero exit code.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import signal
+import sys
+from pathlib import Path
+
+from engine.errors import CheckpointError
+from engine.runtime.events import AnswerDelta, ReasoningDelta, TurnFinished
+from engine.runtime.sampling import SamplingParams
+
+DEFAULT_CONTEXT_TOKENS = 8192
+EXIT_USAGE, EXIT_FAILED = 2, 1
+
+
+class CliError(Exception):
+    """A problem to report in one line."""
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message):  # argparse's default prints the whole usage block first
+        raise CliError(f"{message} (see python -m engine {self.prog.split()[-1]} --help)")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(prog="python -m engine", description="MoE Desk engine: chat, generate, plan")
+    commands = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
+
+    chat = commands.add_parser("chat", help="interactive chat in the terminal")
+    _model_and_sampling(chat)
+
+    generate = commands.add_parser("generate", help="answer one prompt or a file of prompts")
+    _model_and_sampling(generate)
+    source = generate.add_mutually_exclusive_group(required=True)
+    source.add_argument("--prompt", help="the user message")
+    source.add_argument("--prompts-file", type=Path, help="a text file with one user message per line")
+    generate.add_argument("--json", action="store_true", help="one JSON object per prompt: reply and stats")
+
+    plan = commands.add_parser("plan", help="the VRAM plan of a model for a preset")
+    target = plan.add_mutually_exclusive_group(required=True)
+    target.add_argument("--model", type=Path, help="checkpoint folder (only tensor headers are read)")
+    target.add_argument("--synthetic", help="a built-in model description, e.g. qwen3.6-35b-a3b-nvfp4")
+    plan.add_argument("--preset", required=True, choices=["4gb", "8gb", "12gb", "auto"])
+    plan.add_argument("--vram", type=float, help="VRAM budget in GiB (default: the preset's size, or the "
+                                                  "GPU's free memory for auto)")
+    plan.add_argument("--json", action="store_true")
+    return parser
+
+
+def _model_and_sampling(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--model", type=Path, required=True, help="checkpoint folder")
+    p.add_argument("--context", type=int, default=DEFAULT_CONTEXT_TOKENS, help="context size in tokens")
+    p.add_argument("--system", help="system prompt")
+    p.add_argument("--no-think", action="store_true", help="turn the thinking mode off")
+    p.add_argument("--temperature", type=float)
+    p.add_argument("--top-p", type=float)
+    p.add_argument("--top-k", type=int)
+    p.add_argument("--min-p", type=float)
+    p.add_argument("--repetition-penalty", type=float)
+    p.add_argument("--presence-penalty", type=float)
+    p.add_argument("--max-new-tokens", type=int)
+    p.add_argument("--stop", action="append", default=None, help="stop string (repeatable)")
+    p.add_argument("--seed", type=int)
+
+
+def _open_session(args):
+    # imported here so `plan` and `--help` stay fast
+    from engine.loader import load_model
+    from engine.runtime.session import ChatSession
+    from engine.runtime.tokenizer import ChatTokenizer
+
+    if args.context < 16:
+        raise CliError(f"--context must be at least 16 tokens, got {args.context}")
+    model = load_model(args.model)  # first: it explains a wrong folder best
+    tokenizer = ChatTokenizer.from_folder(args.model)
+    sampling = SamplingParams.from_generation_config(
+        tokenizer.generation_defaults, temperature=args.temperature, top_p=args.top_p, top_k=args.top_k,
+        min_p=args.min_p, repetition_penalty=args.repetition_penalty, presence_penalty=args.presence_penalty,
+        max_new_tokens=args.max_new_tokens, seed=args.seed, stop=tuple(args.stop) if args.stop else None)
+    try:
+        sampling.validate()
+    except ValueError as exc:
+        raise CliError(str(exc)) from None
+    return ChatSession(model, tokenizer, context_tokens=args.context, sampling=sampling,
+                       system_prompt=args.system, enable_thinking=not args.no_think)
+
+
+def _stream(events, out) -> TurnFinished:
+    """Print deltas as they come (reasoning dimmed on a terminal); return the final event."""
+    dim, reset = ("\x1b[2m", "\x1b[0m") if out.isatty() else ("", "")
+    in_reasoning = False
+    for event in events:
+        if isinstance(event, TurnFinished):
+            if in_reasoning:
+                out.write(reset)
+            return event
+        if isinstance(event, ReasoningDelta) and not in_reasoning:
+            out.write(dim + "[thinking] ")
+            in_reasoning = True
+        elif isinstance(event, AnswerDelta) and in_reasoning:
+            out.write(reset + "\n")
+            in_reasoning = False
+        out.write(event.text)
+        out.flush()
+    raise RuntimeError("the reply stream ended without a final event")
+
+
+def _stats_line(stats) -> str:
+    return (f"[{stats.new_tokens} tokens, {stats.decode_tokens_per_s:.1f} tok/s, prefill {stats.prefill_tokens} "
+            f"tokens at {stats.prefill_tokens_per_s:.1f} tok/s, first token {stats.time_to_first_token_s:.2f} s, "
+            f"stop: {stats.stop_reason}]")
+
+
+def run_chat(args) -> int:
+    session = _open_session(args)
+    print("Chat started. /reset clears the conversation, /think on|off switches thinking, /exit quits.")
+    # Ctrl-C while a reply streams cancels the reply; at the prompt it quits
+    previous = signal.signal(signal.SIGINT, lambda *_: session.cancel())
+    try:
+        while True:
+            try:
+                signal.signal(signal.SIGINT, previous)
+                line = input("\n> ").strip()
+            except (EOFError, KeyboardInterrupt):
+                print()
+                return 0
+            finally:
+                signal.signal(signal.SIGINT, lambda *_: session.cancel())
+            if not line:
+                continue
+            if line in ("/exit", "/quit"):
+                return 0
+            if line == "/reset":
+                session.reset()
+                print("(conversation cleared)")
+                continue
+            if line.startswith("/think"):
+                choice = line.split()[1:] or [""]
+                if choice[0] not in ("on", "off"):
+                    print("usage: /think on|off")
+                    continue
+                session.enable_thinking = choice[0] == "on"
+                print(f"(thinking {choice[0]})")
+                continue
+            final = _stream(session.send(line), sys.stdout)
+            if final.stats.error:
+                print(f"error: {final.stats.error}", file=sys.stderr)
+            else:
+                print("\n" + _stats_line(final.stats))
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
+def run_generate(args) -> int:
+    if args.prompt is not None:
+        prompts = [args.prompt]
+    else:
+        try:
+            prompts = [line for line in args.prompts_file.read_text(encoding="utf-8").splitlines() if line.strip()]
+        except OSError as exc:
+            raise CliError(f"cannot read {args.prompts_file}: {exc.strerror or exc}") from None
+        if not prompts:
+            raise CliError(f"{args.prompts_file} holds no prompts (one per line)")
+    session = _open_session(args)
+    failed = False
+    for prompt in prompts:
+        session.reset()
+        if args.json:
+            final = next(e for e in session.send(prompt) if isinstance(e, TurnFinished))
+            print(json.dumps({"prompt": prompt, "reply": final.answer, "reasoning": final.reasoning,
+                              "stats": final.stats.to_dict()}, ensure_ascii=False), flush=True)
+        else:
+            final = _stream(session.send(prompt), sys.stdout)
+            if not final.stats.error:
+                print("\n" + _stats_line(final.stats))
+        if final.stats.error:
+            failed = True
+            print(f"error: {final.stats.error}", file=sys.stderr)
+    return EXIT_FAILED if failed else 0
+
+
+def run_plan(args) -> int:
+    from engine.runtime.planner import (PlanError, footprint_from_checkpoint, footprint_from_synthetic,
+                                        plan_memory, preset_budget_bytes)
+
+    try:
+        footprint = (footprint_from_synthetic(args.synthetic) if args.synthetic
+                     else footprint_from_checkpoint(args.model))
+    except KeyError as exc:
+        raise CliError(str(exc.args[0])) from None
+    if args.vram is not None:
+        if args.vram <= 0:
+            raise CliError(f"--vram must be a positive number of GiB, got {args.vram}")
+        budget = int(args.vram * 2**30)
+    else:
+        budget = preset_budget_bytes(args.preset)
+        if budget is None:
+            raise CliError("--preset auto needs --vram GiB here (no GPU is visible to read free memory from)")
+    try:
+        plan = plan_memory(footprint, budget, args.preset)
+    except PlanError as exc:
+        raise CliError(str(exc)) from None
+    print(json.dumps(plan.to_dict(), indent=2) if args.json else plan.format_table())
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    try:
+        args = build_parser().parse_args(argv)
+        return {"chat": run_chat, "generate": run_generate, "plan": run_plan}[args.command](args)
+    except CliError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    except CheckpointError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return EXIT_FAILED
