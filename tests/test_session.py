@@ -181,3 +181,14 @@ def test_edit_rolls_back_to_that_message(model, tokenizer):
     assert session.messages[-1]["content"] == edited_reply.answer
     with pytest.raises(ValueError, match="not a user message"):
         session.edit(1, "x")
+
+
+def test_saved_history_is_prefilled_with_the_next_message(tokenizer):
+    model, session = scripted(tokenizer, text="Fine.", enable_thinking=False)
+    history = [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Hello!"}]
+    session.reset(history)
+    final = list(session.send("How are you?"))[-1]
+    expected = tokenizer.render(history + [{"role": "user", "content": "How are you?"}], enable_thinking=False)
+    assert tokenizer.decode(model.fed[0]) == expected
+    assert final.stats.prefill_tokens == len(tokenizer.encode(expected))
+    assert [m["content"] for m in session.messages] == ["Hi", "Hello!", "How are you?", "Fine."]

@@ -58,20 +58,23 @@ class ChatSession:
 
     # ---- conversation controls ------------------------------------------------------------------
 
-    def reset(self) -> None:
-        """Forget the conversation (the system prompt and settings stay)."""
-        self.messages = []
+    def reset(self, history: list[dict] | None = None) -> None:
+        """Start over, with `history` (user/assistant messages of a saved chat) as the conversation so far;
+        it is prefilled together with the next message. The system prompt and settings stay."""
+        self.messages = [dict(m) for m in history or []]
+        self._forget_state()
+
+    def set_system_prompt(self, text: str | None) -> None:
+        """A new system prompt changes the start of the context, so the history is recomputed next turn."""
+        self.system_prompt = text or None
+        self._forget_state()
+
+    def _forget_state(self) -> None:
         self._state = self.model.new_state(self.context_tokens)
         self._fed: list[int] = []  # token ids in the state, in order
         self._pending: tuple[int, ...] = ()  # sampled but not yet fed (the last token of a reply)
         self._synced = 0  # messages[:_synced] are in the state
         self._boundaries: list[_Boundary] = []
-
-    def set_system_prompt(self, text: str | None) -> None:
-        """A new system prompt changes the start of the context, so the history is recomputed next turn."""
-        self.system_prompt = text or None
-        self._state = self.model.new_state(self.context_tokens)
-        self._fed, self._pending, self._synced, self._boundaries = [], (), 0, []
 
     def cancel(self) -> None:
         self._cancel.set()
