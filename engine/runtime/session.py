@@ -99,11 +99,18 @@ class ChatSession:
 
     def edit(self, message_index: int, text: str, sampling: SamplingParams | None = None) -> Iterator:
         """Replace user message `message_index` with `text`, drop what came after it, and answer again."""
-        turn = next((i for i, b in enumerate(self._boundaries) if b.message_index == message_index), None)
+        turn = self._turn_at(message_index)
         if turn is None:
             raise ValueError(f"message {message_index} is not a user message of this conversation")
         self._rewind(turn)
         return self._turn(text, sampling)
+
+    def can_edit(self, message_index: int) -> bool:
+        """Whether a snapshot marks that user message, so edit() rolls back instead of recomputing."""
+        return self._turn_at(message_index) is not None
+
+    def _turn_at(self, message_index: int) -> int | None:
+        return next((i for i, b in enumerate(self._boundaries) if b.message_index == message_index), None)
 
     def _rewind(self, turn: int) -> None:
         boundary = self._boundaries[turn]

@@ -1,0 +1,181 @@
+"""The engine's side of the app: a QObject that lives on its own QThread and owns the model.
+
+The GUI talks to it only through queued signals carrying plain data (str, list, dict) and
+through `stop()`, which is safe from any thread. Text deltas are batched so the GUI thread
+receives a few updates a second per reply, not one per token.
+"""
+
+from __future__ import annotations
+
+import time
+import traceback
+from pathlib import Path
+
+from PySide6.QtCore import QObject, QThread, Signal, Slot
+
+DELTA_INTERVAL_S = 0.04  # at most ~25 transcript updates a second: smooth to the eye, cheap for the GUI
+DEFAULT_CONTEXT_TOKENS = 8192
+
+
+def _same_conversation(a: list[dict], b: list[dict]) -> bool:
+    return [(m["role"], m["content"]) for m in a] == [(m["role"], m["content"]) for m in b]
+
+
+class EngineWorker(QObject):
+    loadStarted = Signal(str)  # model folder
+    loaded = Signal(dict)  # model info: name, path, model_type, layers, experts, context_tokens, ...
+    loadFailed = Signal(str)  # what happened and what to do
+    replyStarted = Signal()
+    reasoningDelta = Signal(str)
+    answerDelta = Signal(str)
+    progress = Signal(dict)  # new_tokens, decode_tokens_per_s, context_used, context_tokens
+    replyFinished = Signal(dict)  # answer, reasoning, stats (TurnStats as a dict)
+    busyChanged = Signal(bool)
+    log = Signal(str, str)  # level ("info" | "warning" | "error"), message
+
+    def __init__(self):
+        super().__init__()
+        self.session = None
+        self.model_info: dict = {}
+
+    # ---- any thread -----------------------------------------------------------------------------
+
+    def stop(self) -> None:
+        """Cancel the reply or prefill in progress; takes effect between layers or tokens."""
+        session = self.session
+        if session is not None:
+            session.cancel()
+
+    # ---- worker thread (called through queued connections) --------------------------------------
+
+    @Slot(str, dict)
+    def load(self, path: str, options: dict) -> None:
+        from engine.errors import CheckpointError
+        from engine.loader import load_model
+        from engine.runtime.session import ChatSession
+        from engine.runtime.tokenizer import ChatTokenizer
+
+        self.loadStarted.emit(path)
+        self.busyChanged.emit(True)
+        started = time.perf_counter()
+        try:
+            model = load_model(Path(path))
+            tokenizer = ChatTokenizer.from_folder(Path(path))
+            config = model.config
+            context = min(int(options.get("context_tokens") or DEFAULT_CONTEXT_TOKENS), config.max_position_embeddings)
+            self.session = ChatSession(model, tokenizer, context_tokens=context)
+            self.model_info = {
+                "name": Path(path).name, "path": str(path), "model_type": config.model_type,
+                "layers": config.num_hidden_layers, "experts": config.num_experts,
+                "experts_per_token": config.num_experts_per_tok, "vocab_size": config.vocab_size,
+                "context_tokens": context, "max_context_tokens": config.max_position_embeddings,
+            }
+            self.log.emit("info", f"loaded {path} in {time.perf_counter() - started:.1f} s")
+            self.loaded.emit(dict(self.model_info))
+        except CheckpointError as exc:
+            self.session = None
+            self.log.emit("error", str(exc))
+            self.loadFailed.emit(f"This folder cannot be opened as a model.\n{exc}")
+        except Exception as exc:  # an app must survive any bad folder; the log keeps the traceback
+            self.session = None
+            self.log.emit("error", traceback.format_exc())
+            self.loadFailed.emit(f"Loading failed unexpectedly: {exc!r}. The log page has the details.")
+        finally:
+            self.busyChanged.emit(False)
+
+    @Slot(list, str, dict)
+    def send(self, history: list, text: str, options: dict) -> None:
+        """Answer `text` after `history` (the chat's earlier user/assistant messages). Regenerate and
+        edit-and-resend are the same call with a shorter history: the session rolls back to that turn's
+        snapshot when it has one, and otherwise prefills the history again."""
+        if not self._ready():
+            return
+        self._apply(options)
+        session = self.session
+        if _same_conversation(session.messages, history):
+            self._stream(lambda sampling: session.send(text, sampling), options)
+            return
+        if _same_conversation(session.messages[:len(history)], history) and session.can_edit(len(history)):
+            self._stream(lambda sampling: session.edit(len(history), text, sampling), options)
+            return
+        session.reset(history)  # another chat, or one edited elsewhere: its history is prefilled
+        self._stream(lambda sampling: session.send(text, sampling), options)
+
+    def _ready(self) -> bool:
+        if self.session is None:
+            self.replyFinished.emit({"answer": "", "reasoning": "", "stats": {
+                "stop_reason": "error", "error": "No model is loaded. Open one on the Models page."}})
+            return False
+        return True
+
+    def _apply(self, options: dict) -> None:
+        session = self.session
+        session.enable_thinking = bool(options.get("enable_thinking", True))
+        system = options.get("system_prompt") or None
+        if system != session.system_prompt:
+            session.set_system_prompt(system)
+
+    def _sampling(self, options: dict):
+        from engine.runtime.sampling import SamplingParams
+
+        overrides = dict(options.get("sampling") or {})
+        if "stop" in overrides:
+            overrides["stop"] = tuple(overrides["stop"])
+        return SamplingParams.from_generation_config(self.session.tokenizer.generation_defaults, **overrides)
+
+    def _stream(self, start_turn, options: dict) -> None:
+        from engine.runtime.events import AnswerDelta, ReasoningDelta, TurnFinished
+
+        self.busyChanged.emit(True)
+        self.replyStarted.emit()
+        pending = {ReasoningDelta: [], AnswerDelta: []}
+        last_emit = time.perf_counter()
+        started = last_emit
+        new_tokens = 0
+        try:
+            sampling = self._sampling(options)
+            sampling.validate()
+            for event in start_turn(sampling):
+                if isinstance(event, TurnFinished):
+                    self._flush(pending)
+                    self.replyFinished.emit({"answer": event.answer, "reasoning": event.reasoning,
+                                             "stats": event.stats.to_dict()})
+                    return
+                pending[type(event)].append(event.text)
+                new_tokens += 1
+                now = time.perf_counter()
+                if now - last_emit >= DELTA_INTERVAL_S:
+                    self._flush(pending)
+                    self.progress.emit({"new_tokens": new_tokens,
+                                        "decode_tokens_per_s": new_tokens / max(now - started, 1e-9),
+                                        "context_used": self.session.context_used,
+                                        "context_tokens": self.session.context_tokens})
+                    last_emit = now
+        except Exception as exc:  # out of memory or a bug: the reply ends with a reason, the app lives on
+            self._flush(pending)
+            self.log.emit("error", traceback.format_exc())
+            self.replyFinished.emit({"answer": "", "reasoning": "", "stats": {
+                "stop_reason": "error", "error": f"The reply failed: {exc}. Try a shorter prompt or a larger "
+                                                 f"preset; the log page has the details."}})
+        finally:
+            self.busyChanged.emit(False)
+
+    def _flush(self, pending: dict) -> None:
+        from engine.runtime.events import AnswerDelta, ReasoningDelta
+
+        if pending[ReasoningDelta]:
+            self.reasoningDelta.emit("".join(pending[ReasoningDelta]))
+            pending[ReasoningDelta].clear()
+        if pending[AnswerDelta]:
+            self.answerDelta.emit("".join(pending[AnswerDelta]))
+            pending[AnswerDelta].clear()
+
+
+def start_worker() -> tuple[EngineWorker, QThread]:
+    """An EngineWorker moved to a new, started QThread."""
+    thread = QThread()
+    thread.setObjectName("engine")
+    worker = EngineWorker()
+    worker.moveToThread(thread)
+    thread.start()
+    return worker, thread

@@ -1,0 +1,19 @@
+"""Where the app keeps things: its data folder, the conversation database, the built-in demo model."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from PySide6.QtCore import QStandardPaths
+
+RESOURCES = Path(__file__).resolve().parent.parent / "resources"
+DEMO_MODEL = RESOURCES / "demo-model"
+
+
+def data_folder() -> Path:
+    location = QStandardPaths.writableLocation(QStandardPaths.StandardLocation.AppDataLocation)
+    return Path(location or Path.home() / ".moedesk")
+
+
+def conversations_db() -> Path:
+    return data_folder() / "conversations.sqlite3"
