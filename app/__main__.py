@@ -1,14 +1,101 @@
-"""Entry point of the desktop app. The chat window arrives with the desktop-app issue; until then
-this says so instead of pretending, and points at the engine's command line."""
+"""Start MoE Desk: `python -m app` (or `moedesk`), or `python -m app --smoke-test OUT.png`.
+
+The Qt event loop runs asyncio through qasync, so app-level sequences (the smoke test, later
+downloads) are plain coroutines awaiting Qt signals.
+"""
 
 from __future__ import annotations
 
+import argparse
+import asyncio
+import os
 import sys
+from pathlib import Path
+
+SMOKE_QUESTION = "What is 2 + 3?"
+SMOKE_TIMEOUT_S = 300
 
 
-def main() -> int:
-    print("MoE Desk: the desktop window is not built yet. The engine is usable from Python: "
-          "engine.load_model(folder).score(token_ids).")
+def _parse(argv: list[str]) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="moedesk", description="MoE Desk: local MoE chat")
+    parser.add_argument("--model", type=Path, help="model folder to load (default: the last one, or the demo model)")
+    parser.add_argument("--smoke-test", type=Path, metavar="OUT.png",
+                        help="open the window offscreen, ask the model one question, save a screenshot, exit")
+    return parser.parse_args(argv)
+
+
+def wait_for(signal, timeout_s: float) -> asyncio.Future:
+    """A future resolved with the arguments of the next emission of a Qt signal."""
+    loop = asyncio.get_event_loop()
+    future = loop.create_future()
+
+    def fire(*args):
+        signal.disconnect(fire)
+        if not future.done():
+            future.set_result(args)
+
+    signal.connect(fire)
+    return asyncio.ensure_future(asyncio.wait_for(future, timeout_s))
+
+
+async def smoke_test(window, out: Path) -> int:
+    """Ask the loaded model one question; screenshot the Chat and Engine pages; 0 only if a reply arrived."""
+    loaded = wait_for(window.worker.loaded, SMOKE_TIMEOUT_S)
+    failed = wait_for(window.worker.loadFailed, SMOKE_TIMEOUT_S)
+    done, _ = await asyncio.wait([loaded, failed], return_when=asyncio.FIRST_COMPLETED)
+    if failed in done:
+        print(f"smoke test: the model did not load: {failed.result()[0]}", file=sys.stderr)
+        return 1
+    finished = wait_for(window.worker.replyFinished, SMOKE_TIMEOUT_S)
+    window.show_page("Chat")
+    window.chat_page.new_chat()
+    window.chat_page.input_box.setPlainText(SMOKE_QUESTION)
+    window.chat_page.send_current()
+    (result,) = await finished
+    await asyncio.sleep(0.5)  # let the throttled transcript catch up before the picture
+    out.parent.mkdir(parents=True, exist_ok=True)
+    window.grab().save(str(out))
+    window.show_page("Engine")
+    await asyncio.sleep(0.2)
+    window.grab().save(str(out.with_name(out.stem + "-engine" + out.suffix)))
+    reply = (result.get("answer") or "") + (result.get("reasoning") or "")
+    stats = result.get("stats", {})
+    print(f"smoke test: reply {reply!r}, stop {stats.get('stop_reason')}, screenshot {out}")
+    return 0 if reply.strip() and stats.get("stop_reason") != "error" else 1
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parse(sys.argv[1:] if argv is None else argv)
+    if args.smoke_test:
+        os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
+    import qasync
+    from PySide6.QtWidgets import QApplication
+
+    from app.main_window import MainWindow
+    from app.paths import conversations_db
+    from app.settings import AppSettings
+    from app.storage import ConversationStore
+    from app.theme import apply_theme
+
+    app = QApplication.instance() or QApplication(sys.argv[:1])
+    app.setOrganizationName("MoE Desk")
+    app.setApplicationName("MoE Desk")
+    settings = AppSettings()
+    apply_theme(app, settings.get("theme"))
+    store = ConversationStore(conversations_db())
+    loop = qasync.QEventLoop(app)
+    asyncio.set_event_loop(loop)
+    window = MainWindow(store, settings, args.model)
+    window.show()
+    with loop:
+        if args.smoke_test:
+            code = loop.run_until_complete(smoke_test(window, args.smoke_test))
+            window.close()
+            return code
+        closed = asyncio.Event()
+        app.lastWindowClosed.connect(closed.set)
+        loop.run_until_complete(closed.wait())
+    store.close()
     return 0
 
 

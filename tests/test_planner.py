@@ -285,3 +285,13 @@ def test_plan_renders_as_json_summary_and_table(qwen36):
                   "total"):
         assert label in table
     assert json.loads(json.dumps(qwen36.to_dict()))["kv_bytes_per_token"] == 20480
+
+
+def test_checkpoint_without_routed_experts_is_refused(tmp_path):
+    from engine.errors import CheckpointError
+    from engine.testing.tiny_checkpoints import write_tiny_checkpoint
+
+    folder = write_tiny_checkpoint(tmp_path, "qwen3_moe", "bf16",
+                                   text_overrides={"mlp_only_layers": [0, 1, 2]})
+    with pytest.raises(CheckpointError, match="has no routed-expert weights"):
+        footprint_from_checkpoint(folder)

@@ -37,6 +37,7 @@ from pathlib import Path
 from engine.checkpoint import Checkpoint
 from engine.checkpoint.formats import FP8_TENSOR, IGNORED_ROLES, NVFP4, NVFP4_GROUP
 from engine.config import ModelConfig, read_config
+from engine.errors import CheckpointError
 from engine.kernels.reference import GDN_CHUNK
 from engine.synthetic import BF16, SYNTHETIC_MODELS
 
@@ -276,6 +277,9 @@ def footprint_from_checkpoint(folder: str | Path) -> ModelFootprint:
             sizes["embedding"] += nbytes
         else:
             sizes["small"] += nbytes
+    if not expert_layers:
+        raise CheckpointError(folder, "has no routed-expert weights, so it is not a mixture-of-experts checkpoint "
+                                      "the planner can place", "choose a Qwen3.5/3.6-MoE or Qwen3-MoE model")
     if config.tie_word_embeddings and not sizes["lm_head"]:  # the head is the embedding table, then resident too
         sizes["lm_head"] = sizes["embedding"]
     return ModelFootprint(

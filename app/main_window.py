@@ -1,0 +1,121 @@
+"""The main window: a sidebar of pages (Chat, Models, Engine, Logs, Settings), the system footer,
+and the one engine worker every page talks to."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from PySide6.QtCore import Qt, Signal
+from PySide6.QtGui import QKeySequence, QShortcut
+from PySide6.QtWidgets import (QApplication, QHBoxLayout, QLabel, QListWidget, QMainWindow, QStackedWidget,
+                               QVBoxLayout, QWidget)
+
+from app.engine_worker import start_worker
+from app.pages.chat import ChatPage
+from app.pages.engine_page import EnginePage
+from app.pages.logs import LogsPage
+from app.pages.models import ModelsPage
+from app.pages.settings_page import SettingsPage
+from app.paths import DEMO_MODEL
+from app.settings import AppSettings
+from app.storage import ConversationStore
+from app.theme import apply_theme
+from app.widgets.gauges import SystemFooter
+
+PAGES = ("Chat", "Models", "Engine", "Logs", "Settings")
+WORKER_SHUTDOWN_MS = 5000
+
+
+class MainWindow(QMainWindow):
+    loadRequested = Signal(str, dict)  # queued to the worker: opening a model never blocks the window
+
+    def __init__(self, store: ConversationStore, settings: AppSettings, model_folder: Path | None = None):
+        super().__init__()
+        self.setWindowTitle("MoE Desk")
+        self.resize(1200, 780)
+        self.store, self.settings = store, settings
+        self.worker, self.worker_thread = start_worker()
+        self.loadRequested.connect(self.worker.load)
+
+        self.chat_page = ChatPage(store, self.worker, settings)
+        self.models_page = ModelsPage(self.worker, settings)
+        self.engine_page = EnginePage(self.worker, settings)
+        self.logs_page = LogsPage(self.worker)
+        self.settings_page = SettingsPage(settings)
+        self.pages = QStackedWidget()
+        for page in (self.chat_page, self.models_page, self.engine_page, self.logs_page, self.settings_page):
+            self.pages.addWidget(page)
+
+        self.sidebar = QListWidget()
+        self.sidebar.setObjectName("sidebar")
+        self.sidebar.addItems(PAGES)
+        self.sidebar.setFixedWidth(180)
+        self.sidebar.currentRowChanged.connect(self.pages.setCurrentIndex)
+        self.footer = SystemFooter()
+        self.model_label = QLabel("No model loaded")
+        self.model_label.setProperty("role", "muted")
+        self.model_label.setWordWrap(True)
+
+        left = QVBoxLayout()
+        left.setContentsMargins(0, 0, 0, 0)
+        left.addWidget(self.sidebar, 1)
+        left.addWidget(self.model_label)
+        left.addWidget(self.footer)
+        left_panel = QWidget()
+        left_panel.setLayout(left)
+        left_panel.setFixedWidth(200)
+        body = QHBoxLayout()
+        body.setContentsMargins(0, 0, 0, 0)
+        body.addWidget(left_panel)
+        body.addWidget(self.pages, 1)
+        central = QWidget()
+        central.setLayout(body)
+        self.setCentralWidget(central)
+        self.sidebar.setCurrentRow(0)
+
+        self.worker.loaded.connect(self._on_loaded)
+        self.worker.loadFailed.connect(lambda _: self.model_label.setText("No model loaded"))
+        self.engine_page.planChanged.connect(self.logs_page.set_plan)
+        self.settings_page.themeChanged.connect(lambda name: apply_theme(QApplication.instance(), name))
+        self._shortcuts()
+        self.load_model(model_folder or self._startup_model())
+
+    def _startup_model(self) -> Path:
+        last = self.settings.get("last_model")
+        return Path(last) if last and Path(last).is_dir() else DEMO_MODEL
+
+    def load_model(self, folder: Path) -> None:
+        self.model_label.setText(f"Loading {folder.name}…")
+        self.loadRequested.emit(str(folder), {"context_tokens": self.settings.get("context_tokens")})
+
+    def _on_loaded(self, info: dict) -> None:
+        self.model_label.setText(f"{info['name']}\n{info['model_type']}, {info['context_tokens']:,} tokens")
+        self.engine_page.set_model_folder(Path(info["path"]))
+
+    def _shortcuts(self) -> None:
+        bindings = {
+            QKeySequence.StandardKey.New: self._new_chat,
+            QKeySequence("Ctrl+L"): self._focus_input,
+            QKeySequence("Esc"): self.chat_page.stop,
+        }
+        for sequence, action in bindings.items():
+            QShortcut(sequence, self, activated=action, context=Qt.ShortcutContext.ApplicationShortcut)
+        for row in range(len(PAGES)):
+            QShortcut(QKeySequence(f"Ctrl+{row + 1}"), self, activated=lambda r=row: self.sidebar.setCurrentRow(r))
+
+    def _new_chat(self) -> None:
+        self.sidebar.setCurrentRow(0)
+        self.chat_page.new_chat()
+
+    def _focus_input(self) -> None:
+        self.sidebar.setCurrentRow(0)
+        self.chat_page.focus_input()
+
+    def show_page(self, name: str) -> None:
+        self.sidebar.setCurrentRow(PAGES.index(name))
+
+    def closeEvent(self, event) -> None:
+        self.worker.stop()
+        self.worker_thread.quit()
+        self.worker_thread.wait(WORKER_SHUTDOWN_MS)
+        super().closeEvent(event)

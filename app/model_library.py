@@ -1,0 +1,209 @@
+"""The local model library: model folders in the user's folders, the Hugging Face cache and the built-in demo.
+
+Pure Python, no Qt. Each entry says what a folder holds (architecture, weight format, size on disk)
+and which VRAM presets it fits, from config.json and safetensors headers alone: no weight is read.
+A folder that is not a supported checkpoint stays in the list with the engine's reason, so the
+user learns why a download does not show up as a usable model.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from pathlib import Path
+
+from app.paths import DEMO_MODEL
+from engine.checkpoint import INDEX_FILE
+from engine.checkpoint.safetensors_file import SafetensorsFile
+from engine.errors import CheckpointError
+from engine.runtime.planner import PlanError, footprint_from_checkpoint, plan_memory, preset_budget_bytes
+
+SIZE_PRESETS = ("4gb", "8gb", "12gb")
+DEMO_SOURCE, FOLDER_SOURCE, HF_SOURCE = "built-in", "your folder", "Hugging Face cache"
+HF_REPO_PREFIX = "models--"
+DTYPE_FORMATS = {"bfloat16": "bf16", "float16": "fp16", "float32": "fp32",
+                 "float8_e4m3fn": "fp8", "float8_e5m2": "fp8"}
+
+
+def default_hf_cache() -> Path:
+    """The hub folder huggingface_hub itself uses: HF_HUB_CACHE, else HF_HOME/hub, else the XDG cache."""
+    if os.environ.get("HF_HUB_CACHE"):
+        return Path(os.environ["HF_HUB_CACHE"]).expanduser()
+    if os.environ.get("HF_HOME"):
+        return Path(os.environ["HF_HOME"]).expanduser() / "hub"
+    cache = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache").expanduser()
+    return cache / "huggingface" / "hub"
+
+
+def scan_library(extra_folders: list[Path], hf_cache: Path | None = None) -> list[dict]:
+    """Every model folder found, each described by describe_model(); a folder found twice is listed once.
+
+    extra_folders: folders the user added; each is a model folder itself or a folder of model folders.
+    hf_cache: the hub cache (hub/models--ORG--NAME/snapshots/REV/); default_hf_cache() when None.
+    """
+    entries: list[dict] = []
+    seen: set[Path] = set()
+
+    def add(folder: Path, source: str, name: str | None = None) -> None:
+        key = folder.resolve()
+        if key not in seen:
+            seen.add(key)
+            entries.append(describe_model(folder, source, name))
+
+    if DEMO_MODEL.is_dir():
+        add(DEMO_MODEL, DEMO_SOURCE, "Demo model (built in)")
+    for folder in map(Path, extra_folders):
+        folder = folder.expanduser()
+        children = [] if (folder / "config.json").is_file() else _model_subfolders(folder)
+        for model_folder in children or [folder]:
+            add(model_folder, FOLDER_SOURCE)
+    for repo, snapshot in hf_snapshots(default_hf_cache() if hf_cache is None else hf_cache):
+        add(snapshot, HF_SOURCE, repo)
+    return entries
+
+
+def _model_subfolders(folder: Path) -> list[Path]:
+    try:
+        return sorted(child for child in folder.iterdir() if (child / "config.json").is_file())
+    except OSError:  # missing or unreadable: the folder is then listed with the engine's own reason
+        return []
+
+
+def hf_snapshots(hub: Path) -> list[tuple[str, Path]]:
+    """("ORG/NAME", snapshot folder) of each model repo in a hub cache: the revision refs/main names,
+    else the newest snapshot; repos with no snapshot yet (a download that never finished a file) are skipped."""
+    if (hub / "hub").is_dir():  # HF_HOME given instead of its hub folder
+        hub = hub / "hub"
+    found = []
+    try:
+        repos = sorted(p for p in hub.glob(f"{HF_REPO_PREFIX}*") if p.is_dir())
+    except OSError:
+        return []
+    for repo in repos:
+        snapshot = _current_snapshot(repo)
+        if snapshot is not None:
+            found.append((repo.name[len(HF_REPO_PREFIX):].replace("--", "/"), snapshot))
+    return found
+
+
+def _current_snapshot(repo: Path) -> Path | None:
+    main_ref = repo / "refs" / "main"
+    if main_ref.is_file():
+        snapshot = repo / "snapshots" / main_ref.read_text(encoding="utf-8").strip()
+        if snapshot.is_dir():
+            return snapshot
+    try:
+        snapshots = [p for p in (repo / "snapshots").iterdir() if p.is_dir()]
+    except OSError:
+        return None
+    return max(snapshots, key=lambda p: p.stat().st_mtime, default=None)
+
+
+def describe_model(folder: Path, source: str, name: str | None = None) -> dict:
+    """name, path, source, architecture, format, size_bytes (None without config.json), fits
+    {preset: bool}, fit_errors {preset: PlanError text}, error (str(CheckpointError), "" when usable)."""
+    raw = _raw_config(folder)
+    entry = {"name": name or folder.name, "path": str(folder), "source": source,
+             "architecture": _architecture(raw), "format": weight_format(folder, raw) if raw else "",
+             "size_bytes": size_on_disk(folder) if raw is not None else None,
+             "fits": {}, "fit_errors": {}, "error": ""}
+    try:
+        footprint = footprint_from_checkpoint(folder)
+    except CheckpointError as exc:
+        entry["error"] = str(exc)
+        return entry
+    except Exception as exc:  # one odd folder must not hide the rest of the library
+        entry["error"] = f"{folder}: could not be read ({exc!r})"
+        return entry
+    for preset in SIZE_PRESETS:
+        try:
+            plan_memory(footprint, preset_budget_bytes(preset), preset)
+            entry["fits"][preset] = True
+        except PlanError as exc:
+            entry["fits"][preset] = False
+            entry["fit_errors"][preset] = str(exc)
+        except Exception as exc:  # a planner bug on one odd checkpoint must not take the library down
+            entry["fits"], entry["fit_errors"] = {}, {}
+            entry["error"] = f"{folder}: could not be planned ({exc!r})"
+            break
+    return entry
+
+
+def _raw_config(folder: Path) -> dict | None:
+    """config.json as a dict; {} when it exists but cannot be parsed, None when there is none."""
+    path = folder / "config.json"
+    if not path.is_file():
+        return None
+    try:
+        raw = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return {}
+    return raw if isinstance(raw, dict) else {}
+
+
+def _architecture(raw: dict | None) -> str:
+    return str(raw.get("model_type") or "") if raw else ""
+
+
+def size_on_disk(folder: Path) -> int:
+    """Bytes of every file under the folder; links are followed because hub snapshots link into blobs/."""
+    total = 0
+    for path in folder.rglob("*"):
+        try:
+            if path.is_file():
+                total += path.stat().st_size
+        except OSError:
+            continue  # a dangling link of an unfinished download counts as nothing
+    return total
+
+
+def weight_format(folder: Path, raw: dict) -> str:
+    """bf16, fp16, fp32, fp8, nvfp4 or the quantisation method's own name; "" when it cannot be told."""
+    quant = raw.get("quantization_config") or (raw.get("text_config") or {}).get("quantization_config")
+    if not quant and (folder / "hf_quant_config.json").is_file():  # ModelOpt's side file
+        try:
+            side = json.loads((folder / "hf_quant_config.json").read_text(encoding="utf-8"))
+            quant = dict(side.get("quantization") or {}, quant_method="modelopt")
+        except (OSError, ValueError, AttributeError):
+            quant = None
+    if isinstance(quant, dict) and quant:
+        return _format_from_quant_config(quant)
+    return _format_from_headers(folder)
+
+
+def _format_from_quant_config(quant: dict) -> str:
+    method = str(quant.get("quant_method", "")).lower()
+    if method == "modelopt":
+        layers = quant.get("quantized_layers") or {}
+        algos = {str(quant.get("quant_algo", "")).upper()}
+        algos |= {str(spec.get("quant_algo", "")).upper() for spec in layers.values() if isinstance(spec, dict)}
+        return "nvfp4" if any("NVFP4" in algo for algo in algos) else "fp8"
+    if method == "compressed-tensors":
+        if "nvfp4" in str(quant.get("format", "")):
+            return "nvfp4"
+        groups = quant.get("config_groups") or {}
+        bits = {(group.get("weights") or {}).get("num_bits") for group in groups.values() if isinstance(group, dict)}
+        return "nvfp4" if 4 in bits else "fp8"
+    return method or ""
+
+
+def _format_from_headers(folder: Path) -> str:
+    """The dtype that holds most of the weight bytes, from the safetensors headers."""
+    bytes_by_dtype: dict[str, int] = {}
+    try:
+        index = folder / INDEX_FILE
+        names = (sorted(set(json.loads(index.read_text(encoding="utf-8"))["weight_map"].values()))
+                 if index.is_file() else sorted(p.name for p in folder.glob("*.safetensors")))
+        for file_name in names:
+            shard = SafetensorsFile(folder / file_name)
+            for key in shard.keys():
+                dtype = shard.dtype(key)
+                name = str(dtype).removeprefix("torch.")
+                bytes_by_dtype[name] = bytes_by_dtype.get(name, 0) + math.prod(shard.shape(key)) * dtype.itemsize
+    except (CheckpointError, OSError, ValueError, KeyError, TypeError):
+        return ""  # the load error, reported separately, says what is wrong with the files
+    if not bytes_by_dtype:
+        return ""
+    dominant = max(bytes_by_dtype, key=bytes_by_dtype.get)
+    return DTYPE_FORMATS.get(dominant, dominant)

@@ -1,0 +1,406 @@
+"""The Engine page: the VRAM preset and its memory plan, the custom plan's knobs, and live speed gauges.
+
+Every number in the plan comes from engine.runtime.planner (the same code the runtime is held
+to); the page only chooses the inputs: the model's footprint, the preset and the budget. Planner
+calls read safetensors headers at most, so they run on the GUI thread.
+"""
+
+from __future__ import annotations
+
+import html
+from pathlib import Path
+
+from PySide6.QtCore import QSignalBlocker, Qt, Signal
+from PySide6.QtWidgets import (QCheckBox, QComboBox, QDoubleSpinBox, QFormLayout, QFrame, QGridLayout, QGroupBox,
+                               QHBoxLayout, QLabel, QProgressBar, QScrollArea, QSpinBox, QVBoxLayout, QWidget)
+
+from app import system_info
+from app.system_info import GIB, format_bytes
+from app.widgets.gauges import Sparkline
+from app.widgets.plan_bar import PlanBar
+from engine.errors import CheckpointError
+from engine.runtime.planner import (
+    KV_TOKEN_GRANULE, OVERLAP_MIN_LAYERS, PREFILL_CHUNK_MAX, PREFILL_CHUNK_MIN, REPLY_RESERVE_TOKENS, ModelFootprint,
+    PlanError, footprint_from_checkpoint, footprint_from_synthetic, plan_memory, prefill_workspace,
+    preset_budget_bytes,
+)
+
+SYNTHETIC_MODEL = "qwen3.6-35b-a3b-nvfp4"  # the model the presets were designed for
+PRESET_CHOICES = (("4 GB", "4gb"), ("8 GB", "8gb"), ("12 GB", "12gb"), ("Auto", "auto"), ("Custom", "custom"))
+PRESET_NAMES = {key: label for label, key in PRESET_CHOICES}
+MAX_BUDGET_GIB = 1024.0
+HISTORY_LENGTH = 60
+NOT_MEASURED = "not measured in CPU mode"
+NO_GPU_BUDGET = ("No NVIDIA GPU was found, so {preset} has no free memory to size the plan from: "
+                 "set a VRAM budget above.")
+
+
+def _plural(n: int, word: str) -> str:
+    return f"{n:,} {word}" if n == 1 else f"{n:,} {word}s"
+
+
+def _overlap_text(overlap: bool, layers: int) -> str:
+    if overlap:
+        return "on: the next layer's experts stream in while this one computes"
+    if layers < OVERLAP_MIN_LAYERS:
+        return f"off (it needs {OVERLAP_MIN_LAYERS} or more cache layers)"
+    return "off"
+
+
+class CustomPlanEditor(QGroupBox):
+    """The custom plan's four knobs, each beside the memory it costs for the current model."""
+
+    changed = Signal(dict)  # expert_cache_layers, prefill_overlap, prefill_chunk_tokens, kv_tokens
+
+    def __init__(self, parent: QWidget | None = None):
+        super().__init__("Custom plan", parent)
+        self.layers_spin = QSpinBox()
+        self.layers_spin.setMinimum(1)
+        self.overlap_check = QCheckBox("Prefill overlap")
+        self.overlap_check.setToolTip(f"Streams layer i+1's experts into a second layer of slots while layer i "
+                                      f"computes; needs {OVERLAP_MIN_LAYERS} or more expert-cache layers.")
+        self.chunk_spin = QSpinBox()
+        self.chunk_spin.setRange(PREFILL_CHUNK_MIN, PREFILL_CHUNK_MAX)
+        self.chunk_spin.setSingleStep(PREFILL_CHUNK_MIN)
+        self.chunk_spin.setSuffix(" tokens")
+        self.kv_spin = QSpinBox()
+        self.kv_spin.setMinimum(REPLY_RESERVE_TOKENS + KV_TOKEN_GRANULE)
+        self.kv_spin.setSingleStep(1024)
+        self.kv_spin.setSuffix(" tokens")
+        self.kv_spin.setGroupSeparatorShown(True)
+        self.layers_cost, self.overlap_cost = QLabel(), QLabel("no memory of its own")
+        self.chunk_cost, self.kv_cost = QLabel(), QLabel()
+        grid = QGridLayout(self)
+        rows = (("Expert-cache layers", self.layers_spin, self.layers_cost),
+                ("", self.overlap_check, self.overlap_cost),
+                ("Prefill chunk", self.chunk_spin, self.chunk_cost),
+                ("KV cache", self.kv_spin, self.kv_cost))
+        for row, (label, editor, cost) in enumerate(rows):
+            cost.setProperty("role", "muted")
+            grid.addWidget(QLabel(label), row, 0)
+            grid.addWidget(editor, row, 1)
+            grid.addWidget(cost, row, 2)
+        grid.setColumnStretch(2, 1)
+        self._footprint: ModelFootprint | None = None
+        for spin in (self.layers_spin, self.chunk_spin, self.kv_spin):
+            spin.valueChanged.connect(self._on_edit)
+        self.overlap_check.toggled.connect(self._on_edit)
+
+    def set_footprint(self, footprint: ModelFootprint) -> None:
+        """Bound the knobs by the model (its MoE layers and context) and price them for it."""
+        self._footprint = footprint
+        with QSignalBlocker(self.layers_spin), QSignalBlocker(self.kv_spin):  # one replan, not one per knob
+            self.layers_spin.setMaximum(max(footprint.moe_layers, 1))
+            self.kv_spin.setMaximum(footprint.max_context)
+        self._show_costs()
+
+    def set_values(self, custom: dict) -> None:
+        with (QSignalBlocker(self.layers_spin), QSignalBlocker(self.overlap_check), QSignalBlocker(self.chunk_spin),
+              QSignalBlocker(self.kv_spin)):
+            self.layers_spin.setValue(int(custom["expert_cache_layers"]))
+            self.overlap_check.setChecked(bool(custom["prefill_overlap"]))
+            self.chunk_spin.setValue(int(custom["prefill_chunk_tokens"]))
+            self.kv_spin.setValue(int(custom["kv_tokens"]))
+        self._show_costs()
+
+    def values(self) -> dict:
+        return {"expert_cache_layers": self.layers_spin.value(), "prefill_overlap": self.overlap_check.isChecked(),
+                "prefill_chunk_tokens": self.chunk_spin.value(), "kv_tokens": self.kv_spin.value()}
+
+    def _on_edit(self) -> None:
+        self._show_costs()
+        self.changed.emit(self.values())
+
+    def _show_costs(self) -> None:
+        footprint = self._footprint
+        if footprint is None:
+            return
+        layers = self.layers_spin.value()
+        self.layers_cost.setText(f"{format_bytes(layers * footprint.expert_layer_bytes)} "
+                                 f"({_plural(layers * footprint.experts_per_layer, 'slot')})")
+        workspace = prefill_workspace(footprint.config, self.chunk_spin.value())["total"]
+        self.chunk_cost.setText(f"{format_bytes(workspace)} of workspace")
+        self.kv_cost.setText(format_bytes(self.kv_spin.value() * footprint.kv_bytes_per_token))
+
+
+class LiveGauges(QGroupBox):
+    """Speed and context while generating, fed by the worker's progress and replyFinished dicts.
+
+    Expert-cache hit rate and VRAM used are shown only when the worker reports them (the GPU
+    runtime's `expert_cache_hit_rate` and `vram_used_bytes`); the CPU engine has neither.
+    """
+
+    def __init__(self, parent: QWidget | None = None):
+        super().__init__("Live", parent)
+        self.decode_label, self.prefill_label = QLabel("—"), QLabel("—")
+        self.decode_history, self.prefill_history = Sparkline(HISTORY_LENGTH), Sparkline(HISTORY_LENGTH)
+        self.context_bar = QProgressBar()
+        self.context_bar.setTextVisible(False)
+        self.context_bar.setFixedHeight(8)
+        self.context_label = QLabel("—")
+        self.hit_rate_label, self.vram_label = QLabel(NOT_MEASURED), QLabel(NOT_MEASURED)
+        self.last_reply_label = QLabel("No reply yet.")
+        for label in (self.hit_rate_label, self.vram_label, self.last_reply_label):
+            label.setProperty("role", "muted")
+        self.plan_total_bytes = 0
+        grid = QGridLayout(self)
+        grid.addWidget(QLabel("Decode"), 0, 0)
+        grid.addWidget(self.decode_label, 0, 1)
+        grid.addWidget(self.decode_history, 0, 2)
+        grid.addWidget(QLabel("Prefill"), 1, 0)
+        grid.addWidget(self.prefill_label, 1, 1)
+        grid.addWidget(self.prefill_history, 1, 2)
+        grid.addWidget(QLabel("Context used"), 2, 0)
+        grid.addWidget(self.context_label, 2, 1)
+        grid.addWidget(self.context_bar, 2, 2)
+        grid.addWidget(QLabel("Expert-cache hit rate"), 3, 0)
+        grid.addWidget(self.hit_rate_label, 3, 1, 1, 2)
+        grid.addWidget(QLabel("VRAM used vs plan"), 4, 0)
+        grid.addWidget(self.vram_label, 4, 1, 1, 2)
+        grid.addWidget(self.last_reply_label, 5, 0, 1, 3)
+        grid.setColumnStretch(2, 1)
+        grid.setColumnMinimumWidth(1, 110)
+
+    def on_loaded(self, info: dict) -> None:
+        """A new model: earlier speeds say nothing about it."""
+        self.decode_history.clear()
+        self.prefill_history.clear()
+        self.decode_label.setText("—")
+        self.prefill_label.setText("—")
+        self._show_context(0, int(info.get("context_tokens") or 0))
+
+    def on_progress(self, progress: dict) -> None:
+        rate = progress.get("decode_tokens_per_s")
+        if rate is not None:
+            self.decode_label.setText(f"{rate:.1f} tok/s")
+            self.decode_history.add_value(rate)
+        if progress.get("context_tokens"):
+            self._show_context(int(progress.get("context_used") or 0), int(progress["context_tokens"]))
+        self._show_runtime_measures(progress)
+
+    def on_reply_finished(self, reply: dict) -> None:
+        stats = reply.get("stats") or {}
+        if stats.get("error"):
+            self.last_reply_label.setText(f"Last reply: {stats['error']}")
+            return
+        if stats.get("prefill_tokens_per_s"):
+            self.prefill_label.setText(f"{stats['prefill_tokens_per_s']:.1f} tok/s")
+            self.prefill_history.add_value(stats["prefill_tokens_per_s"])
+        if stats.get("decode_tokens_per_s"):
+            self.decode_label.setText(f"{stats['decode_tokens_per_s']:.1f} tok/s")
+        if "new_tokens" in stats:
+            self.last_reply_label.setText(
+                f"Last reply: {_plural(stats['new_tokens'], 'token')}, prefill "
+                f"{_plural(stats.get('prefill_tokens', 0), 'token')}, first token after "
+                f"{stats.get('time_to_first_token_s', 0):.2f} s, stop: {stats.get('stop_reason', '?')}")
+        self._show_runtime_measures(stats)
+
+    def _show_context(self, used: int, size: int) -> None:
+        self.context_bar.setRange(0, max(size, 1))
+        self.context_bar.setValue(min(used, size))
+        self.context_label.setText(f"{used:,} / {size:,}" if size else "—")
+
+    def _show_runtime_measures(self, numbers: dict) -> None:
+        if numbers.get("expert_cache_hit_rate") is not None:
+            self.hit_rate_label.setText(f"{numbers['expert_cache_hit_rate']:.1%}")
+        if numbers.get("vram_used_bytes") is not None:
+            planned = f" of {format_bytes(self.plan_total_bytes)} planned" if self.plan_total_bytes else ""
+            self.vram_label.setText(f"{format_bytes(numbers['vram_used_bytes'])}{planned}")
+
+
+class EnginePage(QWidget):
+    planChanged = Signal(dict)  # MemoryPlan.to_dict(), or {} when no plan fits
+
+    def __init__(self, worker, settings, parent: QWidget | None = None):
+        super().__init__(parent)
+        self.settings = settings
+        self.footprint = footprint_from_synthetic(SYNTHETIC_MODEL)
+        self._plan: dict = {}
+
+        self.preset_combo = QComboBox()
+        for label, key in PRESET_CHOICES:
+            self.preset_combo.addItem(label, key)
+        self.budget_spin = QDoubleSpinBox()
+        self.budget_spin.setRange(0.0, MAX_BUDGET_GIB)
+        self.budget_spin.setDecimals(2)
+        self.budget_spin.setSingleStep(0.25)
+        self.budget_spin.setSuffix(" GiB")
+        self.budget_spin.setSpecialValueText("preset / free VRAM")
+        self.budget_spin.setToolTip("0 uses the preset's card size (4, 8 or 12 GB), or the GPU's free memory "
+                                    "for Auto and Custom.")
+        self.budget_note = QLabel()
+        self.budget_note.setProperty("role", "muted")
+        self.model_label = QLabel()
+        self.model_label.setWordWrap(True)
+        self.error_label = QLabel()
+        self.error_label.setStyleSheet("color: #d14343;")  # the theme's error red, also where no theme is applied
+        self.error_label.setWordWrap(True)
+        self.error_label.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse)
+        self.error_label.hide()
+        self.plan_bar = PlanBar()
+        self.custom_editor = CustomPlanEditor()
+        self.live = LiveGauges()
+
+        self.detail_labels = {key: QLabel("—") for key in
+                              ("rules", "expert_cache", "prefill_overlap", "prefill_chunk", "kv_cache",
+                               "max_prompt", "total")}
+        details = QFormLayout()
+        details.setLabelAlignment(Qt.AlignmentFlag.AlignLeft)
+        for title, key in (("Rules", "rules"), ("Expert cache", "expert_cache"),
+                           ("Prefill overlap", "prefill_overlap"), ("Prefill chunk", "prefill_chunk"),
+                           ("KV cache", "kv_cache"), ("Largest prompt guaranteed", "max_prompt"),
+                           ("Total", "total")):
+            details.addRow(title, self.detail_labels[key])
+        self.detail_labels["max_prompt"].setStyleSheet("font-weight: bold;")
+
+        controls = QHBoxLayout()
+        controls.addWidget(QLabel("Preset"))
+        controls.addWidget(self.preset_combo)
+        controls.addSpacing(16)
+        controls.addWidget(QLabel("VRAM budget"))
+        controls.addWidget(self.budget_spin)
+        controls.addStretch(1)
+        plan_row = QHBoxLayout()
+        plan_row.addLayout(details, 1)
+        plan_row.addWidget(self.custom_editor, 1)
+        content = QWidget()
+        layout = QVBoxLayout(content)
+        layout.addWidget(QLabel("<h2>Engine</h2>"))
+        layout.addLayout(controls)
+        layout.addWidget(self.budget_note)
+        layout.addWidget(self.model_label)
+        layout.addWidget(self.plan_bar)
+        layout.addWidget(self.error_label)
+        layout.addLayout(plan_row)
+        layout.addWidget(self.live)
+        layout.addStretch(1)
+        scroll = QScrollArea()
+        scroll.setWidgetResizable(True)
+        scroll.setFrameShape(QFrame.Shape.NoFrame)
+        scroll.setWidget(content)
+        outer = QVBoxLayout(self)
+        outer.setContentsMargins(0, 0, 0, 0)
+        outer.addWidget(scroll)
+
+        self._show_model_label(synthetic=True)
+        self.custom_editor.set_footprint(self.footprint)
+        self.custom_editor.set_values(settings.get("custom_plan"))
+        saved_preset = self.preset_combo.findData(settings.get("preset"))
+        self.preset_combo.setCurrentIndex(max(saved_preset, 0))
+        self.budget_spin.setValue(float(settings.get("vram_gib") or 0.0))
+        self.preset_combo.currentIndexChanged.connect(self._on_preset_changed)
+        self.budget_spin.valueChanged.connect(self._on_budget_changed)
+        self.custom_editor.changed.connect(self._on_custom_changed)
+        worker.progress.connect(self.live.on_progress)
+        worker.replyFinished.connect(self.live.on_reply_finished)
+        worker.loaded.connect(self.live.on_loaded)
+        self.replan()
+
+    # ---- inputs ----------------------------------------------------------------------------------
+
+    def preset(self) -> str:
+        return self.preset_combo.currentData()
+
+    def set_preset(self, preset: str) -> None:
+        self.preset_combo.setCurrentIndex(self.preset_combo.findData(preset))
+
+    def set_model_folder(self, path: str | Path) -> None:
+        """Plan for the checkpoint in `path` (called when the worker has loaded it)."""
+        try:
+            self.footprint = footprint_from_checkpoint(path)
+        except CheckpointError as exc:  # the plan stays on the previous model, and says why
+            self.model_label.setText(f"Cannot plan for {Path(path).name}: {exc}")
+            return
+        self._show_model_label(synthetic=False)
+        self.custom_editor.set_footprint(self.footprint)
+        self.replan()
+
+    def _show_model_label(self, synthetic: bool) -> None:
+        name = html.escape(self.footprint.name)  # a folder name is not markup
+        if synthetic:
+            self.model_label.setText(f"Planning for <b>{name}</b> (synthetic: the real model's shapes, no files) "
+                                     f"until a model is loaded.")
+        else:
+            self.model_label.setText(f"Planning for <b>{name}</b>, the loaded model "
+                                     f"({_plural(self.footprint.moe_layers, 'MoE layer')}, "
+                                     f"{format_bytes(self.footprint.expert_layer_bytes)} of experts per layer).")
+
+    def _on_preset_changed(self) -> None:
+        self.settings.set("preset", self.preset())
+        self.replan()
+
+    def _on_budget_changed(self, gib: float) -> None:
+        self.settings.set("vram_gib", gib)
+        self.replan()
+
+    def _on_custom_changed(self, custom: dict) -> None:
+        self.settings.set("custom_plan", custom)
+        self.replan()
+
+    def budget(self) -> tuple[int | None, str]:
+        """(budget in bytes or None, where it comes from, or why there is none)."""
+        preset, override = self.preset(), self.budget_spin.value()
+        if override > 0:
+            return int(override * GIB), f"Budget {override:g} GiB, as set."
+        size = preset_budget_bytes(preset)
+        if size:
+            return size, f"Budget {format_bytes(size)}: the {PRESET_NAMES[preset]} card's memory."
+        gpu = system_info.gpu_memory()
+        if gpu is None:
+            return None, NO_GPU_BUDGET.format(preset=PRESET_NAMES[preset])
+        return gpu["free_bytes"], f"Budget {format_bytes(gpu['free_bytes'])}: the free memory of {gpu['name']}."
+
+    # ---- the plan --------------------------------------------------------------------------------
+
+    def plan(self) -> dict:
+        """The plan shown (MemoryPlan.to_dict()), or {} when none fits."""
+        return dict(self._plan)
+
+    def replan(self) -> None:
+        preset = self.preset()
+        self.custom_editor.setVisible(preset == "custom")
+        budget, budget_text = self.budget()
+        self.budget_note.setText(budget_text)
+        self.budget_note.setVisible(budget is not None)  # without a budget the red message below says it once
+        if budget is None:
+            self._show_plan(None, 0, budget_text)
+            return
+        try:
+            plan = plan_memory(self.footprint, budget, preset,
+                               self.custom_editor.values() if preset == "custom" else None)
+        except PlanError as exc:
+            self._show_plan(None, budget, f"No plan: {exc}")
+            return
+        self._show_plan(plan.to_dict(), budget, "")
+
+    def _show_plan(self, plan: dict | None, budget: int, error: str) -> None:
+        self._plan = plan or {}
+        self.plan_bar.set_plan(plan, budget)
+        self.error_label.setText(error)
+        self.error_label.setVisible(bool(error))
+        self.live.plan_total_bytes = plan["breakdown"]["total"] if plan else 0
+        for key, text in self._detail_texts(plan).items():
+            self.detail_labels[key].setText(text)
+        self.planChanged.emit(dict(self._plan))
+
+    def _detail_texts(self, plan: dict | None) -> dict[str, str]:
+        if not plan:
+            return dict.fromkeys(self.detail_labels, "—")
+        layers, slots = plan["expert_cache_layers"], plan["expert_slots"]
+        rules = PRESET_NAMES.get(plan["preset"], plan["preset"])
+        if plan["policy"] != plan["preset"]:
+            rules += f" (chose the {PRESET_NAMES[plan['policy']]} rules for this budget)"
+        breakdown = plan["breakdown"]
+        return {
+            "rules": rules,
+            "expert_cache": f"{_plural(layers, 'layer')} × {slots // layers} experts = {_plural(slots, 'slot')} "
+                            f"({format_bytes(breakdown['expert_cache'])})",
+            "prefill_overlap": _overlap_text(plan["prefill_overlap"], layers),
+            "prefill_chunk": f"{plan['prefill_chunk_tokens']:,} tokens "
+                             f"({format_bytes(breakdown['prefill_workspace'])} of workspace)",
+            "kv_cache": f"{plan['kv_tokens']:,} tokens ({format_bytes(breakdown['kv_cache'])})",
+            "max_prompt": f"{plan['max_prompt_tokens']:,} tokens "
+                          f"(+{plan['reply_reserve_tokens']:,} kept for the reply)",
+            "total": f"{format_bytes(breakdown['total'])} of {format_bytes(plan['budget_bytes'])} "
+                     f"({format_bytes(plan['headroom_bytes'])} headroom)",
+        }

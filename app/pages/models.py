@@ -1,0 +1,283 @@
+"""The Models page: the local library (Hugging Face cache, the user's folders, the demo model), with load.
+
+Scanning reads config.json and safetensors headers only, so it runs on the GUI thread; loading
+goes to the engine worker through the queued `loadRequested` signal and reports back through the
+worker's loadStarted / loaded / loadFailed signals.
+"""
+
+from __future__ import annotations
+
+import html
+from pathlib import Path
+
+from PySide6.QtCore import QAbstractTableModel, QModelIndex, QPersistentModelIndex, Qt, Signal
+from PySide6.QtGui import QColor
+from PySide6.QtWidgets import (QAbstractItemView, QFileDialog, QHBoxLayout, QHeaderView, QLabel, QProgressBar,
+                               QPushButton, QTableView, QVBoxLayout, QWidget)
+
+from app.model_library import SIZE_PRESETS, default_hf_cache, scan_library
+from app.paths import DEMO_MODEL
+from app.system_info import format_bytes
+
+COLUMNS = ("Name", "Architecture", "Format", "Size", "Fits", "Status")
+PRESET_NAMES = {"4gb": "4 GB", "8gb": "8 GB", "12gb": "12 GB"}
+ERROR_COLOUR = QColor("#d14343")
+LOADED_COLOUR = QColor("#2e8b57")
+
+
+def fits_text(entry: dict) -> str:
+    """"4 GB ✓  8 GB ✓  12 GB ✗" for a usable model; "—" for one that cannot be planned."""
+    if not entry["fits"]:
+        return "—"
+    return "  ".join(f"{PRESET_NAMES[p]} {'✓' if entry['fits'][p] else '✗'}" for p in SIZE_PRESETS)
+
+
+class ModelLibraryModel(QAbstractTableModel):
+    """The library entries (model_library.describe_model dicts), plus which one is loading or loaded."""
+
+    def __init__(self, parent=None):
+        super().__init__(parent)
+        self._entries: list[dict] = []
+        self._loading_path = ""
+        self._loaded_path = ""
+
+    def set_entries(self, entries: list[dict]) -> None:
+        self.beginResetModel()
+        self._entries = list(entries)
+        self.endResetModel()
+
+    def entry(self, row: int) -> dict:
+        return self._entries[row]
+
+    def row_of(self, path: str) -> int:
+        """The row of a model folder, -1 when it is not in the library."""
+        wanted = _same_path_key(path)
+        return next((i for i, e in enumerate(self._entries) if _same_path_key(e["path"]) == wanted), -1)
+
+    def set_loading(self, path: str) -> None:
+        self._loading_path = path
+        self._status_changed()
+
+    def set_loaded(self, path: str) -> None:
+        self._loading_path, self._loaded_path = "", path
+        self._status_changed()
+
+    def _status_changed(self) -> None:
+        if self._entries:
+            column = COLUMNS.index("Status")
+            self.dataChanged.emit(self.index(0, column), self.index(len(self._entries) - 1, column))
+
+    def status_text(self, entry: dict) -> str:
+        key = _same_path_key(entry["path"])
+        if self._loading_path and _same_path_key(self._loading_path) == key:
+            return "loading…"
+        if self._loaded_path and _same_path_key(self._loaded_path) == key:
+            return "loaded"
+        if entry["error"]:
+            return "cannot open: " + entry["error"].split(": ", 1)[-1]
+        return "ready"
+
+    def rowCount(self, parent=QModelIndex()) -> int:
+        return 0 if parent.isValid() else len(self._entries)
+
+    def columnCount(self, parent=QModelIndex()) -> int:
+        return 0 if parent.isValid() else len(COLUMNS)
+
+    def headerData(self, section, orientation, role=Qt.ItemDataRole.DisplayRole):
+        if orientation == Qt.Orientation.Horizontal and role == Qt.ItemDataRole.DisplayRole:
+            return COLUMNS[section]
+        return None
+
+    def data(self, index: QModelIndex | QPersistentModelIndex, role=Qt.ItemDataRole.DisplayRole):
+        if not index.isValid():
+            return None
+        entry, column = self._entries[index.row()], COLUMNS[index.column()]
+        if role == Qt.ItemDataRole.DisplayRole:
+            return {
+                "Name": entry["name"],
+                "Architecture": entry["architecture"] or "—",
+                "Format": entry["format"] or "—",
+                "Size": format_bytes(entry["size_bytes"]) if entry["size_bytes"] is not None else "—",
+                "Fits": fits_text(entry),
+                "Status": self.status_text(entry),
+            }[column]
+        if role == Qt.ItemDataRole.ToolTipRole:
+            return self._tooltip(entry, column)
+        if role == Qt.ItemDataRole.ForegroundRole and column == "Status":
+            status = self.status_text(entry)
+            if status == "loaded":
+                return LOADED_COLOUR
+            if status.startswith("cannot open"):
+                return ERROR_COLOUR
+        return None
+
+    def _tooltip(self, entry: dict, column: str) -> str:
+        if column == "Fits" and entry["fits"]:
+            return "\n".join(f"{PRESET_NAMES[p]}: fits" if entry["fits"][p]
+                             else f"{PRESET_NAMES[p]}: {entry['fit_errors'][p]}" for p in SIZE_PRESETS)
+        if column == "Status" and entry["error"]:
+            return entry["error"]
+        return f"{entry['path']}\n(from {entry['source']})"
+
+
+def _same_path_key(path: str) -> str:
+    return str(Path(path).expanduser().resolve())
+
+
+class ModelsPage(QWidget):
+    loadRequested = Signal(str, dict)  # model folder, {"context_tokens": int}; connected to worker.load
+
+    def __init__(self, worker, settings, parent: QWidget | None = None):
+        super().__init__(parent)
+        self.settings = settings
+        self.library = ModelLibraryModel(self)
+        self.table = QTableView()
+        self.table.setModel(self.library)
+        self.table.setSelectionBehavior(QAbstractItemView.SelectionBehavior.SelectRows)
+        self.table.setSelectionMode(QAbstractItemView.SelectionMode.SingleSelection)
+        self.table.setEditTriggers(QAbstractItemView.EditTrigger.NoEditTriggers)
+        self.table.verticalHeader().hide()
+        self.table.verticalHeader().setDefaultSectionSize(self.fontMetrics().height() + 10)
+        self.table.setAlternatingRowColors(True)
+        self.table.setWordWrap(False)
+        header = self.table.horizontalHeader()
+        header.setSectionResizeMode(QHeaderView.ResizeMode.ResizeToContents)
+        header.setSectionResizeMode(COLUMNS.index("Status"), QHeaderView.ResizeMode.Stretch)
+        self.table.doubleClicked.connect(lambda index: self.load_row(index.row()))
+        self.table.selectionModel().selectionChanged.connect(self._update_buttons)
+
+        self.open_button = QPushButton("Open folder…")
+        self.open_button.clicked.connect(self._choose_folder)
+        self.refresh_button = QPushButton("Refresh")
+        self.refresh_button.clicked.connect(self.refresh)
+        self.load_button = QPushButton("Load")
+        self.load_button.setDefault(True)
+        self.load_button.clicked.connect(self._load_selected)
+
+        self.error_banner = QLabel()
+        self.error_banner.setObjectName("errorBanner")
+        self.error_banner.setWordWrap(True)
+        self.error_banner.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse)
+        self.error_banner.setStyleSheet("#errorBanner { background: #fdecec; color: #8a1c1c; "
+                                        "border: 1px solid #f2b8b8; border-radius: 6px; padding: 8px; }")
+        self.error_banner.hide()
+        self.busy_bar = QProgressBar()
+        self.busy_bar.setRange(0, 0)  # indeterminate: the loader reports no fraction done
+        self.busy_bar.setFixedHeight(6)
+        self.busy_bar.setTextVisible(False)
+        self.busy_bar.hide()
+        self.status_label = QLabel("No model loaded.")
+        self.status_label.setWordWrap(True)
+        self.sources_label = QLabel()
+        self.sources_label.setProperty("role", "muted")
+        self.sources_label.setWordWrap(True)
+
+        title = QLabel("<h2>Models</h2>")
+        buttons = QHBoxLayout()
+        for button in (self.open_button, self.refresh_button):
+            buttons.addWidget(button)
+        buttons.addStretch(1)
+        buttons.addWidget(self.load_button)
+        layout = QVBoxLayout(self)
+        layout.addWidget(title)
+        layout.addWidget(self.sources_label)
+        layout.addLayout(buttons)
+        layout.addWidget(self.error_banner)
+        layout.addWidget(self.table, 1)
+        layout.addWidget(self.busy_bar)
+        layout.addWidget(self.status_label)
+
+        self._busy = False
+        self.loadRequested.connect(worker.load)
+        worker.loadStarted.connect(self._on_load_started)
+        worker.loaded.connect(self._on_loaded)
+        worker.loadFailed.connect(self._on_load_failed)
+        worker.busyChanged.connect(self._on_busy_changed)
+        self.refresh()
+
+    # ---- library ---------------------------------------------------------------------------------
+
+    def refresh(self) -> None:
+        folders = self.settings.get("model_folders")
+        self.library.set_entries(scan_library([Path(f) for f in folders]))
+        where = [f"the Hugging Face cache ({default_hf_cache()})"] + folders
+        self.sources_label.setText("Looking in " + "; ".join(where) + ".")
+        self._update_buttons()
+
+    def add_folder(self, path: str | Path) -> None:
+        """Remember a folder (a model, or a folder of models), rescan, and select what it added."""
+        path = str(Path(path).expanduser())
+        folders = self.settings.get("model_folders")
+        if path not in folders:
+            self.settings.set("model_folders", folders + [path])
+        self.refresh()
+        row = self.library.row_of(path)
+        if row < 0:  # a folder of models: its first model, if any, is what to select
+            row = next((i for i in range(self.library.rowCount())
+                        if Path(self.library.entry(i)["path"]).parent == Path(path)), -1)
+        if row >= 0:
+            self.table.selectRow(row)
+            entry = self.library.entry(row)
+            if entry["error"]:
+                self.show_error(f"This folder cannot be opened as a model.\n{entry['error']}")
+            else:
+                self.error_banner.hide()
+
+    def _choose_folder(self) -> None:
+        folder = QFileDialog.getExistingDirectory(self, "Open a model folder", str(Path.home()))
+        if folder:
+            self.add_folder(folder)
+
+    # ---- loading ---------------------------------------------------------------------------------
+
+    def selected_row(self) -> int:
+        rows = self.table.selectionModel().selectedRows()
+        return rows[0].row() if rows else -1
+
+    def _load_selected(self) -> None:
+        self.load_row(self.selected_row())
+
+    def load_row(self, row: int) -> None:
+        if row < 0 or self._busy:
+            return
+        entry = self.library.entry(row)
+        if entry["error"]:
+            self.show_error(f"This folder cannot be opened as a model.\n{entry['error']}")
+            return
+        path = entry["path"]
+        # "" stands for the built-in demo, so a moved installation still finds it
+        self.settings.set("last_model", "" if _same_path_key(path) == _same_path_key(str(DEMO_MODEL)) else path)
+        self.error_banner.hide()
+        self.loadRequested.emit(path, {"context_tokens": self.settings.get("context_tokens")})
+
+    def show_error(self, message: str) -> None:
+        self.error_banner.setText(message)
+        self.error_banner.show()
+
+    def _on_load_started(self, path: str) -> None:
+        self.library.set_loading(path)
+        self.busy_bar.show()
+        self.status_label.setText(f"Loading {Path(path).name}…")
+
+    def _on_loaded(self, info: dict) -> None:
+        self.library.set_loaded(info["path"])
+        self.busy_bar.hide()
+        self.error_banner.hide()
+        self.status_label.setText(
+            f"<b>Loaded {html.escape(info['name'])}</b>: {info['model_type']}, {info['layers']} layers, "
+            f"{info['experts']} experts ({info.get('experts_per_token', '?')} per token), "
+            f"context {info['context_tokens']:,} tokens")
+
+    def _on_load_failed(self, message: str) -> None:
+        self.library.set_loaded("")
+        self.busy_bar.hide()
+        self.status_label.setText("No model loaded.")
+        self.show_error(message)
+
+    def _on_busy_changed(self, busy: bool) -> None:
+        self._busy = busy
+        self._update_buttons()
+
+    def _update_buttons(self) -> None:
+        row = self.selected_row()
+        self.load_button.setEnabled(not self._busy and row >= 0 and not self.library.entry(row)["error"])

@@ -1,0 +1,163 @@
+"""The Settings page: sampling defaults, thinking, context size, CPU threads, pinned RAM and theme.
+
+Sampling fields are free text, blank meaning "the model's own default" (its generation_config.json),
+so only what the user typed is stored and a model's recommended values win otherwise. They are
+checked with the engine's own SamplingParams.validate() before anything is saved. The other
+controls cannot hold an invalid value and are saved as they change.
+"""
+
+from __future__ import annotations
+
+import os
+
+from PySide6.QtCore import Signal
+from PySide6.QtWidgets import (QCheckBox, QComboBox, QDoubleSpinBox, QFormLayout, QGroupBox, QHBoxLayout, QLabel,
+                               QLineEdit, QPushButton, QSpinBox, QVBoxLayout, QWidget)
+
+from app import system_info
+from engine.runtime.sampling import SamplingParams
+
+# (settings key = SamplingParams field, label, type, placeholder)
+SAMPLING_FIELDS = (
+    ("temperature", "Temperature", float, "model default (0 = greedy)"),
+    ("top_p", "Top-p", float, "model default"),
+    ("top_k", "Top-k", int, "model default (0 = off)"),
+    ("min_p", "Min-p", float, "model default (0 = off)"),
+    ("repetition_penalty", "Repetition penalty", float, "model default (1 = off)"),
+    ("max_new_tokens", "Max new tokens", int, "model default"),
+    ("seed", "Seed", int, "random"),
+)
+THEMES = (("Light", "light"), ("Dark", "dark"))
+MIN_CONTEXT_TOKENS = 2048
+MAX_CONTEXT_TOKENS = 262144  # the longest context of the models MoE Desk runs
+MAX_SEED = 2 ** 63 - 1  # torch.Generator.manual_seed's range for a non-negative seed
+
+
+def parse_sampling(texts: dict[str, str]) -> dict:
+    """The sampling overrides typed in the fields (blank ones left out); ValueError with a readable message."""
+    values = {}
+    for key, label, kind, _ in SAMPLING_FIELDS:
+        text = texts.get(key, "").strip()
+        if not text:
+            continue
+        try:
+            values[key] = kind(text)
+        except ValueError:
+            raise ValueError(f"{label} must be {'a whole number' if kind is int else 'a number'}, "
+                             f"not {text!r}") from None
+    seed = values.get("seed")
+    if seed is not None and not 0 <= seed <= MAX_SEED:
+        raise ValueError(f"Seed must be a whole number from 0 to {MAX_SEED}, or blank for a random seed")
+    try:
+        SamplingParams(**values).validate()
+    except ValueError as exc:  # the engine names fields as the code does; say it with the page's labels
+        key = str(exc).split(" ", 1)[0]
+        label = next((label for k, label, _, _ in SAMPLING_FIELDS if k == key), key)
+        raise ValueError(label + str(exc)[len(key):]) from None
+    return values
+
+
+class SettingsPage(QWidget):
+    themeChanged = Signal(str)  # "light" | "dark"
+
+    def __init__(self, settings, parent: QWidget | None = None):
+        super().__init__(parent)
+        self.settings = settings
+
+        saved_sampling = settings.get("sampling")
+        self.sampling_fields: dict[str, QLineEdit] = {}
+        sampling_form = QFormLayout()
+        for key, label, _, placeholder in SAMPLING_FIELDS:
+            field = QLineEdit("" if saved_sampling.get(key) is None else str(saved_sampling[key]))
+            field.setPlaceholderText(placeholder)
+            field.returnPressed.connect(self.save_sampling)
+            self.sampling_fields[key] = field
+            sampling_form.addRow(label, field)
+        self.save_sampling_button = QPushButton("Save sampling defaults")
+        self.save_sampling_button.clicked.connect(self.save_sampling)
+        self.reset_sampling_button = QPushButton("Use the model's defaults")
+        self.reset_sampling_button.clicked.connect(self.reset_sampling)
+        self.sampling_message = QLabel()
+        self.sampling_message.setWordWrap(True)
+        sampling_buttons = QHBoxLayout()
+        sampling_buttons.addWidget(self.save_sampling_button)
+        sampling_buttons.addWidget(self.reset_sampling_button)
+        sampling_buttons.addStretch(1)
+        sampling_box = QGroupBox("Sampling defaults (blank: the model's generation_config.json)")
+        sampling_layout = QVBoxLayout(sampling_box)
+        sampling_layout.addLayout(sampling_form)
+        sampling_layout.addLayout(sampling_buttons)
+        sampling_layout.addWidget(self.sampling_message)
+
+        self.thinking_check = QCheckBox("Think before answering (can be changed per chat)")
+        self.thinking_check.setChecked(bool(settings.get("enable_thinking")))
+        self.thinking_check.toggled.connect(lambda on: settings.set("enable_thinking", on))
+        self.context_spin = QSpinBox()
+        self.context_spin.setRange(MIN_CONTEXT_TOKENS, MAX_CONTEXT_TOKENS)
+        self.context_spin.setSingleStep(1024)
+        self.context_spin.setGroupSeparatorShown(True)
+        self.context_spin.setSuffix(" tokens")
+        self.context_spin.setValue(int(settings.get("context_tokens")))
+        self.context_spin.setToolTip("Used when a model is loaded; capped at the model's own maximum.")
+        self.context_spin.valueChanged.connect(lambda n: settings.set("context_tokens", n))
+        self.threads_spin = QSpinBox()
+        self.threads_spin.setRange(0, os.cpu_count() or 1)
+        self.threads_spin.setSpecialValueText("physical cores")
+        self.threads_spin.setValue(int(settings.get("cpu_threads")))
+        self.threads_spin.valueChanged.connect(lambda n: settings.set("cpu_threads", n))
+        self.pin_spin = QDoubleSpinBox()
+        self.pin_spin.setRange(0.0, max(system_info.ram()["total_bytes"] / system_info.GIB, 1.0))
+        self.pin_spin.setDecimals(1)
+        self.pin_spin.setSingleStep(0.5)
+        self.pin_spin.setSuffix(" GiB")
+        self.pin_spin.setSpecialValueText("sized from free RAM")
+        self.pin_spin.setToolTip("Host RAM locked for fast copies of experts to the GPU.")
+        self.pin_spin.setValue(float(settings.get("pin_budget_gib")))
+        self.pin_spin.valueChanged.connect(lambda gib: settings.set("pin_budget_gib", gib))
+        self.theme_combo = QComboBox()
+        for label, key in THEMES:
+            self.theme_combo.addItem(label, key)
+        self.theme_combo.setCurrentIndex(max(self.theme_combo.findData(settings.get("theme")), 0))
+        self.theme_combo.currentIndexChanged.connect(self._on_theme_changed)
+
+        engine_box = QGroupBox("Engine")
+        engine_form = QFormLayout(engine_box)
+        engine_form.addRow("Context size", self.context_spin)
+        engine_form.addRow("CPU threads", self.threads_spin)
+        engine_form.addRow("Pinned-RAM budget", self.pin_spin)
+        chat_box = QGroupBox("Chat and appearance")
+        chat_form = QFormLayout(chat_box)
+        chat_form.addRow(self.thinking_check)
+        chat_form.addRow("Theme", self.theme_combo)
+
+        layout = QVBoxLayout(self)
+        layout.addWidget(QLabel("<h2>Settings</h2>"))
+        layout.addWidget(sampling_box)
+        layout.addWidget(engine_box)
+        layout.addWidget(chat_box)
+        layout.addStretch(1)
+
+    def save_sampling(self) -> bool:
+        """Check and store the sampling fields; on a bad value say which and why, and store nothing."""
+        try:
+            values = parse_sampling({key: field.text() for key, field in self.sampling_fields.items()})
+        except ValueError as exc:
+            self._say(str(exc), error=True)
+            return False
+        self.settings.set("sampling", values)
+        self._say("Saved. New replies use these values." if values else "Saved: every value is the model's default.")
+        return True
+
+    def reset_sampling(self) -> None:
+        for field in self.sampling_fields.values():
+            field.clear()
+        self.save_sampling()
+
+    def _say(self, text: str, error: bool = False) -> None:
+        self.sampling_message.setText(text)
+        self.sampling_message.setStyleSheet("color: #d14343;" if error else "")
+
+    def _on_theme_changed(self) -> None:
+        theme = self.theme_combo.currentData()
+        self.settings.set("theme", theme)
+        self.themeChanged.emit(theme)

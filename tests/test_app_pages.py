@@ -1,0 +1,388 @@
+"""The Models, Engine, Settings and Logs pages and the gauges, driven offscreen with pytest-qt.
+
+A FakeWorker stands in for the EngineWorker: it has the same signals, and its `load` slot only
+records the call, so no model is loaded and every test runs in milliseconds.
+"""
+
+import json
+import re
+
+import pytest
+from PySide6.QtCore import QObject, QSettings, Qt, Signal, Slot
+from PySide6.QtGui import QGuiApplication
+
+from app import system_info
+from app.model_library import scan_library
+from app.pages.engine_page import NOT_MEASURED, EnginePage
+from app.pages.logs import LogsPage
+from app.pages.models import COLUMNS, ModelsPage
+from app.pages.settings_page import SettingsPage
+from app.settings import AppSettings
+from app.widgets.gauges import Sparkline, SystemFooter
+from app.widgets.plan_bar import PlanBar
+from engine.runtime.planner import GIB, footprint_from_synthetic, plan_memory
+from engine.testing.tiny_checkpoints import write_tiny_checkpoint
+
+SYNTHETIC = "qwen3.6-35b-a3b-nvfp4"
+
+
+class FakeWorker(QObject):
+    loadStarted = Signal(str)
+    loaded = Signal(dict)
+    loadFailed = Signal(str)
+    replyStarted = Signal()
+    reasoningDelta = Signal(str)
+    answerDelta = Signal(str)
+    progress = Signal(dict)
+    replyFinished = Signal(dict)
+    busyChanged = Signal(bool)
+    log = Signal(str, str)
+
+    def __init__(self):
+        super().__init__()
+        self.load_calls = []
+
+    @Slot(str, dict)
+    def load(self, path, options):
+        self.load_calls.append((path, options))
+
+
+@pytest.fixture
+def settings(tmp_path):
+    return AppSettings(QSettings(str(tmp_path / "s.ini"), QSettings.Format.IniFormat))
+
+
+@pytest.fixture
+def worker():
+    return FakeWorker()
+
+
+@pytest.fixture(autouse=True)
+def empty_hf_cache(tmp_path, monkeypatch):
+    """The library never scans the real Hugging Face cache of the machine running the tests."""
+    hub = tmp_path / "hub"
+    hub.mkdir()
+    monkeypatch.setenv("HF_HUB_CACHE", str(hub))
+    return hub
+
+
+@pytest.fixture
+def no_gpu(monkeypatch):
+    monkeypatch.setattr(system_info, "gpu_memory", lambda: None)
+
+
+@pytest.fixture
+def engine_page(qtbot, worker, settings, no_gpu):
+    page = EnginePage(worker, settings)
+    qtbot.addWidget(page)
+    return page
+
+
+@pytest.fixture
+def tiny_model(tmp_path):
+    return write_tiny_checkpoint(tmp_path / "m", "qwen3_5_moe", "nvfp4")
+
+
+# ---- plan bar and gauges ---------------------------------------------------------------------------
+
+def test_plan_bar_shows_each_part_of_a_plan(qtbot):
+    plan = plan_memory(footprint_from_synthetic(SYNTHETIC), 4 * GIB, "4gb").to_dict()
+    bar = PlanBar()
+    qtbot.addWidget(bar)
+    bar.resize(600, 120)
+    bar.set_plan(plan, 4 * GIB)
+    keys = [key for key, _, _ in bar.parts()]
+    assert keys == ["resident_weights", "expert_cache", "kv_cache", "gdn_state", "prefill_workspace",
+                    "runtime_reserve", "free"]
+    sizes = dict((key, n) for key, _, n in bar.parts())
+    assert sizes["free"] == plan["headroom_bytes"]
+    assert "KV cache  660.0 MiB" in bar.legend_texts()
+    assert "expert cache  432.0 MiB" in bar.legend_texts()
+    assert bar.bar.part_at(1) == "resident_weights"  # the largest part starts the bar
+    assert "3.96 GiB planned of a 4.00 GiB budget" in bar.total_label.text()
+
+    bar.set_plan(None, 4 * GIB)
+    assert bar.parts() == [] and bar.legend_texts() == []
+    assert not bar.total_label.isVisibleTo(bar)
+
+
+def test_sparkline_keeps_the_last_values(qtbot):
+    line = Sparkline(capacity=60)
+    qtbot.addWidget(line)
+    for value in range(100):
+        line.add_value(value)
+    assert line.values() == [float(v) for v in range(40, 100)]
+    line.grab()  # paints without error
+
+
+@pytest.mark.skipif(system_info.gpu_memory() is not None, reason="this machine has an NVIDIA GPU")
+def test_footer_says_cpu_mode_and_shows_ram(qtbot):
+    footer = SystemFooter()
+    qtbot.addWidget(footer)
+    assert footer.gpu_label.text() == "no NVIDIA GPU: CPU mode"
+    assert footer.vram_bar.value_label.text() == "none"
+    assert re.fullmatch(r"\d+\.\d / \d+\.\d GiB", footer.ram_bar.value_label.text())
+    assert footer.timer.isActive() and footer.timer.interval() == 2000
+
+
+def test_footer_shows_the_gpu_it_reads(qtbot):
+    gpu = {"name": "NVIDIA GeForce RTX 2050", "total_bytes": 4 * GIB, "used_bytes": GIB, "free_bytes": 3 * GIB}
+    footer = SystemFooter(read_gpu=lambda: gpu, read_ram=lambda: {"total_bytes": 16 * GIB, "used_bytes": 6 * GIB})
+    qtbot.addWidget(footer)
+    assert footer.gpu_label.text() == "NVIDIA GeForce RTX 2050"
+    assert footer.vram_bar.value_label.text() == "1.0 / 4.0 GiB"
+    assert footer.ram_bar.value_label.text() == "6.0 / 16.0 GiB"
+    assert footer.vram_bar.bar.value() == 250
+
+
+# ---- engine page -----------------------------------------------------------------------------------
+
+def test_switching_preset_changes_the_plan(qtbot, engine_page, settings):
+    assert "synthetic" in engine_page.model_label.text()
+    layers = []
+    for preset in ("4gb", "8gb", "12gb"):
+        with qtbot.waitSignal(engine_page.planChanged) as emitted:
+            engine_page.set_preset(preset)
+        layers.append(emitted.args[0]["expert_cache_layers"])
+        assert engine_page.plan()["budget_bytes"] == int(preset.removesuffix("gb")) * GIB
+        assert settings.get("preset") == preset
+    assert layers[:2] == [1, 2] and layers[2] > 2
+    assert engine_page.detail_labels["expert_cache"].text().startswith(f"{layers[2]} layers × 256 experts")
+    assert engine_page.detail_labels["max_prompt"].text().startswith("32,768 tokens")
+    assert not engine_page.error_label.isVisibleTo(engine_page)
+    assert not engine_page.custom_editor.isVisibleTo(engine_page)
+
+
+def test_budget_override_changes_kv_tokens(engine_page, settings):
+    engine_page.set_preset("8gb")
+    kv_at_8 = engine_page.plan()["kv_tokens"]
+    engine_page.budget_spin.setValue(6.0)
+    assert engine_page.plan()["budget_bytes"] == 6 * GIB
+    assert engine_page.plan()["kv_tokens"] < kv_at_8
+    assert engine_page.detail_labels["kv_cache"].text().startswith(f"{engine_page.plan()['kv_tokens']:,} tokens")
+    assert settings.get("vram_gib") == 6.0
+
+
+def test_custom_plan_that_does_not_fit_shows_the_reason(qtbot, engine_page, settings):
+    engine_page.budget_spin.setValue(4.0)
+    engine_page.set_preset("custom")
+    assert engine_page.custom_editor.isVisibleTo(engine_page)
+    assert engine_page.plan()["policy"] == "custom"  # the default custom plan fits 4 GiB
+    with qtbot.waitSignal(engine_page.planChanged) as emitted:
+        engine_page.custom_editor.layers_spin.setValue(10)
+    assert emitted.args == [{}] and engine_page.plan() == {}
+    assert engine_page.error_label.isVisibleTo(engine_page)
+    assert "lower expert_cache_layers to at most 2" in engine_page.error_label.text()
+    assert engine_page.plan_bar.parts() == []
+    assert engine_page.custom_editor.layers_cost.text() == "4.22 GiB (2,560 slots)"
+    assert settings.get("custom_plan")["expert_cache_layers"] == 10
+
+    engine_page.custom_editor.layers_spin.setValue(1)
+    engine_page.custom_editor.overlap_check.setChecked(True)
+    assert "needs at least 2 expert-cache layers" in engine_page.error_label.text()
+
+
+def test_auto_needs_a_budget_without_a_gpu_and_uses_free_vram_with_one(engine_page, monkeypatch):
+    engine_page.set_preset("auto")
+    assert engine_page.plan() == {}
+    assert "No NVIDIA GPU" in engine_page.error_label.text() and "VRAM budget" in engine_page.error_label.text()
+    engine_page.budget_spin.setValue(16.0)
+    assert engine_page.plan()["policy"] == "12gb" and engine_page.plan()["expert_cache_layers"] > 2
+    assert "chose the 12 GB rules" in engine_page.detail_labels["rules"].text()
+
+    gpu = {"name": "RTX 3060", "total_bytes": 12 * GIB, "used_bytes": GIB, "free_bytes": 11 * GIB}
+    monkeypatch.setattr(system_info, "gpu_memory", lambda: gpu)
+    engine_page.budget_spin.setValue(0.0)
+    assert engine_page.plan()["budget_bytes"] == 11 * GIB
+    assert "free memory of RTX 3060" in engine_page.budget_note.text()
+
+
+def test_engine_page_plans_for_the_loaded_model(engine_page, tiny_model):
+    engine_page.set_preset("4gb")
+    engine_page.set_model_folder(tiny_model)
+    assert engine_page.plan()["model"] == "m"
+    assert "the loaded model" in engine_page.model_label.text()
+    assert engine_page.custom_editor.layers_spin.maximum() == 4  # the tiny model's MoE layers
+
+
+def test_live_gauges_follow_progress_and_replies(engine_page, worker):
+    engine_page.set_preset("4gb")
+    live = engine_page.live
+    assert live.hit_rate_label.text() == NOT_MEASURED and live.vram_label.text() == NOT_MEASURED
+    for rate, used in ((10.0, 120), (12.5, 140)):
+        worker.progress.emit({"new_tokens": 5, "decode_tokens_per_s": rate, "context_used": used,
+                              "context_tokens": 8192})
+    assert live.decode_label.text() == "12.5 tok/s"
+    assert live.decode_history.values() == [10.0, 12.5]
+    assert live.context_label.text() == "140 / 8,192" and live.context_bar.value() == 140
+    worker.replyFinished.emit({"answer": "5", "reasoning": "", "stats": {
+        "prompt_tokens": 140, "prefill_tokens": 120, "new_tokens": 20, "time_to_first_token_s": 0.25,
+        "prefill_tokens_per_s": 480.0, "decode_tokens_per_s": 12.0, "stop_reason": "eos", "seed": 1}})
+    assert live.prefill_label.text() == "480.0 tok/s" and live.prefill_history.values() == [480.0]
+    assert "20 tokens" in live.last_reply_label.text() and "0.25 s" in live.last_reply_label.text()
+    assert live.hit_rate_label.text() == NOT_MEASURED  # the CPU engine reports none: nothing is made up
+    worker.progress.emit({"decode_tokens_per_s": 30.0, "context_used": 10, "context_tokens": 8192,
+                          "expert_cache_hit_rate": 0.875, "vram_used_bytes": 3 * GIB})
+    assert live.hit_rate_label.text() == "87.5%"
+    planned = system_info.format_bytes(engine_page.plan()["breakdown"]["total"])
+    assert live.vram_label.text() == f"3.00 GiB of {planned} planned"
+
+
+# ---- model library and models page -----------------------------------------------------------------
+
+def test_library_scan_finds_a_checkpoint_and_lists_a_bad_folder(tmp_path, empty_hf_cache, tiny_model):
+    bad = tmp_path / "not-a-model"
+    bad.mkdir()
+    snapshot = empty_hf_cache / "models--Org--Tiny-MoE" / "snapshots" / "0123abc"
+    write_tiny_checkpoint(snapshot, "qwen3_moe", "bf16")
+    entries = {e["name"]: e for e in scan_library([tiny_model, bad])}
+    assert set(entries) == {"m", "not-a-model", "Org/Tiny-MoE"}
+    model = entries["m"]
+    assert (model["architecture"], model["format"], model["error"]) == ("qwen3_5_moe", "nvfp4", "")
+    assert model["fits"] == {"4gb": True, "8gb": True, "12gb": True}
+    assert model["size_bytes"] == sum(p.stat().st_size for p in tiny_model.iterdir())
+    assert "has no config.json" in entries["not-a-model"]["error"]
+    assert entries["not-a-model"]["fits"] == {}
+    hub_model = entries["Org/Tiny-MoE"]
+    assert (hub_model["architecture"], hub_model["format"], hub_model["source"]) == \
+        ("qwen3_moe", "bf16", "Hugging Face cache")
+
+
+def test_library_reports_why_a_preset_does_not_fit(tmp_path):
+    """A tiny model plus a 3.5 GiB projection from a header alone: the shard is sparse, nothing is written."""
+    folder = write_tiny_checkpoint(tmp_path / "big", "qwen3_moe", "bf16")
+    big = int(3.5 * GIB)
+    header = json.dumps({"model.layers.0.self_attn.big_proj.weight": {
+        "dtype": "BF16", "shape": [big // 128, 64], "data_offsets": [0, big]}}).encode()
+    with open(folder / "model-big.safetensors", "wb") as handle:
+        handle.write(len(header).to_bytes(8, "little") + header)
+        handle.truncate(8 + len(header) + big)
+    (entry,) = scan_library([folder])
+    assert entry["error"] == ""
+    assert entry["fits"] == {"4gb": False, "8gb": True, "12gb": True}
+    assert "does not fit 4.00 GiB" in entry["fit_errors"]["4gb"]
+
+
+def test_library_survives_a_checkpoint_without_routed_experts(tmp_path):
+    folder = write_tiny_checkpoint(tmp_path / "odd", "qwen3_moe", "bf16")
+    (folder / "model.safetensors").unlink()
+    header = json.dumps({"lm_head.weight": {"dtype": "BF16", "shape": [320, 64], "data_offsets": [0, 40960]}})
+    (folder / "model.safetensors").write_bytes(len(header).to_bytes(8, "little") + header.encode() + bytes(40960))
+    (entry,) = scan_library([folder])
+    assert entry["error"] and entry["fits"] == {}
+
+
+def _models_page(qtbot, worker, settings):
+    page = ModelsPage(worker, settings)
+    qtbot.addWidget(page)
+    page.resize(900, 500)
+    return page
+
+
+def _cell(page, row, column):
+    return page.library.index(row, COLUMNS.index(column)).data()
+
+
+def test_models_page_load_emits_load_requested(qtbot, worker, settings, tiny_model):
+    page = _models_page(qtbot, worker, settings)
+    assert page.library.rowCount() == 0
+    page.add_folder(tiny_model)
+    assert settings.get("model_folders") == [str(tiny_model)]
+    row = page.library.row_of(str(tiny_model))
+    assert [_cell(page, row, c) for c in ("Name", "Architecture", "Format", "Fits", "Status")] == \
+        ["m", "qwen3_5_moe", "nvfp4", "4 GB ✓  8 GB ✓  12 GB ✓", "ready"]
+    assert page.load_button.isEnabled()
+    with qtbot.waitSignal(page.loadRequested) as requested:
+        qtbot.mouseClick(page.load_button, Qt.MouseButton.LeftButton)
+    assert requested.args == [str(tiny_model), {"context_tokens": 8192}]
+    assert worker.load_calls == [(str(tiny_model), {"context_tokens": 8192})]
+    assert settings.get("last_model") == str(tiny_model)
+
+    worker.loadStarted.emit(str(tiny_model))
+    worker.busyChanged.emit(True)
+    assert page.busy_bar.isVisibleTo(page) and not page.load_button.isEnabled()
+    assert _cell(page, row, "Status") == "loading…"
+    worker.loaded.emit({"name": "m", "path": str(tiny_model), "model_type": "qwen3_5_moe_text", "layers": 4,
+                        "experts": 8, "experts_per_token": 2, "context_tokens": 4096})
+    worker.busyChanged.emit(False)
+    assert not page.busy_bar.isVisibleTo(page) and page.load_button.isEnabled()
+    assert _cell(page, row, "Status") == "loaded"
+    assert "Loaded m" in page.status_label.text() and "4,096 tokens" in page.status_label.text()
+
+
+def test_models_page_shows_why_a_folder_cannot_be_opened(qtbot, worker, settings, tmp_path):
+    page = _models_page(qtbot, worker, settings)
+    bad = tmp_path / "downloads"
+    bad.mkdir()
+    page.add_folder(bad)
+    assert page.error_banner.isVisibleTo(page)
+    assert "cannot be opened as a model" in page.error_banner.text()
+    assert "has no config.json" in page.error_banner.text()
+    assert _cell(page, 0, "Status").startswith("cannot open: has no config.json")
+    assert not page.load_button.isEnabled()  # the bad row is selected and cannot be loaded
+
+    message = f"This folder cannot be opened as a model.\n{bad}: holds no .safetensors weights"
+    page.error_banner.hide()
+    worker.loadStarted.emit(str(bad))
+    worker.loadFailed.emit(message)
+    assert page.error_banner.isVisibleTo(page) and page.error_banner.text() == message
+    assert not page.busy_bar.isVisibleTo(page)
+    assert page.status_label.text() == "No model loaded."
+
+
+# ---- settings and logs -----------------------------------------------------------------------------
+
+def test_settings_page_saves_sampling_and_rejects_bad_values(qtbot, settings):
+    page = SettingsPage(settings)
+    qtbot.addWidget(page)
+    page.sampling_fields["temperature"].setText("0.6")
+    page.sampling_fields["top_k"].setText("40")
+    page.sampling_fields["seed"].setText("7")
+    qtbot.mouseClick(page.save_sampling_button, Qt.MouseButton.LeftButton)
+    assert settings.get("sampling") == {"temperature": 0.6, "top_k": 40, "seed": 7}
+    assert page.sampling_message.text().startswith("Saved")
+
+    page.sampling_fields["top_p"].setText("1.5")
+    assert not page.save_sampling()
+    assert page.sampling_message.text() == "Top-p must be in (0, 1], got 1.5"
+    page.sampling_fields["top_p"].setText("")
+    page.sampling_fields["top_k"].setText("forty")
+    assert not page.save_sampling()
+    assert page.sampling_message.text() == "Top-k must be a whole number, not 'forty'"
+    assert settings.get("sampling") == {"temperature": 0.6, "top_k": 40, "seed": 7}  # nothing bad was stored
+
+    page.reset_sampling()
+    assert settings.get("sampling") == {}
+    page.context_spin.setValue(16384)
+    page.thinking_check.setChecked(False)
+    page.threads_spin.setValue(1)
+    assert (settings.get("context_tokens"), settings.get("enable_thinking"), settings.get("cpu_threads")) == \
+        (16384, False, 1)
+    with qtbot.waitSignal(page.themeChanged) as theme:
+        page.theme_combo.setCurrentIndex(page.theme_combo.findData("dark"))
+    assert theme.args == ["dark"] and settings.get("theme") == "dark"
+
+
+def test_logs_page_filters_and_copies_diagnostics(qtbot, worker):
+    page = LogsPage(worker)
+    qtbot.addWidget(page)
+    worker.log.emit("info", "loaded /models/m in 0.1 s")
+    worker.log.emit("warning", "expert banks fell back to pageable memory")
+    worker.log.emit("error", "/models/x: has no config.json")
+    assert page.filtered.rowCount() == 3
+    page.level_combo.setCurrentIndex(page.level_combo.findData("warning"))
+    assert page.filtered.rowCount() == 2
+    page.level_combo.setCurrentIndex(page.level_combo.findData("error"))
+    assert page.filtered.rowCount() == 1
+    page.level_combo.setCurrentIndex(page.level_combo.findData("info"))
+    page.search_field.setText("PAGEABLE")
+    assert page.filtered.rowCount() == 1
+    assert "WARNING" in page.filtered.index(0, 0).data()
+
+    page.set_plan(plan_memory(footprint_from_synthetic(SYNTHETIC), 4 * GIB, "4gb").to_dict())
+    qtbot.mouseClick(page.copy_button, Qt.MouseButton.LeftButton)
+    copied = QGuiApplication.clipboard().text()
+    assert "Python " in copied and "PySide6 " in copied and "GPU " in copied and "RAM " in copied
+    assert "Last error:\n/models/x: has no config.json" in copied
+    assert f"{SYNTHETIC}, preset 4gb, budget 4.00 GiB" in copied
+    assert "copied" in page.copied_label.text()
