@@ -6,8 +6,7 @@ from pathlib import Path
 
 from PySide6.QtCore import QStandardPaths
 
-RESOURCES = Path(__file__).resolve().parent.parent / "resources"
-DEMO_MODEL = RESOURCES / "demo-model"
+from engine.resources import DEMO_MODEL, RESOURCES  # noqa: F401  (re-exported for the app)
 
 
 def data_folder() -> Path:

@@ -12,6 +12,7 @@ import sys
 from pathlib import Path
 
 from engine.errors import CheckpointError
+from engine.resources import DEMO_MODEL, resolve_model
 from engine.runtime.events import AnswerDelta, ReasoningDelta, TurnFinished
 from engine.runtime.sampling import SamplingParams
 
@@ -44,7 +45,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     plan = commands.add_parser("plan", help="the VRAM plan of a model for a preset")
     target = plan.add_mutually_exclusive_group(required=True)
-    target.add_argument("--model", type=Path, help="checkpoint folder (only tensor headers are read)")
+    target.add_argument("--model", type=resolve_model,
+                        help="checkpoint folder or 'demo' (only tensor headers are read)")
     target.add_argument("--synthetic", help="a built-in model description, e.g. qwen3.6-35b-a3b-nvfp4")
     plan.add_argument("--preset", required=True, choices=["4gb", "8gb", "12gb", "auto"])
     plan.add_argument("--vram", type=float, help="VRAM budget in GiB (default: the preset's size, or the "
@@ -54,7 +56,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _model_and_sampling(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--model", type=Path, required=True, help="checkpoint folder")
+    p.add_argument("--model", type=resolve_model, default=DEMO_MODEL,
+                   help="checkpoint folder, or 'demo' for the built-in demo model (the default)")
     p.add_argument("--context", type=int, default=DEFAULT_CONTEXT_TOKENS, help="context size in tokens")
     p.add_argument("--system", help="system prompt")
     p.add_argument("--no-think", action="store_true", help="turn the thinking mode off")

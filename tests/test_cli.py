@@ -54,7 +54,7 @@ def test_chat_commands(model_dir, capsys, monkeypatch):
 
 @pytest.mark.parametrize("argv, message, exit_code", [
     (["generate", "--model", "/no/such/folder", "--prompt", "x"], "/no/such/folder: does not exist", 1),
-    (["generate", "--prompt", "x"], "the following arguments are required: --model", 2),
+    (["generate"], "one of the arguments --prompt --prompts-file is required", 2),
     (["generate", "--model", "M", "--prompt", "x", "--bogus"], "unrecognized arguments: --bogus", 2),
     (["generate", "--model", "M", "--prompt", "x", "--top-p", "1.5"], "top_p must be in (0, 1], got 1.5", 2),
     (["generate", "--model", "M", "--prompts-file", "/no/such/file.txt"], "cannot read /no/such/file.txt", 2),
@@ -68,6 +68,12 @@ def test_errors_are_one_line(argv, message, exit_code, model_dir, capsys):
     assert code == exit_code
     lines = err.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("error: ") and message in lines[0]
+
+
+def test_demo_model_is_the_default(capsys):
+    code, out, err = run(["generate", "--prompt", "What is 12 + 30?", "--temperature", "0", "--json"], capsys)
+    assert code == 0, err
+    assert json.loads(out)["reply"].endswith("42.")
 
 
 def test_module_entry_point(model_dir):
