@@ -29,10 +29,14 @@ def wait_for(signal, timeout_s: float) -> asyncio.Future:
     loop = asyncio.get_event_loop()
     future = loop.create_future()
 
-    def fire(*args):
-        signal.disconnect(fire)
+    def resolve(args):
         if not future.done():
             future.set_result(args)
+
+    def fire(*args):
+        # a plain callable runs on the emitting thread (the engine's for worker signals): hand over to the loop
+        signal.disconnect(fire)
+        loop.call_soon_threadsafe(resolve, args)
 
     signal.connect(fire)
     return asyncio.ensure_future(asyncio.wait_for(future, timeout_s))
@@ -40,16 +44,20 @@ def wait_for(signal, timeout_s: float) -> asyncio.Future:
 
 async def smoke_test(window, out: Path) -> int:
     """Ask the loaded model one question; screenshot the Chat and Engine pages; 0 only if a reply arrived."""
-    loaded = wait_for(window.worker.loaded, SMOKE_TIMEOUT_S)
-    failed = wait_for(window.worker.loadFailed, SMOKE_TIMEOUT_S)
-    done, _ = await asyncio.wait([loaded, failed], return_when=asyncio.FIRST_COMPLETED)
-    if failed in done:
-        print(f"smoke test: the model did not load: {failed.result()[0]}", file=sys.stderr)
+    if window.model_info is None and window.load_error is None:  # both are set on this thread: no race
+        loaded = wait_for(window.modelReady, SMOKE_TIMEOUT_S)
+        failed = wait_for(window.modelFailed, SMOKE_TIMEOUT_S)
+        await asyncio.wait([loaded, failed], return_when=asyncio.FIRST_COMPLETED)
+        for pending in (loaded, failed):
+            pending.cancel()
+    if window.load_error is not None or window.model_info is None:
+        print(f"smoke test: the model did not load: {window.load_error or 'timed out'}", file=sys.stderr)
         return 1
+    await asyncio.sleep(0.2)  # the worker's busyChanged(False) follows loaded
     finished = wait_for(window.worker.replyFinished, SMOKE_TIMEOUT_S)
     window.show_page("Chat")
     window.chat_page.new_chat()
-    window.chat_page.input_box.setPlainText(SMOKE_QUESTION)
+    window.chat_page.input.setPlainText(SMOKE_QUESTION)
     window.chat_page.send_current()
     (result,) = await finished
     await asyncio.sleep(0.5)  # let the throttled transcript catch up before the picture

@@ -28,6 +28,8 @@ WORKER_SHUTDOWN_MS = 5000
 
 class MainWindow(QMainWindow):
     loadRequested = Signal(str, dict)  # queued to the worker: opening a model never blocks the window
+    modelReady = Signal(dict)  # re-emitted on the GUI thread once the window has taken the model in
+    modelFailed = Signal(str)
 
     def __init__(self, store: ConversationStore, settings: AppSettings, model_folder: Path | None = None):
         super().__init__()
@@ -73,8 +75,10 @@ class MainWindow(QMainWindow):
         self.setCentralWidget(central)
         self.sidebar.setCurrentRow(0)
 
+        self.model_info: dict | None = None
+        self.load_error: str | None = None
         self.worker.loaded.connect(self._on_loaded)
-        self.worker.loadFailed.connect(lambda _: self.model_label.setText("No model loaded"))
+        self.worker.loadFailed.connect(self._on_load_failed)
         self.engine_page.planChanged.connect(self.logs_page.set_plan)
         self.settings_page.themeChanged.connect(lambda name: apply_theme(QApplication.instance(), name))
         self._shortcuts()
@@ -85,12 +89,20 @@ class MainWindow(QMainWindow):
         return Path(last) if last and Path(last).is_dir() else DEMO_MODEL
 
     def load_model(self, folder: Path) -> None:
+        self.model_info, self.load_error = None, None
         self.model_label.setText(f"Loading {folder.name}…")
         self.loadRequested.emit(str(folder), {"context_tokens": self.settings.get("context_tokens")})
 
     def _on_loaded(self, info: dict) -> None:
+        self.model_info = info
         self.model_label.setText(f"{info['name']}\n{info['model_type']}, {info['context_tokens']:,} tokens")
         self.engine_page.set_model_folder(Path(info["path"]))
+        self.modelReady.emit(info)
+
+    def _on_load_failed(self, message: str) -> None:
+        self.load_error = message
+        self.model_label.setText("No model loaded")
+        self.modelFailed.emit(message)
 
     def _shortcuts(self) -> None:
         bindings = {

@@ -66,6 +66,12 @@ def empty_hf_cache(tmp_path, monkeypatch):
     return hub
 
 
+@pytest.fixture(autouse=True)
+def no_demo_model(tmp_path, monkeypatch):
+    """Library rows are only what each test puts there; test_library_lists_the_demo_model checks the demo."""
+    monkeypatch.setattr("app.model_library.DEMO_MODEL", tmp_path / "no-demo-model")
+
+
 @pytest.fixture
 def no_gpu(monkeypatch):
     monkeypatch.setattr(system_info, "gpu_memory", lambda: None)
@@ -229,6 +235,15 @@ def test_live_gauges_follow_progress_and_replies(engine_page, worker):
 
 
 # ---- model library and models page -----------------------------------------------------------------
+
+def test_library_lists_the_demo_model(monkeypatch):
+    from engine.resources import DEMO_MODEL
+
+    monkeypatch.setattr("app.model_library.DEMO_MODEL", DEMO_MODEL)
+    (demo,) = scan_library([])
+    assert (demo["name"], demo["architecture"], demo["format"], demo["error"]) == \
+        ("Demo model (built in)", "qwen3_5_moe", "bf16", "")
+
 
 def test_library_scan_finds_a_checkpoint_and_lists_a_bad_folder(tmp_path, empty_hf_cache, tiny_model):
     bad = tmp_path / "not-a-model"
