@@ -14,6 +14,7 @@ from pathlib import Path
 
 SMOKE_QUESTION = "What is 2 + 3?"
 SMOKE_TIMEOUT_S = 300
+SMOKE_PRESET = "4gb"
 
 
 def _parse(argv: list[str]) -> argparse.Namespace:
@@ -56,16 +57,20 @@ async def smoke_test(window, out: Path) -> int:
     await asyncio.sleep(0.2)  # the worker's busyChanged(False) follows loaded
     finished = wait_for(window.worker.replyFinished, SMOKE_TIMEOUT_S)
     window.show_page("Chat")
-    window.chat_page.new_chat()
+    if window.store.messages(window.chat_page.current_conversation_id()):
+        window.chat_page.new_chat()
     window.chat_page.input.setPlainText(SMOKE_QUESTION)
     window.chat_page.send_current()
     (result,) = await finished
     await asyncio.sleep(0.5)  # let the throttled transcript catch up before the picture
     out.parent.mkdir(parents=True, exist_ok=True)
     window.grab().save(str(out))
+    user_preset = window.settings.get("preset")
+    window.engine_page.set_preset(SMOKE_PRESET)  # without a GPU, Auto has no free memory to plan from
     window.show_page("Engine")
     await asyncio.sleep(0.2)
     window.grab().save(str(out.with_name(out.stem + "-engine" + out.suffix)))
+    window.engine_page.set_preset(user_preset)
     reply = (result.get("answer") or "") + (result.get("reasoning") or "")
     stats = result.get("stats", {})
     print(f"smoke test: reply {reply!r}, stop {stats.get('stop_reason')}, screenshot {out}")

@@ -7,9 +7,12 @@ receives a few updates a second per reply, not one per token.
 
 from __future__ import annotations
 
+import gc
 import time
 import traceback
 from pathlib import Path
+
+import torch
 
 from PySide6.QtCore import QObject, QThread, Signal, Slot
 
@@ -25,6 +28,7 @@ class EngineWorker(QObject):
     loadStarted = Signal(str)  # model folder
     loaded = Signal(dict)  # model info: name, path, model_type, layers, experts, context_tokens, ...
     loadFailed = Signal(str)  # what happened and what to do
+    unloaded = Signal()
     replyStarted = Signal()
     reasoningDelta = Signal(str)
     answerDelta = Signal(str)
@@ -58,7 +62,11 @@ class EngineWorker(QObject):
         self.loadStarted.emit(path)
         self.busyChanged.emit(True)
         started = time.perf_counter()
+        self.session = None  # the old model's memory is free before the new one is read
         try:
+            threads = int(options.get("cpu_threads") or 0)
+            if threads > 0:  # 0 keeps torch's default: the physical cores
+                torch.set_num_threads(threads)
             model = load_model(Path(path))
             tokenizer = ChatTokenizer.from_folder(Path(path))
             config = model.config
@@ -82,6 +90,15 @@ class EngineWorker(QObject):
             self.loadFailed.emit(f"Loading failed unexpectedly: {exc!r}. The log page has the details.")
         finally:
             self.busyChanged.emit(False)
+
+    @Slot()
+    def unload(self) -> None:
+        """Drop the model and its state; the memory goes back to the system."""
+        self.session = None
+        self.model_info = {}
+        gc.collect()
+        self.log.emit("info", "model unloaded")
+        self.unloaded.emit()
 
     @Slot(list, str, dict)
     def send(self, history: list, text: str, options: dict) -> None:

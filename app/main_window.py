@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from PySide6.QtCore import Qt, Signal
+from PySide6.QtCore import QSize, Qt, Signal
 from PySide6.QtGui import QKeySequence, QShortcut
 from PySide6.QtWidgets import (QApplication, QHBoxLayout, QLabel, QListWidget, QMainWindow, QStackedWidget,
                                QVBoxLayout, QWidget)
@@ -17,13 +17,14 @@ from app.pages.logs import LogsPage
 from app.pages.models import ModelsPage
 from app.pages.settings_page import SettingsPage
 from app.paths import DEMO_MODEL
-from app.settings import AppSettings
+from app.settings import AppSettings, load_options
 from app.storage import ConversationStore
 from app.theme import apply_theme
 from app.widgets.gauges import SystemFooter
 
 PAGES = ("Chat", "Models", "Engine", "Logs", "Settings")
 WORKER_SHUTDOWN_MS = 5000
+SIDEBAR_ROW_HEIGHT = 36
 
 
 class MainWindow(QMainWindow):
@@ -51,6 +52,8 @@ class MainWindow(QMainWindow):
         self.sidebar = QListWidget()
         self.sidebar.setObjectName("sidebar")
         self.sidebar.addItems(PAGES)
+        for row in range(self.sidebar.count()):  # style sheets pad the text, not the row: size rows here
+            self.sidebar.item(row).setSizeHint(QSize(0, SIDEBAR_ROW_HEIGHT))
         self.sidebar.setFixedWidth(180)
         self.sidebar.currentRowChanged.connect(self.pages.setCurrentIndex)
         self.footer = SystemFooter()
@@ -79,6 +82,7 @@ class MainWindow(QMainWindow):
         self.load_error: str | None = None
         self.worker.loaded.connect(self._on_loaded)
         self.worker.loadFailed.connect(self._on_load_failed)
+        self.worker.unloaded.connect(self._on_unloaded)
         self.engine_page.planChanged.connect(self.logs_page.set_plan)
         self.settings_page.themeChanged.connect(lambda name: apply_theme(QApplication.instance(), name))
         self._shortcuts()
@@ -91,13 +95,17 @@ class MainWindow(QMainWindow):
     def load_model(self, folder: Path) -> None:
         self.model_info, self.load_error = None, None
         self.model_label.setText(f"Loading {folder.name}…")
-        self.loadRequested.emit(str(folder), {"context_tokens": self.settings.get("context_tokens")})
+        self.loadRequested.emit(str(folder), load_options(self.settings))
 
     def _on_loaded(self, info: dict) -> None:
         self.model_info = info
         self.model_label.setText(f"{info['name']}\n{info['model_type']}, {info['context_tokens']:,} tokens")
         self.engine_page.set_model_folder(Path(info["path"]))
         self.modelReady.emit(info)
+
+    def _on_unloaded(self) -> None:
+        self.model_info = None
+        self.model_label.setText("No model loaded")
 
     def _on_load_failed(self, message: str) -> None:
         self.load_error = message

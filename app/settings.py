@@ -22,6 +22,11 @@ DEFAULTS = {
 }
 
 
+def load_options(settings: "AppSettings") -> dict:
+    """What the engine worker needs to open a model, from the settings."""
+    return {"context_tokens": settings.get("context_tokens"), "cpu_threads": settings.get("cpu_threads")}
+
+
 class AppSettings:
     def __init__(self, store: QSettings | None = None):
         self._store = store or QSettings("MoE Desk", "MoE Desk")

@@ -32,7 +32,7 @@ def apply_theme(app: QApplication, name: str) -> None:
     app.setPalette(palette)
     app.setStyleSheet(f"""
         #sidebar {{ background: {colours['sidebar']}; border: none; }}
-        #sidebar::item {{ min-height: 32px; padding: 0px 12px; border-radius: 6px; margin: 2px 6px; }}
+        #sidebar::item {{ padding-left: 12px; border-radius: 6px; margin: 2px 6px; }}
         #sidebar::item:selected {{ background: {colours['accent']}; color: #ffffff; }}
         QLabel[role="muted"] {{ color: {colours['muted']}; }}
         QLabel[role="error"] {{ color: #d14343; }}

@@ -22,11 +22,21 @@ class FakeWorker(QObject):
     replyFinished = Signal(dict)
     busyChanged = Signal(bool)
     log = Signal(str, str)
+    unloaded = Signal()
 
     def __init__(self):
         super().__init__()
         self.sent: list[tuple[list, str, dict]] = []  # (history, text, options) per send
+        self.load_calls: list[tuple[str, dict]] = []
         self.stop_calls = 0
+
+    @Slot(str, dict)
+    def load(self, path: str, options: dict) -> None:
+        self.load_calls.append((path, options))
+
+    @Slot()
+    def unload(self) -> None:
+        self.unloaded.emit()
 
     @Slot(list, str, dict)
     def send(self, history: list, text: str, options: dict) -> None:

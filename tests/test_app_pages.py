@@ -8,10 +8,11 @@ import json
 import re
 
 import pytest
-from PySide6.QtCore import QObject, QSettings, Qt, Signal, Slot
+from PySide6.QtCore import QSettings, Qt
 from PySide6.QtGui import QGuiApplication
 
 from app import system_info
+from app_fakes import FakeWorker
 from app.model_library import scan_library
 from app.pages.engine_page import NOT_MEASURED, EnginePage
 from app.pages.logs import LogsPage
@@ -24,27 +25,6 @@ from engine.runtime.planner import GIB, footprint_from_synthetic, plan_memory
 from engine.testing.tiny_checkpoints import write_tiny_checkpoint
 
 SYNTHETIC = "qwen3.6-35b-a3b-nvfp4"
-
-
-class FakeWorker(QObject):
-    loadStarted = Signal(str)
-    loaded = Signal(dict)
-    loadFailed = Signal(str)
-    replyStarted = Signal()
-    reasoningDelta = Signal(str)
-    answerDelta = Signal(str)
-    progress = Signal(dict)
-    replyFinished = Signal(dict)
-    busyChanged = Signal(bool)
-    log = Signal(str, str)
-
-    def __init__(self):
-        super().__init__()
-        self.load_calls = []
-
-    @Slot(str, dict)
-    def load(self, path, options):
-        self.load_calls.append((path, options))
 
 
 @pytest.fixture
@@ -309,8 +289,8 @@ def test_models_page_load_emits_load_requested(qtbot, worker, settings, tiny_mod
     assert page.load_button.isEnabled()
     with qtbot.waitSignal(page.loadRequested) as requested:
         qtbot.mouseClick(page.load_button, Qt.MouseButton.LeftButton)
-    assert requested.args == [str(tiny_model), {"context_tokens": 8192}]
-    assert worker.load_calls == [(str(tiny_model), {"context_tokens": 8192})]
+    assert requested.args == [str(tiny_model), {"context_tokens": 8192, "cpu_threads": 0}]
+    assert worker.load_calls == [(str(tiny_model), {"context_tokens": 8192, "cpu_threads": 0})]
     assert settings.get("last_model") == str(tiny_model)
 
     worker.loadStarted.emit(str(tiny_model))
@@ -323,6 +303,10 @@ def test_models_page_load_emits_load_requested(qtbot, worker, settings, tiny_mod
     assert not page.busy_bar.isVisibleTo(page) and page.load_button.isEnabled()
     assert _cell(page, row, "Status") == "loaded"
     assert "Loaded m" in page.status_label.text() and "4,096 tokens" in page.status_label.text()
+    assert page.unload_button.isEnabled()
+    qtbot.mouseClick(page.unload_button, Qt.MouseButton.LeftButton)
+    assert page.status_label.text() == "No model loaded." and not page.unload_button.isEnabled()
+    assert _cell(page, row, "Status") == "ready"
 
 
 def test_models_page_shows_why_a_folder_cannot_be_opened(qtbot, worker, settings, tmp_path):

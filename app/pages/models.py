@@ -17,6 +17,7 @@ from PySide6.QtWidgets import (QAbstractItemView, QFileDialog, QHBoxLayout, QHea
 
 from app.model_library import SIZE_PRESETS, default_hf_cache, scan_library
 from app.paths import DEMO_MODEL
+from app.settings import load_options
 from app.system_info import format_bytes
 
 COLUMNS = ("Name", "Architecture", "Format", "Size", "Fits", "Status")
@@ -125,7 +126,8 @@ def _same_path_key(path: str) -> str:
 
 
 class ModelsPage(QWidget):
-    loadRequested = Signal(str, dict)  # model folder, {"context_tokens": int}; connected to worker.load
+    loadRequested = Signal(str, dict)  # model folder, app.settings.load_options(); connected to worker.load
+    unloadRequested = Signal()  # connected to worker.unload
 
     def __init__(self, worker, settings, parent: QWidget | None = None):
         super().__init__(parent)
@@ -153,6 +155,9 @@ class ModelsPage(QWidget):
         self.load_button = QPushButton("Load")
         self.load_button.setDefault(True)
         self.load_button.clicked.connect(self._load_selected)
+        self.unload_button = QPushButton("Unload")
+        self.unload_button.setEnabled(False)
+        self.unload_button.clicked.connect(self.unloadRequested)
 
         self.error_banner = QLabel()
         self.error_banner.setObjectName("errorBanner")
@@ -177,6 +182,7 @@ class ModelsPage(QWidget):
         for button in (self.open_button, self.refresh_button):
             buttons.addWidget(button)
         buttons.addStretch(1)
+        buttons.addWidget(self.unload_button)
         buttons.addWidget(self.load_button)
         layout = QVBoxLayout(self)
         layout.addWidget(title)
@@ -189,6 +195,8 @@ class ModelsPage(QWidget):
 
         self._busy = False
         self.loadRequested.connect(worker.load)
+        self.unloadRequested.connect(worker.unload)
+        worker.unloaded.connect(self._on_unloaded)
         worker.loadStarted.connect(self._on_load_started)
         worker.loaded.connect(self._on_loaded)
         worker.loadFailed.connect(self._on_load_failed)
@@ -248,7 +256,7 @@ class ModelsPage(QWidget):
         # "" stands for the built-in demo, so a moved installation still finds it
         self.settings.set("last_model", "" if _same_path_key(path) == _same_path_key(str(DEMO_MODEL)) else path)
         self.error_banner.hide()
-        self.loadRequested.emit(path, {"context_tokens": self.settings.get("context_tokens")})
+        self.loadRequested.emit(path, load_options(self.settings))
 
     def show_error(self, message: str) -> None:
         self.error_banner.setText(message)
@@ -261,12 +269,18 @@ class ModelsPage(QWidget):
 
     def _on_loaded(self, info: dict) -> None:
         self.library.set_loaded(info["path"])
+        self.unload_button.setEnabled(True)
         self.busy_bar.hide()
         self.error_banner.hide()
         self.status_label.setText(
             f"<b>Loaded {html.escape(info['name'])}</b>: {info['model_type']}, {info['layers']} layers, "
             f"{info['experts']} experts ({info.get('experts_per_token', '?')} per token), "
             f"context {info['context_tokens']:,} tokens")
+
+    def _on_unloaded(self) -> None:
+        self.library.set_loaded("")
+        self.unload_button.setEnabled(False)
+        self.status_label.setText("No model loaded.")
 
     def _on_load_failed(self, message: str) -> None:
         self.library.set_loaded("")
