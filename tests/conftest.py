@@ -25,3 +25,13 @@ def tiny_checkpoint(tmp_path_factory):
         return made[key]
 
     return make
+
+
+@pytest.fixture
+def settings(tmp_path):
+    """App settings in a private INI file, never the user's own."""
+    from PySide6.QtCore import QSettings
+
+    from app.settings import AppSettings
+
+    return AppSettings(QSettings(str(tmp_path / "s.ini"), QSettings.Format.IniFormat))

@@ -7,13 +7,12 @@ import time
 
 import pytest
 from app_fakes import FakeWorker
-from PySide6.QtCore import QObject, QSettings, Qt, QTimer, Signal, Slot
+from PySide6.QtCore import QObject, Qt, QTimer, Signal, Slot
 from PySide6.QtGui import QGuiApplication
 from PySide6.QtWidgets import QLineEdit, QMessageBox
 
 from app.engine_worker import start_worker
 from app.pages.chat import ChatPage, SystemPromptDialog, engine_history, title_from
-from app.settings import AppSettings
 from app.storage import ConversationStore, chat_history
 from app.widgets.chat_input import ChatInput
 from app.widgets.conversation_list import ConversationList
@@ -26,11 +25,6 @@ REAL_REPLY_TIMEOUT_MS = 20_000
 @pytest.fixture
 def store(tmp_path):
     return ConversationStore(tmp_path / "c.sqlite3")
-
-
-@pytest.fixture
-def settings(tmp_path):
-    return AppSettings(QSettings(str(tmp_path / "s.ini"), QSettings.Format.IniFormat))
 
 
 @pytest.fixture

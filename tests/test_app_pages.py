@@ -8,7 +8,7 @@ import json
 import re
 
 import pytest
-from PySide6.QtCore import QSettings, Qt
+from PySide6.QtCore import Qt
 from PySide6.QtGui import QGuiApplication
 
 from app import system_info
@@ -18,18 +18,12 @@ from app.pages.engine_page import NOT_MEASURED, EnginePage
 from app.pages.logs import LogsPage
 from app.pages.models import COLUMNS, ModelsPage
 from app.pages.settings_page import SettingsPage
-from app.settings import AppSettings
 from app.widgets.gauges import Sparkline, SystemFooter
 from app.widgets.plan_bar import PlanBar
 from engine.runtime.planner import GIB, footprint_from_synthetic, plan_memory
 from engine.testing.tiny_checkpoints import write_tiny_checkpoint
 
 SYNTHETIC = "qwen3.6-35b-a3b-nvfp4"
-
-
-@pytest.fixture
-def settings(tmp_path):
-    return AppSettings(QSettings(str(tmp_path / "s.ini"), QSettings.Format.IniFormat))
 
 
 @pytest.fixture

@@ -4,17 +4,10 @@ import asyncio
 import sys
 
 import pytest
-from PySide6.QtCore import QSettings
 from PySide6.QtWidgets import QApplication, QLabel
 
 from app.main_window import MainWindow
-from app.settings import AppSettings
 from app.storage import ConversationStore
-
-
-@pytest.fixture
-def settings(tmp_path):
-    return AppSettings(QSettings(str(tmp_path / "settings.ini"), QSettings.Format.IniFormat))
 
 
 @pytest.fixture
