@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from types import ModuleType
 
+import torch
+
 from engine.kernels import reference
 
 _BY_DEVICE: dict[str, dict[str, object]] = {}
@@ -39,3 +41,16 @@ def gated_delta_rule(q, k, v, g, beta, state):
 
 def causal_attention(q, k, v, scale):
     return _kernel("causal_attention", q)(q, k, v, scale)
+
+
+def _register_cuda_kernels() -> None:
+    """Triton kernels for NVIDIA cards, where Triton is installed (Linux wheels; absent is fine)."""
+    try:
+        from engine.kernels import triton_nvfp4
+    except ImportError:
+        return
+    register("cuda", triton_nvfp4, ["linear"])
+
+
+if torch.cuda.is_available():
+    _register_cuda_kernels()
