@@ -40,9 +40,9 @@ def _e4m3(byte):
 
 
 @triton.jit
-def _nvfp4_linear_kernel(x_ptr, codes_ptr, scales_ptr, out_ptr, M, N, K, global_scale,
-                         stride_xm, stride_cn, stride_sn, stride_om,
-                         BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, DOT_DTYPE: tl.constexpr):
+def _nvfp4_linear_kernel(x_ptr, codes_ptr, scales_ptr, global_scale_ptr, out_ptr, M, N, K,
+                         stride_xm, stride_cn, stride_sn, stride_om, BM: tl.constexpr, BN: tl.constexpr,
+                         BK: tl.constexpr, DOT_DTYPE: tl.constexpr, DIVIDE_BY_GLOBAL: tl.constexpr):
     rows = tl.program_id(0) * BM + tl.arange(0, BM)
     cols = tl.program_id(1) * BN + tl.arange(0, BN)
     pairs = tl.arange(0, BK // 2)  # packed byte j of a block holds inputs 2j and 2j+1
@@ -63,8 +63,9 @@ def _nvfp4_linear_kernel(x_ptr, codes_ptr, scales_ptr, out_ptr, M, N, K, global_
         x_odd = tl.load(x_ptr + rows[:, None] * stride_xm + (even + 1)[None, :],
                         mask=row_ok[:, None] & in_ok[None, :], other=0.0).to(DOT_DTYPE)
         acc += tl.dot(x_even, tl.trans(w_even)) + tl.dot(x_odd, tl.trans(w_odd))
-    tl.store(out_ptr + rows[:, None] * stride_om + cols[None, :], acc * global_scale,
-             mask=row_ok[:, None] & col_ok[None, :])
+    global_scale = tl.load(global_scale_ptr).to(tl.float32)  # read on the device: no host sync per call
+    out = acc / global_scale if DIVIDE_BY_GLOBAL else acc * global_scale
+    tl.store(out_ptr + rows[:, None] * stride_om + cols[None, :], out, mask=row_ok[:, None] & col_ok[None, :])
 
 
 def _dot_dtype(x: torch.Tensor):
@@ -78,10 +79,9 @@ def _dot_dtype(x: torch.Tensor):
 
 def nvfp4_linear(x: torch.Tensor, weight: StoredWeight) -> torch.Tensor:
     """x [..., K] @ W^T for an NVFP4 (ModelOpt or compressed-tensors) weight [N, K]; float32 accumulation."""
-    if weight.format == NVFP4:
-        codes, global_scale = weight.tensors["weight"], float(weight.tensors["weight_scale_2"])
-    else:
-        codes, global_scale = weight.tensors["weight_packed"], 1.0 / float(weight.tensors["weight_global_scale"])
+    modelopt = weight.format == NVFP4  # ModelOpt's second-level scale multiplies, compressed-tensors' divides
+    codes = weight.tensors["weight" if modelopt else "weight_packed"]
+    global_scale = weight.tensors["weight_scale_2" if modelopt else "weight_global_scale"]
     scales = weight.tensors["weight_scale"].view(torch.uint8)
     n_out, k_in = weight.shape
     if k_in % NVFP4_GROUP:
@@ -89,9 +89,10 @@ def nvfp4_linear(x: torch.Tensor, weight: StoredWeight) -> torch.Tensor:
     flat = x.reshape(-1, k_in).contiguous()
     out = torch.empty(flat.shape[0], n_out, device=x.device, dtype=torch.float32)
     grid = (triton.cdiv(flat.shape[0], BLOCK_M), triton.cdiv(n_out, BLOCK_N))
-    _nvfp4_linear_kernel[grid](flat, codes.contiguous(), scales.contiguous(), out, flat.shape[0], n_out, k_in,
-                               global_scale, flat.stride(0), codes.stride(0), scales.stride(0), out.stride(0),
-                               BM=BLOCK_M, BN=BLOCK_N, BK=BLOCK_K, DOT_DTYPE=_dot_dtype(x))
+    _nvfp4_linear_kernel[grid](flat, codes.contiguous(), scales.contiguous(), global_scale, out, flat.shape[0],
+                               n_out, k_in, flat.stride(0), codes.stride(0), scales.stride(0), out.stride(0),
+                               BM=BLOCK_M, BN=BLOCK_N, BK=BLOCK_K, DOT_DTYPE=_dot_dtype(x),
+                               DIVIDE_BY_GLOBAL=not modelopt)
     return out.to(x.dtype).reshape(*x.shape[:-1], n_out)
 
 
