@@ -166,7 +166,8 @@ class EngineWorker(QObject):
                     self.progress.emit({"new_tokens": new_tokens,
                                         "decode_tokens_per_s": new_tokens / max(now - started, 1e-9),
                                         "context_used": self.session.context_used,
-                                        "context_tokens": self.session.context_tokens})
+                                        "context_tokens": self.session.context_tokens,
+                                        **self.session.model.expert_executor.stats()})
                     last_emit = now
         except Exception as exc:  # out of memory or a bug: the reply ends with a reason, the app lives on
             self._flush(pending)

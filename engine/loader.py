@@ -8,16 +8,24 @@ import torch
 
 from engine.checkpoint import Checkpoint
 from engine.config import read_config
-from engine.experts.executor import ReferenceExpertExecutor
+from engine.experts.cache import ExpertCache
+from engine.experts.executor import CachedExpertExecutor, ReferenceExpertExecutor
 from engine.layers.source import WeightSource
 from engine.models import BUILDERS
 from engine.models.base import CausalLM
 
 
-def load_model(path: str | Path, device: str | torch.device = "cpu", dtype: torch.dtype = torch.float32) -> CausalLM:
-    """Open a Hugging Face checkpoint folder. Raises CheckpointError with the path and a plain cause."""
+def load_model(path: str | Path, device: str | torch.device = "cpu", dtype: torch.dtype = torch.float32,
+               expert_cache_slots: int | None = None) -> CausalLM:
+    """Open a Hugging Face checkpoint folder. Raises CheckpointError with the path and a plain cause.
+
+    Routed experts stay in host RAM. With `expert_cache_slots`, that many experts at a time live in
+    cache slots on `device` (the plan's expert-cache layers x experts); without, each chosen expert
+    is computed from the host bank directly."""
     folder = Path(path).expanduser()
     config = read_config(folder)
     checkpoint = Checkpoint(folder, config.quantization_config)
     source = WeightSource(checkpoint, config, torch.device(device), dtype)
-    return BUILDERS[config.model_type](source, ReferenceExpertExecutor())
+    executor = (CachedExpertExecutor(ExpertCache(device, expert_cache_slots)) if expert_cache_slots
+                else ReferenceExpertExecutor())
+    return BUILDERS[config.model_type](source, executor)

@@ -29,7 +29,7 @@ print(rss_mib() - before)
 def test_nvfp4_experts_are_kept_packed(tiny_checkpoint):
     model = engine.load_model(tiny_checkpoint("qwen3_5_moe", "nvfp4"))
     bank = model.layers[0].mlp.experts
-    gate, up, down = bank._per_expert[0]
+    gate, up, down = bank.stored(0)
     assert {w.format for w in (gate, up, down)} == {NVFP4}
     assert gate.tensors["weight"].dtype.itemsize == 1 and gate.tensors["weight"].shape == (32, 32)
     # 4.5 bits a weight: packed codes plus one fp8 scale per 16 weights, plus the scalar scales

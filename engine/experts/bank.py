@@ -7,7 +7,9 @@ Checkpoints store them fused per layer (`experts.gate_up_proj` [E, 2I, H], `expe
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 
+from engine import kernels
 from engine.checkpoint.formats import StoredWeight
 from engine.layers.source import WeightSource
 
@@ -35,11 +37,20 @@ class ExpertBank:
         stored = self._fused if self._fused is not None else [w for ws in self._per_expert for w in ws]
         return sum(w.nbytes for w in stored)
 
-    def weights(self, expert: int, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """(gate [I, H], up [I, H], down [H, I]) of one expert, decoded to `dtype` on the host."""
+    def stored(self, expert: int) -> tuple[StoredWeight, ...]:
+        """One expert's weights in their stored format: (gate_up [2I, H], down [H, I]) from a fused
+        checkpoint, (gate [I, H], up [I, H], down [H, I]) from a per-expert one."""
         if self._fused is not None:
-            gate_up, down = self._fused
-            gate, up = gate_up.select(expert).dequantize(dtype).split(self.intermediate, dim=0)
-            return gate, up, down.select(expert).dequantize(dtype)
-        gate, up, down = self._per_expert[expert]
-        return gate.dequantize(dtype), up.dequantize(dtype), down.dequantize(dtype)
+            return tuple(w.select(expert) for w in self._fused)
+        return self._per_expert[expert]
+
+
+def run_expert(x: torch.Tensor, weights: tuple[StoredWeight, ...], intermediate: int) -> torch.Tensor:
+    """SwiGLU of one expert over the tokens x, whichever way its weights are stored."""
+    if len(weights) == 2:
+        gate_up, down = weights
+        gate, up = kernels.linear(x, gate_up).split(intermediate, dim=-1)
+    else:
+        gate_proj, up_proj, down = weights
+        gate, up = kernels.linear(x, gate_proj), kernels.linear(x, up_proj)
+    return kernels.linear(F.silu(gate) * up, down)

@@ -42,7 +42,8 @@ def _e4m3(byte):
 @triton.jit
 def _nvfp4_linear_kernel(x_ptr, codes_ptr, scales_ptr, global_scale_ptr, out_ptr, M, N, K,
                          stride_xm, stride_cn, stride_sn, stride_om, BM: tl.constexpr, BN: tl.constexpr,
-                         BK: tl.constexpr, DOT_DTYPE: tl.constexpr, DIVIDE_BY_GLOBAL: tl.constexpr):
+                         BK: tl.constexpr, DOT_DTYPE: tl.constexpr, PRECISION: tl.constexpr,
+                         DIVIDE_BY_GLOBAL: tl.constexpr):
     rows = tl.program_id(0) * BM + tl.arange(0, BM)
     cols = tl.program_id(1) * BN + tl.arange(0, BN)
     pairs = tl.arange(0, BK // 2)  # packed byte j of a block holds inputs 2j and 2j+1
@@ -62,7 +63,8 @@ def _nvfp4_linear_kernel(x_ptr, codes_ptr, scales_ptr, global_scale_ptr, out_ptr
                          mask=row_ok[:, None] & in_ok[None, :], other=0.0).to(DOT_DTYPE)
         x_odd = tl.load(x_ptr + rows[:, None] * stride_xm + (even + 1)[None, :],
                         mask=row_ok[:, None] & in_ok[None, :], other=0.0).to(DOT_DTYPE)
-        acc += tl.dot(x_even, tl.trans(w_even)) + tl.dot(x_odd, tl.trans(w_odd))
+        acc += tl.dot(x_even, tl.trans(w_even), input_precision=PRECISION) + \
+            tl.dot(x_odd, tl.trans(w_odd), input_precision=PRECISION)
     global_scale = tl.load(global_scale_ptr).to(tl.float32)  # read on the device: no host sync per call
     out = acc / global_scale if DIVIDE_BY_GLOBAL else acc * global_scale
     tl.store(out_ptr + rows[:, None] * stride_om + cols[None, :], out, mask=row_ok[:, None] & col_ok[None, :])
@@ -89,9 +91,11 @@ def nvfp4_linear(x: torch.Tensor, weight: StoredWeight) -> torch.Tensor:
     flat = x.reshape(-1, k_in).contiguous()
     out = torch.empty(flat.shape[0], n_out, device=x.device, dtype=torch.float32)
     grid = (triton.cdiv(flat.shape[0], BLOCK_M), triton.cdiv(n_out, BLOCK_N))
+    dot_dtype = _dot_dtype(x)
     _nvfp4_linear_kernel[grid](flat, codes.contiguous(), scales.contiguous(), global_scale, out, flat.shape[0],
                                n_out, k_in, flat.stride(0), codes.stride(0), scales.stride(0), out.stride(0),
-                               BM=BLOCK_M, BN=BLOCK_N, BK=BLOCK_K, DOT_DTYPE=_dot_dtype(x),
+                               BM=BLOCK_M, BN=BLOCK_N, BK=BLOCK_K, DOT_DTYPE=dot_dtype,
+                               PRECISION="ieee" if dot_dtype == tl.float32 else "tf32",  # float32 in, float32 math
                                DIVIDE_BY_GLOBAL=not modelopt)
     return out.to(x.dtype).reshape(*x.shape[:-1], n_out)
 

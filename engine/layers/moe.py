@@ -11,8 +11,10 @@ from engine.layers.source import WeightSource
 
 
 class SparseMoe:
-    def __init__(self, source: WeightSource, prefix: str, executor):
+    def __init__(self, source: WeightSource, layer: int, executor):
         c = source.config
+        prefix = f"layers.{layer}.mlp"
+        self.layer = layer
         self.top_k, self.normalise_top_k = c.num_experts_per_tok, c.norm_topk_prob
         self.router = Linear(source, f"{prefix}.gate", c.hidden_size, c.num_experts)
         self.experts = ExpertBank(source, f"{prefix}.experts", c.num_experts, c.hidden_size, c.moe_intermediate_size)
@@ -33,7 +35,7 @@ class SparseMoe:
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         ids, weights = self.route(x)
-        out = self.executor(self.experts, x, ids, weights)
+        out = self.executor(self.experts, self.layer, x, ids, weights)
         if self.shared_expert is not None:
             out = out + torch.sigmoid(self.shared_expert_gate(x)) * self.shared_expert(x)
         return out

@@ -20,5 +20,5 @@ def build(source: WeightSource, executor) -> CausalLM:
             mixer = Attention(source, f"layers.{i}.self_attn", rotary)
         else:
             mixer = GatedDeltaNet(source, f"layers.{i}.linear_attn")
-        layers.append(DecoderLayer(source, i, mixer, SparseMoe(source, f"layers.{i}.mlp", executor)))
+        layers.append(DecoderLayer(source, i, mixer, SparseMoe(source, i, executor)))
     return CausalLM(source, layers, executor)

@@ -17,7 +17,7 @@ def build(source: WeightSource, executor) -> CausalLM:
     layers = []
     for i in range(c.num_hidden_layers):
         if c.is_moe_layer(i):
-            mlp = SparseMoe(source, f"layers.{i}.mlp", executor)
+            mlp = SparseMoe(source, i, executor)
         else:
             mlp = SwiGLU(source, f"layers.{i}.mlp", c.hidden_size, c.intermediate_size)
         layers.append(DecoderLayer(source, i, Attention(source, f"layers.{i}.self_attn", rotary), mlp))
