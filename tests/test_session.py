@@ -4,6 +4,7 @@ import threading
 import time
 
 import pytest
+import torch
 
 import engine
 from engine.runtime.events import AnswerDelta, ReasoningDelta, TurnFinished
@@ -192,3 +193,37 @@ def test_saved_history_is_prefilled_with_the_next_message(tokenizer):
     assert tokenizer.decode(model.fed[0]) == expected
     assert final.stats.prefill_tokens == len(tokenizer.encode(expected))
     assert [m["content"] for m in session.messages] == ["Hi", "Hello!", "How are you?", "Fine."]
+
+
+class FailingModel(ScriptedModel):
+    """Runs out of memory on forward call number `fail_at` (counting from 1) once it is set."""
+
+    fail_at, calls = None, 0
+
+    def forward(self, token_ids, state, interrupt=None):
+        self.calls += 1
+        if self.calls == self.fail_at:
+            state.position += 1  # a failure part-way leaves the state advanced: the session must undo it
+            raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
+        return super().forward(token_ids, state, interrupt)
+
+
+@pytest.mark.parametrize("fail_at, phase", [(2, "reading the prompt"), (8, "writing the reply")])
+def test_out_of_memory_undoes_the_turn_and_the_session_goes_on(tokenizer, fail_at, phase):
+    script = tokenizer.encode("Fine, thanks.") + [min(tokenizer.eos_token_ids)]
+    model = FailingModel(320, script)
+    session = ChatSession(model, tokenizer, context_tokens=4096, sampling=GREEDY, enable_thinking=False,
+                          prefill_chunk_tokens=16)
+    list(session.send("Hi"))
+    # the next prompt takes two 16-token chunks (calls 1-2), then one call per reply token
+    next_prompt, _ = session._prompt_ids([{"role": "user", "content": "How are you?"}])
+    assert 16 < len(next_prompt) <= 32
+    model.fail_at, model.calls = fail_at, 0
+    used, messages = session.context_used, list(session.messages)
+    final = list(session.send("How are you?"))[-1]
+    assert final.stats.stop_reason == "error"
+    assert f"ran out of memory while {phase}" in final.stats.error and "larger VRAM preset" in final.stats.error
+    assert session.context_used == used and session.messages == messages
+    model.fail_at = None
+    again = list(session.send("How are you?"))[-1]
+    assert again.stats.stop_reason == "eos" and again.answer == "Fine, thanks."

@@ -18,6 +18,8 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass, replace
 
+import torch
+
 from engine.errors import ContextOverflowError
 from engine.models.base import CausalLM, Interrupted, StateSnapshot
 from engine.runtime.events import AnswerDelta, ReasoningDelta, TurnFinished, TurnStats
@@ -152,6 +154,14 @@ class ChatSession:
         yield from _Reply(self, sampler, ids, rendered).run()
 
 
+def _explain(exc: Exception, phase: str) -> str:
+    if isinstance(exc, torch.OutOfMemoryError):
+        return (f"the engine ran out of memory while {phase}; the conversation is as it was before this message. "
+                f"Try a shorter message, a larger VRAM preset, or closing other programs that use the GPU")
+    return (f"the engine failed while {phase} ({type(exc).__name__}: {exc}); the conversation is as it was "
+            f"before this message, so you can send again. The log has the details")
+
+
 class _Reply:
     """One reply: prefill the prompt in chunks, then decode, splitting reasoning from answer."""
 
@@ -171,42 +181,50 @@ class _Reply:
 
     def run(self) -> Iterator:
         s = self.session
-        start = time.perf_counter()
+        start = first_token_at = time.perf_counter()
+        generated: list[int] = []
+        phase = "reading the prompt"
         try:
             logits = self._prefill()
+            first_token_at = time.perf_counter()
+            self.prompt_tokens = s._state.position
+            phase = "writing the reply"
+            reason = yield from self._decode(logits, generated)
         except Interrupted:
             s._rewind(len(s._boundaries) - 1)
             yield self._finish("cancelled", start, start, 0, prefilled=0)
             return
-        first_token_at = time.perf_counter()
-        self.prompt_tokens = s._state.position
-        generated: list[int] = []
-        reason = "length"
-        budget = min(self.sampler.params.max_new_tokens, s.context_tokens - s._state.position)
-        while len(generated) < budget:
-            if s._cancel.is_set():
-                reason = "cancelled"
-                break
-            token = self.sampler(logits, s._fed, generated)
-            generated.append(token)
-            if token in s.tokenizer.eos_token_ids:
-                reason = "eos"
-                break
-            events, stopped = self._emit(token)
-            yield from events
-            if stopped:
-                reason = "stop"
-                break
-            if len(generated) == budget:
-                break
-            logits = s.model.forward([token], s._state)
-            s._fed.append(token)
+        except Exception as exc:  # out of memory, a kernel failure: the turn is undone, the session lives on
+            s._rewind(len(s._boundaries) - 1)
+            yield self._finish("error", start, first_token_at, len(generated), prefilled=0, error=_explain(exc, phase))
+            return
         yield from self._drain(reason)
         # the last sampled token is not in the state yet; eos is written by the next turn's template text
         s._pending = () if reason == "eos" or not generated else (generated[-1],)
         s.messages.append(self._assistant_message())
         s._synced = len(s.messages)
         yield self._finish(reason, start, first_token_at, len(generated), prefilled=len(self.prompt_ids))
+
+    def _decode(self, logits, generated: list[int]):
+        """Sample until a stop; yields text events, returns the stop reason."""
+        s = self.session
+        budget = min(self.sampler.params.max_new_tokens, s.context_tokens - s._state.position)
+        while len(generated) < budget:
+            if s._cancel.is_set():
+                return "cancelled"
+            token = self.sampler(logits, s._fed, generated)
+            generated.append(token)
+            if token in s.tokenizer.eos_token_ids:
+                return "eos"
+            events, stopped = self._emit(token)
+            yield from events
+            if stopped:
+                return "stop"
+            if len(generated) == budget:
+                break
+            logits = s.model.forward([token], s._state)
+            s._fed.append(token)
+        return "length"
 
     def _prefill(self):
         s = self.session
@@ -256,7 +274,7 @@ class _Reply:
         return message
 
     def _finish(self, reason: str, start: float, first_token_at: float, new_tokens: int,
-                prefilled: int) -> TurnFinished:
+                prefilled: int, error: str | None = None) -> TurnFinished:
         end = time.perf_counter()
         prefill_s = max(first_token_at - start, 1e-9)
         decode_s = end - first_token_at
@@ -264,5 +282,5 @@ class _Reply:
             prompt_tokens=self.prompt_tokens, prefill_tokens=prefilled, new_tokens=new_tokens,
             time_to_first_token_s=prefill_s, prefill_tokens_per_s=prefilled / prefill_s,
             decode_tokens_per_s=(new_tokens - 1) / decode_s if new_tokens > 1 and decode_s > 0 else 0.0,
-            stop_reason=reason, seed=self.sampler.seed)
+            stop_reason=reason, seed=self.sampler.seed, error=error)
         return TurnFinished("".join(self.answer).rstrip(), "".join(self.thoughts).strip(), stats)
