@@ -7,6 +7,12 @@ import pytest
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
 os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
+import torch  # noqa: E402  (importing torch does not import triton)
+
+if not torch.cuda.is_available():
+    # Triton kernels run in its CPU interpreter; the switch is read when a kernel (including Triton's own
+    # library) is decorated, so it must be set before any test imports triton, transformers included
+    os.environ.setdefault("TRITON_INTERPRET", "1")
 sys.path.insert(0, str(Path(__file__).parent))
 
 from engine.testing.tiny_checkpoints import write_tiny_checkpoint  # noqa: E402
