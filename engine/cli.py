@@ -52,6 +52,16 @@ def build_parser() -> argparse.ArgumentParser:
     plan.add_argument("--vram", type=float, help="VRAM budget in GiB (default: the preset's size, or the "
                                                   "GPU's free memory for auto)")
     plan.add_argument("--json", action="store_true")
+
+    bench = commands.add_parser("bench", help="speed of a full-size model with random weights (built in memory)")
+    bench.add_argument("--synthetic", required=True, help="a built-in model description, e.g. qwen3.6-35b-a3b-nvfp4")
+    bench.add_argument("--device", choices=["cpu", "cuda"], default="cuda")
+    bench.add_argument("--preset", choices=["4gb", "8gb", "12gb"],
+                       help="plan the expert cache and prefill chunk for this card size")
+    bench.add_argument("--vram", type=float, help="VRAM budget in GiB for the plan (default: the preset's size)")
+    bench.add_argument("--prompt-tokens", default="512", help="prompt lengths, comma-separated (e.g. 512,4096)")
+    bench.add_argument("--decode-tokens", type=int, default=128)
+    bench.add_argument("--json", action="store_true")
     return parser
 
 
@@ -213,10 +223,34 @@ def run_plan(args) -> int:
     return 0
 
 
+def run_bench(args) -> int:
+    import torch
+
+    from engine import bench
+    from engine.runtime.planner import PlanError
+    from engine.synthetic import SYNTHETIC_MODELS
+
+    if args.synthetic not in SYNTHETIC_MODELS:
+        raise CliError(f"no synthetic model {args.synthetic!r}; choose one of {', '.join(SYNTHETIC_MODELS)}")
+    if args.device == "cuda" and not torch.cuda.is_available():
+        raise CliError("--device cuda needs an NVIDIA GPU and a CUDA build of PyTorch; use --device cpu here")
+    if args.decode_tokens < 0:
+        raise CliError(f"--decode-tokens must be 0 or more, got {args.decode_tokens}")
+    try:
+        lengths = bench.parse_lengths(args.prompt_tokens)
+        plan = bench.plan_for(args.synthetic, args.preset, args.vram)
+    except (ValueError, PlanError) as exc:
+        raise CliError(str(exc)) from None
+    result = bench.run_bench(args.synthetic, args.device, lengths, args.decode_tokens, plan)
+    print(json.dumps(result, indent=2) if args.json else bench.format_result(result))
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     try:
         args = build_parser().parse_args(argv)
-        return {"chat": run_chat, "generate": run_generate, "plan": run_plan}[args.command](args)
+        commands = {"chat": run_chat, "generate": run_generate, "plan": run_plan, "bench": run_bench}
+        return commands[args.command](args)
     except CliError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return EXIT_USAGE

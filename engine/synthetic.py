@@ -134,3 +134,20 @@ SYNTHETIC_MODELS: Mapping[str, SyntheticModel] = MappingProxyType({
                        TINY, QWEN3_5_NVFP4_FORMATS),
     )
 })
+
+
+def text_config(config: ModelConfig) -> dict:
+    """The config.json text settings that give `config`: what engine.testing.tiny_checkpoints lays out."""
+    text = {key: getattr(config, key) for key in (
+        "vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads",
+        "head_dim", "num_experts", "num_experts_per_tok", "moe_intermediate_size", "intermediate_size",
+        "shared_expert_intermediate_size", "linear_num_key_heads", "linear_num_value_heads",
+        "linear_key_head_dim", "linear_value_head_dim", "linear_conv_kernel_dim")}
+    text["layer_types"] = list(config.layer_types)
+    text["mlp_only_layers"] = list(config.dense_mlp_layers)
+    return text
+
+
+def checkpoint_format(model: SyntheticModel) -> str:
+    """The tiny_checkpoints format name whose weight formats are `model.formats`."""
+    return "nvfp4" if model.formats["routed_experts"] == NVFP4 else "bf16"

@@ -37,14 +37,34 @@ def normalise_key(key: str) -> str | None:
     return key
 
 
+class TensorShard:
+    """Tensors already in memory, offered the way a safetensors file offers its own (for benchmarks that
+    build full-size random models without writing them)."""
+
+    def __init__(self, tensors: dict[str, torch.Tensor], path: Path):
+        self._tensors, self.path = tensors, path
+
+    def keys(self):
+        return self._tensors.keys()
+
+    def shape(self, key: str) -> tuple[int, ...]:
+        return tuple(self._tensors[key].shape)
+
+    def dtype(self, key: str) -> torch.dtype:
+        return self._tensors[key].dtype
+
+    def tensor(self, key: str) -> torch.Tensor:
+        return self._tensors[key]
+
+
 class Checkpoint:
-    def __init__(self, folder: Path, quantization_config: dict | None):
+    def __init__(self, folder: Path, quantization_config: dict | None, shards: list | None = None):
+        """The checkpoint in `folder`, or, with `shards`, the tensors those in-memory shards hold."""
         self.folder = folder
         self.quant: QuantSettings = read_quant_settings(folder, quantization_config)
         self._files: dict[str, SafetensorsFile] = {}
-        self._location: dict[str, tuple[SafetensorsFile, str]] = {}
-        for file_name in self._file_names():
-            shard = self._open(file_name)
+        self._location: dict[str, tuple[SafetensorsFile | TensorShard, str]] = {}
+        for shard in shards if shards is not None else map(self._open, self._file_names()):
             for key in shard.keys():
                 name = normalise_key(key)
                 if name is not None:

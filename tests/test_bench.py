@@ -1,0 +1,60 @@
+"""`python -m engine bench` on the CPU with the tiny synthetic model: the CI run of the benchmark."""
+
+import json
+
+import pytest
+import torch
+
+from engine.bench import build_random_model
+from engine.cli import main
+from engine.synthetic import SYNTHETIC_MODELS
+
+
+def bench(argv, capsys):
+    code = main(["bench", "--synthetic", "tiny", "--device", "cpu", *argv])
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def test_json_report(capsys):
+    code, out, err = bench(["--prompt-tokens", "40,130", "--decode-tokens", "3", "--json"], capsys)
+    assert code == 0, err
+    result = json.loads(out)
+    assert result["model"] == "tiny" and "pessimistic" in result["notes"][0]
+    assert [r["prompt_tokens"] for r in result["runs"]] == [40, 130]
+    for row in result["runs"]:
+        assert row["prefill_tokens_per_s"] > 0 and row["decode_tokens_per_s"] > 0 and row["time_to_first_token_s"] > 0
+    assert result["peak_process_rss_bytes"] > 0
+
+
+def test_a_preset_plans_the_expert_cache_and_chunk(capsys):
+    code, out, err = bench(["--preset", "4gb", "--prompt-tokens", "130", "--decode-tokens", "3", "--json"], capsys)
+    assert code == 0, err
+    result = json.loads(out)
+    (row,) = result["runs"]
+    assert result["plan"]["expert_cache_layers"] == 1 and row["prefill_chunk_tokens"] == result["plan"]["prefill_chunk_tokens"]
+    # one layer of slots: every layer's experts stream in during prefill and evict the previous layer's
+    assert row["prefill_expert_cache_hit_rate"] == 0.0 and row["prefill_expert_bytes_copied"] > 0
+    assert 0.0 <= row["decode_expert_cache_hit_rate"] <= 1.0
+
+
+def test_table_output(capsys):
+    code, out, _ = bench(["--prompt-tokens", "20", "--decode-tokens", "2"], capsys)
+    assert code == 0 and "prefill tok/s" in out and "pessimistic" in out
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--prompt-tokens", "0"], "positive whole numbers"),
+    (["--decode-tokens", "-1"], "--decode-tokens must be 0 or more"),
+])
+def test_bad_arguments(argv, message, capsys):
+    code, _, err = bench(argv, capsys)
+    assert code == 2 and message in err and len(err.strip().splitlines()) == 1
+
+
+def test_random_model_has_the_real_shapes_and_formats():
+    synthetic = SYNTHETIC_MODELS["tiny"]
+    model = build_random_model("tiny", "cpu", torch.float32, expert_cache_slots=None)
+    assert model.layers[0].mlp.experts.stored(0)[0].format == "nvfp4"
+    assert model.layers[3].mixer.q_proj.weight.format == "fp8_tensor"
+    assert model.score(torch.arange(2, 30)).shape == (28, synthetic.config.vocab_size)
