@@ -19,7 +19,7 @@ from engine.experts.executor import CachedExpertExecutor, ReferenceExpertExecuto
 from engine.layers.source import WeightSource
 from engine.models import BUILDERS
 from engine.models.base import CausalLM
-from engine.runtime.planner import MemoryPlan, footprint_from_synthetic, plan_memory
+from engine.runtime.planner import MemoryPlan, footprint_from_synthetic, plan_memory, preset_budget_bytes
 from engine.synthetic import SYNTHETIC_MODELS, checkpoint_format, text_config
 from engine.testing.tiny_checkpoints import checkpoint_tensors
 
@@ -153,7 +153,7 @@ def run_bench(name: str, device: str, prompt_lengths: list[int], decode_tokens: 
 def plan_for(name: str, preset: str | None, vram_gib: float | None) -> MemoryPlan | None:
     if preset is None:
         return None
-    budget = int(vram_gib * 2**30) if vram_gib else {"4gb": 4, "8gb": 8, "12gb": 12}[preset] * 2**30
+    budget = int(vram_gib * 2**30) if vram_gib else preset_budget_bytes(preset)
     return plan_memory(footprint_from_synthetic(name), budget, preset)
 
 
