@@ -84,7 +84,7 @@ class CausalLM:
     def forward(self, token_ids, state: ModelState, interrupt: Callable[[], bool] | None = None) -> torch.Tensor:
         """Append `token_ids` to `state`; float32 logits [vocab] of the last token. `interrupt` is asked
         between layers; when it answers True the pass raises Interrupted (restore a snapshot after it)."""
-        return self._run(token_ids, state, all_logits=False, interrupt=interrupt)[-1]
+        return self._run(self._ids(token_ids), state, all_logits=False, interrupt=interrupt)[-1]
 
     @torch.inference_mode()
     def score(self, token_ids) -> torch.Tensor:
@@ -98,8 +98,7 @@ class CausalLM:
             raise ValueError(f"token ids must lie in 0..{self.config.vocab_size - 1}")
         return ids
 
-    def _run(self, token_ids, state: ModelState, all_logits: bool, interrupt=None) -> torch.Tensor:
-        ids = self._ids(token_ids)
+    def _run(self, ids: torch.Tensor, state: ModelState, all_logits: bool, interrupt=None) -> torch.Tensor:
         if ids.numel() == 0:
             raise ValueError("no tokens to run")
         end = state.position + ids.numel()
