@@ -14,12 +14,12 @@ from pathlib import Path
 import torch
 
 from engine.checkpoint import Checkpoint, TensorShard
-from engine.experts.cache import ExpertCache
-from engine.experts.executor import CachedExpertExecutor, ReferenceExpertExecutor
 from engine.layers.source import WeightSource
+from engine.loader import expert_executor
 from engine.models import BUILDERS
 from engine.models.base import CausalLM
 from engine.runtime.planner import MemoryPlan, footprint_from_synthetic, plan_memory, preset_budget_bytes
+from engine.runtime.vram import cap_process_memory, measured_peak
 from engine.synthetic import SYNTHETIC_MODELS, checkpoint_format, text_config
 from engine.testing.tiny_checkpoints import checkpoint_tensors
 
@@ -29,7 +29,8 @@ DEFAULT_PREFILL_CHUNK = 512  # without a plan (CPU runs)
 BANDWIDTH_PROBE_BYTES = 256 * 2**20
 
 
-def build_random_model(name: str, device: str, dtype: torch.dtype, expert_cache_slots: int | None) -> CausalLM:
+def build_random_model(name: str, device: str, dtype: torch.dtype, expert_cache_slots: int | None,
+                       pin_budget_bytes: int | None = None) -> CausalLM:
     """The synthetic model `name` with random weights of its real shapes and formats, in memory."""
     synthetic = SYNTHETIC_MODELS[name]
     config = synthetic.config
@@ -38,9 +39,7 @@ def build_random_model(name: str, device: str, dtype: torch.dtype, expert_cache_
     where = Path(f"<random {name}>")
     checkpoint = Checkpoint(where, quant, shards=[TensorShard(tensors, where)])
     source = WeightSource(checkpoint, config, torch.device(device), dtype)
-    executor = (CachedExpertExecutor(ExpertCache(device, expert_cache_slots)) if expert_cache_slots
-                else ReferenceExpertExecutor())
-    return BUILDERS[config.model_type](source, executor)
+    return BUILDERS[config.model_type](source, expert_executor(device, expert_cache_slots, pin_budget_bytes))
 
 
 def _sync(device: str) -> None:
@@ -60,10 +59,7 @@ def host_to_device_bandwidth(pinned: bool) -> float:
     return BANDWIDTH_PROBE_BYTES / (time.perf_counter() - started)
 
 
-def _peak_memory(device: str) -> dict:
-    if device == "cuda":
-        return {"peak_allocated_bytes": torch.cuda.max_memory_allocated(),
-                "peak_reserved_bytes": torch.cuda.max_memory_reserved()}
+def _host_peak_memory() -> dict:
     try:
         import resource
     except ImportError:  # Windows: no getrusage
@@ -72,11 +68,13 @@ def _peak_memory(device: str) -> dict:
     return {"peak_process_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * scale}
 
 
-def measure(model: CausalLM, device: str, prompt_tokens: int, decode_tokens: int, chunk: int, seed: int) -> dict:
-    """Prefill a random prompt in chunks, then greedy-decode; speeds, time to first token and cache traffic."""
+def measure(model: CausalLM, device: str, prompt_tokens: int, decode_tokens: int, chunk: int, seed: int,
+            kv_tokens: int | None = None) -> dict:
+    """Prefill a random prompt in chunks, then greedy-decode; speeds, time to first token and cache traffic.
+    `kv_tokens`: the plan's KV cache, allocated whole as the app would (default: just enough)."""
     generator = torch.Generator().manual_seed(seed)
     prompt = torch.randint(0, model.config.vocab_size, (prompt_tokens,), generator=generator)
-    state = model.new_state(prompt_tokens + decode_tokens)
+    state = model.new_state(kv_tokens or prompt_tokens + decode_tokens)
     before = model.expert_executor.stats()
     _sync(device)
     started = time.perf_counter()
@@ -104,11 +102,11 @@ def measure(model: CausalLM, device: str, prompt_tokens: int, decode_tokens: int
     return row
 
 
-def _bounds(row: dict, bandwidth: float, layer_bytes: int, moe_layers: int) -> dict:
-    """Ratios of measured speed to the PCIe-streaming bounds: a prefill chunk streams every MoE layer's
-    experts once; a decode token streams what it missed."""
-    chunk_seconds = moe_layers * layer_bytes / bandwidth
-    prefill_bound = row["prefill_chunk_tokens"] / chunk_seconds
+def _bounds(row: dict, bandwidth: float, expert_bytes: int) -> dict:
+    """Ratios of measured speed to the PCIe-streaming bounds at the measured pinned bandwidth: each prefill
+    chunk streams every MoE layer's experts once; a decode token streams what it missed."""
+    chunks = -(-row["prompt_tokens"] // row["prefill_chunk_tokens"])
+    prefill_bound = row["prompt_tokens"] / (chunks * expert_bytes / bandwidth)
     bounds = {"prefill_pcie_bound_tokens_per_s": prefill_bound,
               "prefill_vs_bound": row["prefill_tokens_per_s"] / prefill_bound}
     copied = row.get("decode_expert_bytes_copied", 0)
@@ -121,40 +119,61 @@ def _bounds(row: dict, bandwidth: float, layer_bytes: int, moe_layers: int) -> d
 
 def run_bench(name: str, device: str, prompt_lengths: list[int], decode_tokens: int, plan: MemoryPlan | None,
               seed: int = 0) -> dict:
+    """On CUDA with a plan, the process is held to the plan's budget (engine/runtime/vram.py) for the whole
+    run, and each prompt length reports its measured peak against it."""
     synthetic = SYNTHETIC_MODELS[name]
-    config = synthetic.config
     slots = plan.expert_slots if plan is not None else None
     chunk = plan.prefill_chunk_tokens if plan is not None else DEFAULT_PREFILL_CHUNK
     dtype = torch.bfloat16 if device == "cuda" else torch.float32
-    if device == "cuda":
-        torch.cuda.reset_peak_memory_stats()
-    started = time.perf_counter()
-    model = build_random_model(name, device, dtype, slots)
     result = {"model": name, "description": synthetic.description, "device": device,
               "device_name": torch.cuda.get_device_name() if device == "cuda" else "cpu",
-              "dtype": str(dtype).removeprefix("torch."), "build_seconds": time.perf_counter() - started,
+              "dtype": str(dtype).removeprefix("torch."),
               "plan": plan.to_dict() if plan is not None else None, "notes": [ROUTING_NOTE], "runs": []}
     bandwidth = None
     if device == "cuda":
         bandwidth = host_to_device_bandwidth(pinned=True)
         result["host_to_device_bytes_per_s"] = {"pinned": bandwidth,
                                                 "pageable": host_to_device_bandwidth(pinned=False)}
-    footprint = footprint_from_synthetic(name)
-    moe_layers = sum(config.is_moe_layer(i) for i in range(config.num_hidden_layers))
+        torch.cuda.empty_cache()
+        if plan is not None:
+            result["vram_cap"] = cap_process_memory(plan.budget_bytes).to_dict()
+    started = time.perf_counter()
+    model = build_random_model(name, device, dtype, slots)
+    result["build_seconds"] = time.perf_counter() - started
+    result["expert_placement"] = {k: v for k, v in model.expert_executor.stats().items()
+                                  if k in ("pinned_expert_bytes", "pageable_expert_bytes", "pin_budget_bytes")}
+    expert_bytes = sum(packed.nbytes for packed in getattr(model.expert_executor, "packed", {}).values())
     for length in prompt_lengths:
-        row = measure(model, device, length, decode_tokens, chunk, seed)
-        if bandwidth is not None and plan is not None:
-            row.update(_bounds(row, bandwidth, footprint.expert_layer_bytes, moe_layers))
+        if plan is not None and length > plan.max_prompt_tokens:
+            result["runs"].append({"prompt_tokens": length, "skipped": f"longer than the plan's guaranteed prompt "
+                                                                      f"of {plan.max_prompt_tokens:,} tokens"})
+            continue
+        if device == "cuda":
+            torch.cuda.reset_peak_memory_stats()
+        try:
+            row = measure(model, device, length, decode_tokens, chunk, seed,
+                          plan.kv_tokens if plan is not None else None)
+        except torch.OutOfMemoryError as exc:
+            row = {"prompt_tokens": length, "error": f"out of memory: {str(exc).splitlines()[0]}"}
+        if device == "cuda":
+            row.update(measured_peak())
+            if plan is not None:
+                row["peak_within_budget"] = row["peak_process_bytes"] <= plan.budget_bytes
+            if bandwidth is not None and plan is not None and "error" not in row:
+                row.update(_bounds(row, bandwidth, expert_bytes))
+            torch.cuda.empty_cache()
         result["runs"].append(row)
-    result.update(_peak_memory(device))
+    if device != "cuda":
+        result.update(_host_peak_memory())
     return result
 
 
-def plan_for(name: str, preset: str | None, vram_gib: float | None) -> MemoryPlan | None:
+def plan_for(name: str, preset: str | None, vram_gib: float | None, reserve_bytes: int | None = None) -> MemoryPlan | None:
     if preset is None:
         return None
     budget = int(vram_gib * 2**30) if vram_gib else preset_budget_bytes(preset)
-    return plan_memory(footprint_from_synthetic(name), budget, preset)
+    extra = {} if reserve_bytes is None else {"reserve_bytes": reserve_bytes}
+    return plan_memory(footprint_from_synthetic(name), budget, preset, **extra)
 
 
 def format_result(result: dict) -> str:
@@ -166,13 +185,18 @@ def format_result(result: dict) -> str:
     lines.append(f"{'prompt':>8} {'chunk':>6} {'TTFT s':>8} {'prefill tok/s':>14} {'decode tok/s':>13} "
                  f"{'hit rate p/d':>13}")
     for row in result["runs"]:
+        if "skipped" in row or "error" in row:
+            lines.append(f"{row['prompt_tokens']:>8} {row.get('skipped') or row['error']}")
+            continue
         hits = "/".join(f"{row[k]:.2f}" for k in ("prefill_expert_cache_hit_rate", "decode_expert_cache_hit_rate")
                         if k in row) or "-"
         lines.append(f"{row['prompt_tokens']:>8} {row['prefill_chunk_tokens']:>6} {row['time_to_first_token_s']:>8.2f} "
                      f"{row['prefill_tokens_per_s']:>14.1f} {row['decode_tokens_per_s']:>13.1f} {hits:>13}")
-    peak = result.get("peak_allocated_bytes") or result.get("peak_process_rss_bytes")
-    if peak:
-        lines.append(f"peak memory: {peak / 2**30:.2f} GiB")
+    peaks = [row["peak_process_bytes"] for row in result["runs"] if "peak_process_bytes" in row]
+    if peaks:
+        lines.append(f"peak GPU memory of the process: {max(peaks) / 2**30:.2f} GiB")
+    elif result.get("peak_process_rss_bytes"):
+        lines.append(f"peak host memory: {result['peak_process_rss_bytes'] / 2**30:.2f} GiB")
     return "\n".join(lines)
 
 

@@ -58,7 +58,8 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--device", choices=["cpu", "cuda"], default="cuda")
     bench.add_argument("--preset", choices=["4gb", "8gb", "12gb"],
                        help="plan the expert cache and prefill chunk for this card size")
-    bench.add_argument("--vram", type=float, help="VRAM budget in GiB for the plan (default: the preset's size)")
+    bench.add_argument("--vram-limit", type=float, help="VRAM budget in GiB (default: the preset's size); on a "
+                                                        "bigger GPU the process is held to it")
     bench.add_argument("--prompt-tokens", default="512", help="prompt lengths, comma-separated (e.g. 512,4096)")
     bench.add_argument("--decode-tokens", type=int, default=128)
     bench.add_argument("--json", action="store_true")
@@ -238,7 +239,15 @@ def run_bench(args) -> int:
         raise CliError(f"--decode-tokens must be 0 or more, got {args.decode_tokens}")
     try:
         lengths = bench.parse_lengths(args.prompt_tokens)
-        plan = bench.plan_for(args.synthetic, args.preset, args.vram)
+        if args.vram_limit is not None and args.vram_limit <= 0:
+            raise ValueError(f"--vram-limit must be a positive number of GiB, got {args.vram_limit}")
+        if args.vram_limit is not None and args.preset is None:
+            raise ValueError("--vram-limit needs --preset (the rules the plan follows within that budget)")
+        reserve = None
+        if args.device == "cuda":
+            from engine.runtime.vram import gpu_runtime_reserve_bytes
+            reserve = gpu_runtime_reserve_bytes()
+        plan = bench.plan_for(args.synthetic, args.preset, args.vram_limit, reserve)
     except (ValueError, PlanError) as exc:
         raise CliError(str(exc)) from None
     result = bench.run_bench(args.synthetic, args.device, lengths, args.decode_tokens, plan)

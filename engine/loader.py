@@ -8,24 +8,30 @@ import torch
 
 from engine.checkpoint import Checkpoint
 from engine.config import read_config
-from engine.experts.cache import ExpertCache
 from engine.experts.executor import CachedExpertExecutor, ReferenceExpertExecutor
+from engine.experts.packed import default_pin_budget_bytes
 from engine.layers.source import WeightSource
 from engine.models import BUILDERS
 from engine.models.base import CausalLM
 
 
 def load_model(path: str | Path, device: str | torch.device = "cpu", dtype: torch.dtype = torch.float32,
-               expert_cache_slots: int | None = None) -> CausalLM:
+               expert_cache_slots: int | None = None, pin_budget_bytes: int | None = None) -> CausalLM:
     """Open a Hugging Face checkpoint folder. Raises CheckpointError with the path and a plain cause.
 
     Routed experts stay in host RAM. With `expert_cache_slots`, that many experts at a time live in
     cache slots on `device` (the plan's expert-cache layers x experts); without, each chosen expert
-    is computed from the host bank directly."""
+    is computed from the host bank directly. `pin_budget_bytes` caps the page-locked host memory of the
+    expert records (default: half of physical RAM); the split is in `model.expert_executor.stats()`."""
     folder = Path(path).expanduser()
     config = read_config(folder)
     checkpoint = Checkpoint(folder, config.quantization_config)
     source = WeightSource(checkpoint, config, torch.device(device), dtype)
-    executor = (CachedExpertExecutor(ExpertCache(device, expert_cache_slots)) if expert_cache_slots
-                else ReferenceExpertExecutor())
-    return BUILDERS[config.model_type](source, executor)
+    return BUILDERS[config.model_type](source, expert_executor(device, expert_cache_slots, pin_budget_bytes))
+
+
+def expert_executor(device, expert_cache_slots: int | None, pin_budget_bytes: int | None = None):
+    if not expert_cache_slots:
+        return ReferenceExpertExecutor()
+    budget = default_pin_budget_bytes() if pin_budget_bytes is None else pin_budget_bytes
+    return CachedExpertExecutor(device, expert_cache_slots, budget)

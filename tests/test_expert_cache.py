@@ -1,4 +1,5 @@
-"""The expert cache: LRU slots filled from the host bank; the cached path computes what the reference does."""
+"""The expert cache and the cached executor: LRU slots and whole-layer blocks filled from packed host
+records; the cached path computes what the reference does."""
 
 import pytest
 import torch
@@ -6,65 +7,152 @@ import torch
 import engine
 from engine.checkpoint.formats import DENSE, StoredWeight
 from engine.experts.cache import ExpertCache
+from engine.experts.packed import RecordLayout, pack_banks
 
 
 class Bank:
-    """A bank of experts made of one dense tensor each, recording which experts were read."""
+    """A bank of dense experts whose every weight holds its expert's number."""
 
-    def __init__(self, experts=4, shape=(2, 3)):
-        self.weights = [StoredWeight(DENSE, {"weight": torch.full(shape, float(e))}, shape, f"e{e}")
+    def __init__(self, experts=4, hidden=3, intermediate=2):
+        self.num_experts, self.intermediate = experts, intermediate
+
+        def full(e, rows, cols):
+            return StoredWeight(DENSE, {"weight": torch.full((rows, cols), float(e))}, (rows, cols), f"e{e}")
+
+        self.weights = [(full(e, intermediate, hidden), full(e, intermediate, hidden), full(e, hidden, intermediate))
                         for e in range(experts)]
-        self.reads = []
 
     def stored(self, expert):
-        self.reads.append(expert)
-        return (self.weights[expert],)
+        return self.weights[expert]
+
+
+def packed_layers(layers=2, experts=4):
+    packed, report = pack_banks({layer: Bank(experts) for layer in range(layers)}, None, pin=False)
+    return packed, report
+
+
+def cache_for(packed, slots):
+    first = packed[0]
+    return ExpertCache("cpu", slots, first.layout, first.records.shape[0])
+
+
+def expert_in_slot(cache, slot):
+    return float(cache.weights["down"].tensors["weight"][slot, 0, 0])
+
+
+def test_records_round_trip_every_tensor():
+    packed, report = packed_layers()
+    views = packed[1].layout.view(packed[1].records)
+    assert views["gate_up"].shape == (4, 4, 3) and views["down"].shape == (4, 3, 2)
+    for e in range(4):
+        gate_up = views["gate_up"].select(e).dequantize()
+        assert torch.equal(gate_up, torch.full((4, 3), float(e)))
+    assert report == {"pinned_expert_bytes": 0, "pageable_expert_bytes": 2 * packed[0].nbytes,
+                      "pin_budget_bytes": None}
+    assert packed[0].layout.record_bytes % 64 == 0
 
 
 def test_least_recently_used_expert_is_evicted():
-    cache, bank = ExpertCache("cpu", slots=2), Bank()
+    packed, _ = packed_layers()
+    cache = cache_for(packed, slots=2)
     for expert in (0, 1, 0, 2):  # 0 was used after 1, so 1 goes when 2 arrives
-        cache.get(0, expert, bank)
+        (slot,) = cache.fetch(0, [expert], packed[0])
+        assert expert_in_slot(cache, slot) == expert
     assert cache.holds(0, 0) and cache.holds(0, 2) and not cache.holds(0, 1)
-    assert bank.reads == [0, 1, 2] and (cache.hits, cache.misses) == (1, 3)
-    (weight,) = cache.get(0, 2, bank)
-    assert torch.equal(weight.tensors["weight"], torch.full((2, 3), 2.0))
-    assert cache.bytes_copied == 3 * 2 * 3 * 4 and cache.nbytes == 2 * 2 * 3 * 4  # memory stays at two slots
-    assert cache.stats()["expert_cache_hit_rate"] == pytest.approx(2 / 5)
+    assert (cache.hits, cache.misses) == (1, 3)
+    assert cache.bytes_copied == 3 * packed[0].layout.record_bytes
+    assert cache.nbytes == 2 * packed[0].layout.record_bytes  # memory stays at two slots
+    assert cache.stats()["expert_cache_hit_rate"] == pytest.approx(1 / 4)
+
+
+def test_hits_in_a_fetch_are_not_evicted_by_its_misses():
+    packed, _ = packed_layers()
+    cache = cache_for(packed, slots=2)
+    cache.fetch(0, [0], packed[0])
+    cache.fetch(0, [1], packed[0])
+    slots = cache.fetch(0, [2, 0], packed[0])  # 0 is the oldest, but it is asked for too
+    assert [expert_in_slot(cache, s) for s in slots] == [2, 0]
 
 
 def test_layers_are_separate_keys():
-    cache, bank = ExpertCache("cpu", slots=4), Bank()
-    cache.get(0, 1, bank)
-    cache.get(1, 1, bank)
+    packed, _ = packed_layers()
+    cache = cache_for(packed, slots=4)
+    cache.fetch(0, [1], packed[0])
+    cache.fetch(1, [1], packed[1])
     assert cache.misses == 2 and cache.holds(0, 1) and cache.holds(1, 1)
 
 
+def test_a_whole_layer_streams_into_the_least_recently_used_block():
+    packed, _ = packed_layers(layers=3)
+    cache = cache_for(packed, slots=8)  # two blocks of four
+    assert cache.blocks == 2
+    base0 = cache.stream_layer(0, packed[0])
+    base1 = cache.stream_layer(1, packed[1])
+    assert {base0, base1} == {0, 4} and cache.misses == 8
+    assert cache.stream_layer(0, packed[0]) == base0 and cache.hits == 4  # held whole: no copy
+    assert cache.stream_layer(2, packed[2]) == base1  # layer 1 was used longest ago
+    assert not cache.holds(1, 0) and all(cache.holds(2, e) for e in range(4))
+    assert cache.bytes_copied == 3 * 4 * packed[0].layout.record_bytes
+
+
+def test_streaming_a_layer_drops_its_single_expert_copies():
+    packed, _ = packed_layers(layers=2)
+    cache = cache_for(packed, slots=9)  # two blocks and one slot beyond them
+    (single,) = cache.fetch(1, [3], packed[1])
+    base = cache.stream_layer(1, packed[1])
+    assert cache.fetch(1, [3], packed[1]) == [base + 3]
+    assert expert_in_slot(cache, base + 3) == 3
+    assert cache.stream_layer(0, packed[0]) != base  # the freed slot did not break block bookkeeping
+
+
+def test_a_prefetch_is_not_counted_until_used():
+    packed, _ = packed_layers()
+    cache = cache_for(packed, slots=8)
+    cache.stream_layer(1, packed[1], count_as_lookups=False)
+    assert (cache.hits, cache.misses) == (0, 0) and cache.bytes_copied == packed[1].nbytes
+    cache.stream_layer(1, packed[1])
+    assert (cache.hits, cache.misses) == (0, 4) and cache.bytes_copied == packed[1].nbytes  # copied for this use
+    cache.stream_layer(1, packed[1])
+    assert (cache.hits, cache.misses) == (4, 4)
+
+
 def test_an_expert_of_another_shape_is_refused():
-    cache = ExpertCache("cpu", slots=1)
-    cache.get(0, 0, Bank(shape=(2, 3)))
+    one = Bank(hidden=3).stored(0)
+    layout = RecordLayout.of({"gate_up": one[0], "down": one[2]})
+    other = Bank(hidden=4).stored(0)
     with pytest.raises(ValueError, match="must share one shape and format"):
-        cache.get(0, 1, Bank(shape=(3, 3)))
+        layout.write(torch.empty(layout.record_bytes, dtype=torch.uint8), {"gate_up": other[0], "down": other[2]})
 
 
 def test_no_slots_is_refused():
+    packed, _ = packed_layers()
     with pytest.raises(ValueError, match="at least one slot"):
-        ExpertCache("cpu", slots=0)
+        cache_for(packed, slots=0)
 
 
 @pytest.mark.parametrize("layout", [("qwen3_5_moe", "nvfp4", False), ("qwen3_5_moe", "bf16", True),
-                                    ("qwen3_moe", "fp8_block", False)], ids=lambda l: "-".join(map(str, l)))
+                                    ("qwen3_moe", "fp8_block", False), ("qwen3_5_moe", "nvfp4_ct", False)],
+                         ids=lambda l: "-".join(map(str, l)))
 @pytest.mark.parametrize("layers_of_slots", [0.5, 1, 2])
 def test_cached_path_equals_the_reference(tiny_checkpoint, layout, layers_of_slots):
+    """Prefill chunks (whole layers streamed when a block exists, rounds of fetches when not) and decode
+    steps (single-expert fetches) give the reference's logits."""
     folder = tiny_checkpoint(*layout)
     ids = torch.randint(2, 320, (90,), generator=torch.Generator().manual_seed(3))
-    reference = engine.load_model(folder).score(ids)
+    reference_model = engine.load_model(folder)
     slots = int(8 * layers_of_slots)  # the tiny models have 8 experts a layer
     model = engine.load_model(folder, expert_cache_slots=slots)
-    assert torch.allclose(model.score(ids), reference, rtol=0, atol=1e-5 * float(reference.abs().max()))
+    assert torch.allclose(model.score(ids), reference_model.score(ids), rtol=0,
+                          atol=1e-5 * float(reference_model.score(ids).abs().max()))
+    states = reference_model.new_state(100), model.new_state(100)
+    for chunk in (ids[:40], ids[40:41], ids[41:42], ids[42:45]):
+        expected, got = (m.forward(chunk, s) for m, s in zip((reference_model, model), states))
+        assert torch.allclose(got, expected, rtol=0, atol=1e-5 * float(expected.abs().max()))
     stats = model.expert_executor.stats()
-    assert stats["expert_cache_misses"] + stats["expert_cache_hits"] == stats["expert_calls"]
-    assert stats["expert_cache_misses"] >= min(slots, stats["expert_calls"])
+    record = model.expert_executor.cache.layout.record_bytes
+    assert stats["expert_cache_misses"] >= 8  # every layer's experts came in at least once
+    assert stats["expert_bytes_copied"] >= stats["expert_cache_misses"] * record  # prefetches copy uncounted
+    assert stats["expert_cache_slots"] == slots and stats["expert_cache_bytes"] == slots * record
 
 
 def test_a_cache_big_enough_for_every_expert_copies_each_once(tiny_checkpoint):
@@ -76,6 +164,6 @@ def test_a_cache_big_enough_for_every_expert_copies_each_once(tiny_checkpoint):
     model.score(ids)
     second = model.expert_executor.stats()
     assert second["expert_cache_misses"] == first["expert_cache_misses"]  # the second pass only hits
-    assert second["expert_cache_hits"] - first["expert_cache_hits"] == first["expert_calls"]
-    expert_bytes = sum(w.nbytes for w in model.layers[0].mlp.experts.stored(0))
-    assert first["expert_bytes_copied"] == first["expert_cache_misses"] * expert_bytes
+    assert second["expert_bytes_copied"] == first["expert_bytes_copied"]
+    record = model.expert_executor.cache.layout.record_bytes
+    assert first["expert_bytes_copied"] == 4 * 8 * record  # each layer streamed once, as one block

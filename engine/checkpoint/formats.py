@@ -13,7 +13,9 @@ import torch
 DENSE = "dense"
 FP8_TENSOR = "fp8_tensor"  # float8_e4m3fn weight, scalar (or per-output-channel) weight_scale that multiplies
 FP8_BLOCK = "fp8_block"  # float8_e4m3fn weight, float32 weight_scale_inv per block (Qwen's -FP8 repos)
-NVFP4 = "nvfp4"  # ModelOpt: uint8 packed E2M1, fp8 scale per 16 inputs, scalar weight_scale_2 that multiplies
+# ModelOpt: uint8 packed E2M1, fp8 scale per 16 inputs, weight_scale_2 that multiplies: a scalar in checkpoints,
+# one per output row once fuse_rows has joined weights of different global scales (gate and up).
+NVFP4 = "nvfp4"
 NVFP4_CT = "nvfp4_ct"  # compressed-tensors: same packing, weight_global_scale that divides
 
 NVFP4_GROUP = 16
@@ -129,7 +131,10 @@ def _nvfp4_values(packed: torch.Tensor, block_scale: torch.Tensor) -> torch.Tens
 
 
 def _nvfp4(w: StoredWeight) -> torch.Tensor:
-    return _nvfp4_values(w.tensors["weight"], w.tensors["weight_scale"]) * w.tensors["weight_scale_2"].float()
+    scale_2 = w.tensors["weight_scale_2"].float()
+    if scale_2.numel() > 1:  # one per output row
+        scale_2 = scale_2.reshape(*w.shape[:-1], 1)
+    return _nvfp4_values(w.tensors["weight"], w.tensors["weight_scale"]) * scale_2
 
 
 def _nvfp4_ct(w: StoredWeight) -> torch.Tensor:
@@ -137,3 +142,38 @@ def _nvfp4_ct(w: StoredWeight) -> torch.Tensor:
 
 
 DECODERS = {DENSE: _dense, FP8_TENSOR: _fp8_tensor, FP8_BLOCK: _fp8_block, NVFP4: _nvfp4, NVFP4_CT: _nvfp4_ct}
+
+
+def fuse_rows(weights: list[StoredWeight], name: str) -> StoredWeight:
+    """One weight whose output rows are those of `weights` in order (gate and up into gate_up), in a form the
+    grouped expert kernels take: NVFP4 with one multiplying global scale per row (compressed-tensors' dividing
+    scale becomes its reciprocal), FP8 per-tensor with one scale per row, dense and FP8 block as they are."""
+    formats = {w.format for w in weights}
+    if len(formats) != 1 or len({w.shape[-1] for w in weights}) != 1:
+        raise ValueError(f"{name}: cannot join {', '.join(f'{w.name} ({w.format} {list(w.shape)})' for w in weights)}")
+    fmt = formats.pop()
+    out_features = sum(w.shape[-2] for w in weights)
+    shape = (*weights[0].shape[:-2], out_features, weights[0].shape[-1])
+
+    def per_row(w: StoredWeight, scale: torch.Tensor) -> torch.Tensor:
+        return scale.float().reshape(-1).expand(w.shape[-2]) if scale.numel() == 1 else scale.float().reshape(-1)
+
+    if fmt in (NVFP4, NVFP4_CT):
+        codes = "weight" if fmt == NVFP4 else "weight_packed"
+        rows = [per_row(w, w.tensors["weight_scale_2"] if fmt == NVFP4 else 1.0 / w.tensors["weight_global_scale"].float())
+                for w in weights]
+        tensors = {"weight": torch.cat([w.tensors[codes] for w in weights], dim=-2),
+                   "weight_scale": torch.cat([w.tensors["weight_scale"] for w in weights], dim=-2),
+                   "weight_scale_2": torch.cat(rows)}
+        return StoredWeight(NVFP4, tensors, shape, name)
+    if fmt == FP8_TENSOR:
+        tensors = {"weight": torch.cat([w.tensors["weight"] for w in weights], dim=-2),
+                   "weight_scale": torch.cat([per_row(w, w.tensors["weight_scale"]) for w in weights])}
+        return StoredWeight(FP8_TENSOR, tensors, shape, name)
+    if fmt == FP8_BLOCK:
+        rows = weights[0].block_size[0]
+        if any(w.shape[-2] % rows for w in weights[:-1]):
+            raise ValueError(f"{name}: FP8 blocks of {rows} rows do not tile the joined weights")
+    roles = weights[0].tensors
+    tensors = {role: torch.cat([w.tensors[role] for w in weights], dim=-2) for role in roles}
+    return StoredWeight(fmt, tensors, shape, name, weights[0].block_size)

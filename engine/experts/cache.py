@@ -1,10 +1,17 @@
-"""The expert cache: a fixed number of slots on the compute device, each holding one routed expert in
-its stored format, filled from the host bank on a miss and recycled least-recently-used first.
+"""The expert cache: a pool of slots on the compute device, each holding one routed expert's record
+(engine/experts/packed.py), filled from the host records.
 
-Slots are allocated once, on the first miss, with the shapes of that expert's tensors (every
-routed expert of a model has the same shapes), so the cache's memory is what the plan says
-whatever the traffic. With slots = one layer of experts, a prefill chunk that touches most of a
-layer's experts streams that layer in and the next layer's misses evict it: layer streaming.
+Two ways in:
+- `fetch(layer, experts)`: the given experts, copying only the misses into least-recently-used slots
+  (decode, small chunks);
+- `stream_layer(layer)`: a whole layer of experts in one copy into a block of slots, the unit of
+  layer-streamed prefill. The pool is cut into `slots // experts` such blocks: with two or more,
+  layer i+1 streams into one while layer i computes from another (prefill overlap).
+
+On CUDA every copy runs on a copy stream. Events order it against compute: a copy into a block waits
+for the last compute that read the block (`release`), compute waits for the copies it reads (`ready`).
+The pool is allocated once, at its full size, so the cache's memory is what the plan says whatever
+the traffic. Hits, misses and bytes copied are counted for the app's gauges.
 """
 
 from __future__ import annotations
@@ -13,58 +20,158 @@ from collections import OrderedDict
 
 import torch
 
-from engine.checkpoint.formats import StoredWeight
+from engine.experts.packed import PackedExperts, RecordLayout
 
 
 class ExpertCache:
-    def __init__(self, device: torch.device | str, slots: int):
+    def __init__(self, device: torch.device | str, slots: int, layout: RecordLayout, experts_per_layer: int):
         if slots < 1:
             raise ValueError(f"the expert cache needs at least one slot, got {slots}")
         self.device = torch.device(device)
-        self.slots = slots
+        self.slots, self.experts_per_layer, self.layout = slots, experts_per_layer, layout
+        self.pool = torch.empty((slots, layout.record_bytes), dtype=torch.uint8, device=self.device)
+        self.weights = layout.view(self.pool)  # stacked [slots, out, in] views: what the kernels read
+        self.blocks = slots // experts_per_layer  # whole layers the pool can hold
         self._slot_of: OrderedDict[tuple[int, int], int] = OrderedDict()  # (layer, expert) -> slot, oldest first
-        self._buffers: list[tuple[StoredWeight, ...]] = []  # per slot, preallocated on the device
+        self._key_in: dict[int, tuple[int, int]] = {}  # slot -> (layer, expert)
+        self._free = list(range(slots - 1, -1, -1))
+        self._block_of_layer: dict[int, int] = {}  # layers held whole in a block
+        self._prefetched: set[int] = set()  # layers streamed ahead of use: their first use counts as misses
+        self._block_use: OrderedDict[int, None] = OrderedDict((b, None) for b in range(self.blocks))  # LRU order
+        cuda = self.device.type == "cuda"
+        self._copy_stream = torch.cuda.Stream(self.device) if cuda else None
+        self._released = {} if cuda else None  # block (or -1: slots outside blocks) -> event after its last read
+        self._ready = None  # event after the latest copy
         self.hits = self.misses = self.bytes_copied = 0
 
-    def get(self, layer: int, expert: int, bank) -> tuple[StoredWeight, ...]:
-        """The expert's weights in a slot on the device, copying them from `bank` on a miss."""
-        key = (layer, expert)
-        slot = self._slot_of.get(key)
-        if slot is not None:
-            self._slot_of.move_to_end(key)
-            self.hits += 1
-            return self._buffers[slot]
-        self.misses += 1
-        source = bank.stored(expert)
-        if len(self._buffers) < self.slots:
-            slot = len(self._buffers)
-            self._buffers.append(tuple(_empty_like(w, self.device) for w in source))
-        else:
-            _, slot = self._slot_of.popitem(last=False)
-        for target, weight in zip(self._buffers[slot], source):
-            if target.shape != weight.shape or target.format != weight.format:
-                raise ValueError(f"{weight.name} does not fit the cache slots made for {target.name}: "
-                                 f"every routed expert of a model must share one shape and format")
-            for role, tensor in weight.tensors.items():
-                target.tensors[role].copy_(tensor, non_blocking=tensor.is_pinned())
-                self.bytes_copied += tensor.numel() * tensor.element_size()
-        self._slot_of[key] = slot
-        return self._buffers[slot]
+    @property
+    def nbytes(self) -> int:
+        return self.pool.numel()
 
     def holds(self, layer: int, expert: int) -> bool:
         return (layer, expert) in self._slot_of
 
-    @property
-    def nbytes(self) -> int:
-        return sum(w.nbytes for slot in self._buffers for w in slot)
+    def fetch(self, layer: int, experts: list[int], packed: PackedExperts) -> list[int]:
+        """Slots holding `experts` of `layer` (at most `slots` of them), copying the misses in."""
+        if len(experts) > self.slots:
+            raise ValueError(f"{len(experts)} experts asked of a cache of {self.slots} slots")
+        found = {}
+        for expert in experts:  # hits first, so the misses below cannot evict them
+            slot = self._slot_of.get((layer, expert))
+            if slot is not None:
+                self._slot_of.move_to_end((layer, expert))
+                self._touch_block(slot)
+                found[expert] = slot
+        self.hits += len(found)
+        for expert in experts:
+            if expert not in found:
+                slot = self._take_slot()
+                self._copy(packed.records[expert:expert + 1], slot, slot + 1, packed.pinned)
+                self._assign(slot, (layer, expert))
+                found[expert] = slot
+                self.misses += 1
+        return [found[e] for e in experts]
+
+    def stream_layer(self, layer: int, packed: PackedExperts, count_as_lookups: bool = True) -> int:
+        """Put every expert of `layer` in one block (one copy unless it is already there); its first slot.
+        `count_as_lookups=False` for a prefetch: its lookups count as misses when the layer is used."""
+        if not self.blocks:
+            raise ValueError("the expert cache is smaller than one layer of experts: it cannot stream layers")
+        experts = self.experts_per_layer
+        block = self._block_of_layer.get(layer)
+        copied_for_this_use = block is None or layer in self._prefetched
+        if block is None:
+            block = next(iter(self._block_use))  # least recently used
+            first = block * experts
+            for slot in range(first, first + experts):
+                self._evict(slot)
+            for e in range(experts):  # copies of this layer's experts elsewhere are now redundant
+                elsewhere = self._slot_of.pop((layer, e), None)
+                if elsewhere is not None:
+                    del self._key_in[elsewhere]
+                    self._free.append(elsewhere)
+            self._free = [s for s in self._free if not first <= s < first + experts]
+            self._copy(packed.records, first, first + experts, packed.pinned)
+            for e in range(experts):
+                self._assign(first + e, (layer, e))
+            self._block_of_layer[layer] = block
+            if not count_as_lookups:
+                self._prefetched.add(layer)
+        if count_as_lookups:
+            self._prefetched.discard(layer)
+            if copied_for_this_use:
+                self.misses += experts
+            else:
+                self.hits += experts
+        self._block_use.move_to_end(block)
+        return block * experts
+
+    def release(self, slots: list[int]) -> None:
+        """Compute queued so far has read `slots`: copies into their blocks must wait for it."""
+        if self._released is None:
+            return
+        for block in {self._block(s) for s in slots}:
+            event = torch.cuda.Event()
+            event.record()
+            self._released[block] = event
+
+    def wait_ready(self) -> None:
+        """Make the current (compute) stream wait for every copy issued so far."""
+        if self._ready is not None:
+            torch.cuda.current_stream(self.device).wait_event(self._ready)
 
     def stats(self) -> dict:
         lookups = self.hits + self.misses
         return {"expert_cache_slots": self.slots, "expert_cache_hits": self.hits,
                 "expert_cache_misses": self.misses, "expert_bytes_copied": self.bytes_copied,
+                "expert_cache_bytes": self.nbytes,
                 "expert_cache_hit_rate": self.hits / lookups if lookups else 0.0}
 
+    # ---- bookkeeping ----------------------------------------------------------------------
 
-def _empty_like(weight: StoredWeight, device: torch.device) -> StoredWeight:
-    tensors = {role: torch.empty(t.shape, dtype=t.dtype, device=device) for role, t in weight.tensors.items()}
-    return StoredWeight(weight.format, tensors, weight.shape, weight.name, weight.block_size)
+    def _block(self, slot: int) -> int:
+        block = slot // self.experts_per_layer
+        return block if block < self.blocks else -1
+
+    def _touch_block(self, slot: int) -> None:
+        block = self._block(slot)
+        if block >= 0:
+            self._block_use.move_to_end(block)
+
+    def _take_slot(self) -> int:
+        if self._free:
+            return self._free.pop()
+        (_, slot) = next(iter(self._slot_of.items()))
+        self._evict(slot)
+        self._free.remove(slot)
+        return slot
+
+    def _evict(self, slot: int) -> None:
+        key = self._key_in.pop(slot, None)
+        if key is not None:
+            del self._slot_of[key]
+            self._free.append(slot)
+        block = self._block(slot)
+        for layer, held in list(self._block_of_layer.items()):
+            if held == block:  # the block no longer holds that layer whole
+                del self._block_of_layer[layer]
+                self._prefetched.discard(layer)
+
+    def _assign(self, slot: int, key: tuple[int, int]) -> None:
+        self._slot_of[key] = slot
+        self._key_in[slot] = key
+        self._touch_block(slot)
+
+    def _copy(self, records: torch.Tensor, first: int, end: int, pinned: bool) -> None:
+        self.bytes_copied += records.numel()
+        if self._copy_stream is None:
+            self.pool[first:end].copy_(records)
+            return
+        with torch.cuda.stream(self._copy_stream):
+            for block in {self._block(first), self._block(end - 1)}:
+                released = self._released.get(block)
+                if released is not None:
+                    self._copy_stream.wait_event(released)
+            self.pool[first:end].copy_(records, non_blocking=pinned)
+            self._ready = torch.cuda.Event()
+            self._ready.record(self._copy_stream)

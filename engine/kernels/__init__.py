@@ -43,6 +43,12 @@ def causal_attention(q, k, v, scale):
     return _kernel("causal_attention", q)(q, k, v, scale)
 
 
+def grouped_linear(x, weight, groups):
+    """Rows of x [M, K] sorted into `groups` (engine/kernels/groups.py), each times its own expert of the
+    stacked weight [S, N, K]: out[rows of g] = x[rows of g] @ weight[slot of g]^T; [M, N] in x's dtype."""
+    return _kernel("grouped_linear", x)(x, weight, groups)
+
+
 def _register_cuda_kernels() -> None:
     """Triton kernels for NVIDIA cards, where Triton is installed (Linux wheels; absent is fine)."""
     try:

@@ -9,12 +9,20 @@ import torch
 import torch.nn.functional as F
 
 from engine.checkpoint.formats import StoredWeight
+from engine.kernels.groups import ExpertGroups
 
 GDN_CHUNK = 64  # tokens per chunk of the chunked gated delta rule
 
 
 def linear(x: torch.Tensor, weight: StoredWeight) -> torch.Tensor:
     return F.linear(x, weight.dequantize(x.dtype))
+
+
+def grouped_linear(x: torch.Tensor, weight: StoredWeight, groups: ExpertGroups) -> torch.Tensor:
+    out = x.new_empty(x.shape[0], weight.shape[-2])
+    for slot, begin, end in groups:
+        out[begin:end] = linear(x[begin:end], weight.select(slot))
+    return out
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, offset: float) -> torch.Tensor:

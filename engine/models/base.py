@@ -70,7 +70,9 @@ class CausalLM:
         self.config: ModelConfig = c
         self.device, self.dtype = source.device, source.dtype
         self.expert_executor = executor
-        self.embed_tokens = source.checkpoint.tensor("embed_tokens.weight", (c.vocab_size, c.hidden_size)).to(self.device)
+        executor.prepare({layer.index: layer.mlp.experts for layer in layers if hasattr(layer.mlp, "experts")})
+        # The table stays in host RAM (1 GB in bf16 for a 248K vocabulary): a chunk copies up only its rows.
+        self.embed_tokens = source.checkpoint.tensor("embed_tokens.weight", (c.vocab_size, c.hidden_size))
         self.layers = layers
         self.norm = RMSNorm(source, "norm.weight", c.hidden_size, c.zero_centered_norms)
         tied = c.tie_word_embeddings and not source.checkpoint.has("lm_head")
@@ -105,7 +107,7 @@ class CausalLM:
         if state.max_tokens is not None and end > state.max_tokens:
             raise ContextOverflowError(end, state.max_tokens)  # checked first: the state stays untouched
         positions = torch.arange(state.position, end, device=self.device)
-        x = self.embed_tokens[ids.to(self.device)].to(self.dtype)
+        x = self.embed_tokens[ids].to(self.device, self.dtype)
         for layer, layer_state in zip(self.layers, state.layers):
             if interrupt is not None and interrupt():
                 raise Interrupted()

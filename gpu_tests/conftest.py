@@ -1,0 +1,27 @@
+"""GPU checks of the engine, run on a CUDA machine with `python -m pytest gpu_tests` (CI has no GPU and
+does not collect this folder; docs/BENCHMARKS.md records each run)."""
+
+import os
+
+import pytest
+import torch
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+from engine.testing.tiny_checkpoints import write_tiny_checkpoint  # noqa: E402
+
+if not torch.cuda.is_available():
+    pytest.exit("gpu_tests need an NVIDIA GPU with a CUDA build of PyTorch", returncode=4)
+
+
+@pytest.fixture(scope="session")
+def tiny_checkpoint(tmp_path_factory):
+    made = {}
+
+    def make(arch: str, fmt: str, fused: bool = False) -> object:
+        if (arch, fmt, fused) not in made:
+            folder = tmp_path_factory.mktemp(f"{arch}-{fmt}-{fused}")
+            made[arch, fmt, fused] = write_tiny_checkpoint(folder, arch, fmt, fused)
+        return made[arch, fmt, fused]
+
+    return make

@@ -1,0 +1,101 @@
+"""The GPU runtime against the CPU reference, and out-of-memory recovery under a forced cap."""
+
+import pytest
+import torch
+
+import engine
+from engine.resources import DEMO_MODEL
+from engine.runtime.events import TurnFinished
+from engine.runtime.sampling import SamplingParams
+from engine.runtime.session import ChatSession
+from engine.runtime.tokenizer import ChatTokenizer
+
+LAYOUTS = [("qwen3_5_moe", "nvfp4", False), ("qwen3_5_moe", "nvfp4_ct", False), ("qwen3_5_moe", "bf16", True),
+           ("qwen3_5_moe", "fp8_block", False), ("qwen3_moe", "fp8_block", False), ("qwen3_moe", "bf16", False)]
+BF16_TOLERANCE = 3e-2  # max |logit difference| / max |logit| after every layer ran in bfloat16
+FP32_TOLERANCE = 1e-4  # float32 on the GPU: TF32 is off, only summation order differs
+GREEDY = SamplingParams(temperature=0.0, max_new_tokens=200)
+
+
+def relative_error(got, expected):
+    return float((got.float().cpu() - expected).abs().max() / expected.abs().max())
+
+
+@pytest.mark.parametrize("layout", LAYOUTS, ids=lambda l: "-".join(map(str, l)))
+@pytest.mark.parametrize("layers_of_slots", [0.5, 1, 2])
+def test_gpu_logits_match_the_cpu_reference(tiny_checkpoint, layout, layers_of_slots):
+    folder = tiny_checkpoint(*layout)
+    ids = torch.randint(2, 320, (150,), generator=torch.Generator().manual_seed(5))
+    reference = engine.load_model(folder).score(ids)
+    slots = int(8 * layers_of_slots)
+    for dtype, tolerance in ((torch.bfloat16, BF16_TOLERANCE), (torch.float32, FP32_TOLERANCE)):
+        model = engine.load_model(folder, device="cuda", dtype=dtype, expert_cache_slots=slots)
+        assert relative_error(model.score(ids), reference) <= tolerance, dtype
+        # chunked prefill then single-token decode steps, the way a session runs
+        state, cpu_model = model.new_state(200), engine.load_model(folder)
+        cpu_state = cpu_model.new_state(200)
+        for chunk in (ids[:64], ids[64:130], ids[130:131], ids[131:132]):
+            got, expected = model.forward(chunk, state), cpu_model.forward(chunk, cpu_state)
+            assert relative_error(got, expected) <= tolerance, (dtype, len(chunk))
+
+
+@pytest.mark.parametrize("layout", LAYOUTS, ids=lambda l: "-".join(map(str, l)))
+def test_gpu_greedy_tokens_equal_the_cpu_reference_in_float32(tiny_checkpoint, layout):
+    folder = tiny_checkpoint(*layout)
+    tokens = {}
+    for device in ("cpu", "cuda"):
+        model = engine.load_model(folder, device=device, expert_cache_slots=8 if device == "cuda" else None)
+        state, token, out = model.new_state(64), 5, []
+        for _ in range(32):
+            token = int(model.forward([token], state).argmax())
+            out.append(token)
+        tokens[device] = out
+    assert tokens["cuda"] == tokens["cpu"]
+
+
+def demo_session(device, dtype, chunk=256):
+    model = engine.load_model(DEMO_MODEL, device=device, dtype=dtype,
+                              expert_cache_slots=8 if device == "cuda" else None)
+    return ChatSession(model, ChatTokenizer.from_folder(DEMO_MODEL), context_tokens=8192, sampling=GREEDY,
+                       prefill_chunk_tokens=chunk)
+
+
+def reply(session, text):
+    *_, finished = session.send(text)
+    assert isinstance(finished, TurnFinished)
+    return finished
+
+
+@pytest.mark.parametrize("prompt", ["What is 123 + 456?", "What is 901 - 77?", "Hello!"])
+def test_demo_model_greedy_text_is_the_same_in_bfloat16_on_the_gpu(prompt):
+    cpu = reply(demo_session("cpu", torch.float32), prompt)
+    gpu = reply(demo_session("cuda", torch.bfloat16), prompt)
+    assert (gpu.reasoning, gpu.answer) == (cpu.reasoning, cpu.answer)
+
+
+def test_out_of_memory_fails_the_request_readably_and_the_next_one_runs():
+    session = demo_session("cuda", torch.bfloat16, chunk=4096)
+    long_prompt = "What is 1 + 1? " * 400  # about 4,000 tokens in one prefill chunk
+    base = torch.cuda.memory_reserved()
+    torch.cuda.reset_peak_memory_stats()
+    assert reply(session, "What is 2 + 3?").stats.stop_reason == "eos"
+    short_peak = torch.cuda.max_memory_reserved() - base
+    session.reset()
+    torch.cuda.reset_peak_memory_stats()
+    assert reply(session, long_prompt).stats.stop_reason in ("eos", "length")
+    long_peak = torch.cuda.max_memory_reserved() - base
+    session.reset()
+    cap = base + max(2 * short_peak, 8 * 2**20)
+    assert long_peak > cap - base, "the long prompt must need more than the cap allows"
+    total = torch.cuda.get_device_properties(0).total_memory
+    torch.cuda.empty_cache()
+    torch.cuda.set_per_process_memory_fraction(cap / total)
+    try:
+        failed = reply(session, long_prompt)
+        assert failed.stats.stop_reason == "error"
+        assert "ran out of memory" in failed.stats.error and "shorter message" in failed.stats.error
+        assert session.messages == []  # the failed turn was undone
+        answered = reply(session, "What is 2 + 3?")  # same engine, same cap, no restart
+        assert answered.stats.stop_reason == "eos" and "5" in answered.answer
+    finally:
+        torch.cuda.set_per_process_memory_fraction(1.0)
