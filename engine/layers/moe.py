@@ -35,7 +35,8 @@ class SparseMoe:
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         ids, weights = self.route(x)
-        out = self.executor(self.experts, self.layer, x, ids, weights)
-        if self.shared_expert is not None:
-            out = out + torch.sigmoid(self.shared_expert_gate(x)) * self.shared_expert(x)
-        return out
+        routed = self.executor.start(self.experts, self.layer, x, ids, weights)  # expert copies now in flight
+        if self.shared_expert is None:
+            return routed.wait()
+        shared = torch.sigmoid(self.shared_expert_gate(x)) * self.shared_expert(x)  # runs beside the copies
+        return routed.wait() + shared
