@@ -55,7 +55,7 @@ class EngineWorker(QObject):
     @Slot(str, dict)
     def load(self, path: str, options: dict) -> None:
         from engine.errors import CheckpointError
-        from engine.loader import load_model
+        from engine.runtime.placement import load_placed
         from engine.runtime.session import ChatSession
         from engine.runtime.tokenizer import ChatTokenizer
 
@@ -67,16 +67,24 @@ class EngineWorker(QObject):
             threads = int(options.get("cpu_threads") or 0)
             if threads > 0:  # 0 keeps torch's default: the physical cores
                 torch.set_num_threads(threads)
-            model = load_model(Path(path))
+            placement = self._placement(Path(path), options)
+            self.log.emit("info", placement.note)
+            pin_gib = float(options.get("pin_budget_gib") or 0)
+            model = load_placed(Path(path), placement, int(pin_gib * 2**30) if pin_gib > 0 else None)
             tokenizer = ChatTokenizer.from_folder(Path(path))
             config = model.config
             context = min(int(options.get("context_tokens") or DEFAULT_CONTEXT_TOKENS), config.max_position_embeddings)
-            self.session = ChatSession(model, tokenizer, context_tokens=context)
+            session_options = {}
+            if placement.plan is not None:  # the plan fixes the KV cache and the prefill chunk on the GPU
+                context = min(context, placement.plan.kv_tokens)
+                session_options["prefill_chunk_tokens"] = placement.plan.prefill_chunk_tokens
+            self.session = ChatSession(model, tokenizer, context_tokens=context, **session_options)
             self.model_info = {
                 "name": Path(path).name, "path": str(path), "model_type": config.model_type,
                 "layers": config.num_hidden_layers, "experts": config.num_experts,
                 "experts_per_token": config.num_experts_per_tok, "vocab_size": config.vocab_size,
                 "context_tokens": context, "max_context_tokens": config.max_position_embeddings,
+                "placement": placement.to_dict(), **_expert_placement(model),
             }
             self.log.emit("info", f"loaded {path} in {time.perf_counter() - started:.1f} s")
             self.loaded.emit(dict(self.model_info))
@@ -90,6 +98,19 @@ class EngineWorker(QObject):
             self.loadFailed.emit(f"Loading failed unexpectedly: {exc!r}. The log page has the details.")
         finally:
             self.busyChanged.emit(False)
+
+    def _placement(self, folder: Path, options: dict):
+        """The GPU under the preset's plan when one fits, else the CPU, with the reason in the log."""
+        from engine.runtime.placement import Placement, plan_placement
+        from engine.runtime.planner import PlanError
+
+        vram_gib = float(options.get("vram_gib") or 0)
+        try:
+            return plan_placement(folder, options.get("preset") or "auto",
+                                  int(vram_gib * 2**30) if vram_gib > 0 else None, options.get("custom_plan"))
+        except PlanError as exc:
+            self.log.emit("warning", f"no VRAM plan fits, so the model runs on the CPU: {exc}")
+            return Placement("cpu", torch.float32, None, f"CPU mode: no VRAM plan fits this model ({exc}).")
 
     @Slot()
     def unload(self) -> None:
@@ -167,7 +188,7 @@ class EngineWorker(QObject):
                                         "decode_tokens_per_s": new_tokens / max(now - started, 1e-9),
                                         "context_used": self.session.context_used,
                                         "context_tokens": self.session.context_tokens,
-                                        **self.session.model.expert_executor.stats()})
+                                        **self._runtime_measures()})
                     last_emit = now
         except Exception as exc:  # out of memory or a bug: the reply ends with a reason, the app lives on
             self._flush(pending)
@@ -178,6 +199,13 @@ class EngineWorker(QObject):
         finally:
             self.busyChanged.emit(False)
 
+    def _runtime_measures(self) -> dict:
+        measures = self.session.model.expert_executor.stats()
+        if self.session.model.device.type == "cuda":
+            from engine.runtime.vram import process_usage_bytes
+            measures["vram_used_bytes"] = process_usage_bytes()
+        return measures
+
     def _flush(self, pending: dict) -> None:
         from engine.runtime.events import AnswerDelta, ReasoningDelta
 
@@ -187,6 +215,12 @@ class EngineWorker(QObject):
         if pending[AnswerDelta]:
             self.answerDelta.emit("".join(pending[AnswerDelta]))
             pending[AnswerDelta].clear()
+
+
+def _expert_placement(model) -> dict:
+    """Pinned/pageable split of the host expert records, to show the user (empty on the CPU path)."""
+    stats = model.expert_executor.stats()
+    return {k: stats[k] for k in ("pinned_expert_bytes", "pageable_expert_bytes", "expert_cache_slots") if k in stats}
 
 
 def start_worker() -> tuple[EngineWorker, QThread]:

@@ -99,7 +99,10 @@ class MainWindow(QMainWindow):
 
     def _on_loaded(self, info: dict) -> None:
         self.model_info = info
-        self.model_label.setText(f"{info['name']}\n{info['model_type']}, {info['context_tokens']:,} tokens")
+        placement = info.get("placement") or {}
+        where = "GPU" if placement.get("device") == "cuda" else "CPU"
+        self.model_label.setText(f"{info['name']}\n{info['model_type']}, {info['context_tokens']:,} tokens, {where}")
+        self.model_label.setToolTip(placement.get("note", ""))
         self.engine_page.set_model_folder(Path(info["path"]))
         self.modelReady.emit(info)
 

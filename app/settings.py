@@ -24,7 +24,8 @@ DEFAULTS = {
 
 def load_options(settings: "AppSettings") -> dict:
     """What the engine worker needs to open a model, from the settings."""
-    return {"context_tokens": settings.get("context_tokens"), "cpu_threads": settings.get("cpu_threads")}
+    return {key: settings.get(key) for key in ("context_tokens", "cpu_threads", "preset", "vram_gib", "custom_plan",
+                                                "pin_budget_gib")}
 
 
 class AppSettings:

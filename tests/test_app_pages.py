@@ -283,8 +283,10 @@ def test_models_page_load_emits_load_requested(qtbot, worker, settings, tiny_mod
     assert page.load_button.isEnabled()
     with qtbot.waitSignal(page.loadRequested) as requested:
         qtbot.mouseClick(page.load_button, Qt.MouseButton.LeftButton)
-    assert requested.args == [str(tiny_model), {"context_tokens": 8192, "cpu_threads": 0}]
-    assert worker.load_calls == [(str(tiny_model), {"context_tokens": 8192, "cpu_threads": 0})]
+    options = requested.args[1]
+    assert requested.args[0] == str(tiny_model) and worker.load_calls == [(str(tiny_model), options)]
+    assert {k: options[k] for k in ("context_tokens", "cpu_threads", "preset", "vram_gib")} == \
+        {"context_tokens": 8192, "cpu_threads": 0, "preset": "auto", "vram_gib": 0.0}
     assert settings.get("last_model") == str(tiny_model)
 
     worker.loadStarted.emit(str(tiny_model))

@@ -62,3 +62,9 @@ def measured_peak(device: torch.device | str = "cuda") -> dict:
             "peak_reserved_bytes": torch.cuda.max_memory_reserved(device),
             "outside_allocator_bytes": outside,
             "peak_process_bytes": torch.cuda.max_memory_reserved(device) + outside}
+
+
+def process_usage_bytes(device: torch.device | str = "cuda") -> int:
+    """This process's GPU memory now: what the allocator holds plus the planner's estimate of the rest (the
+    card's free memory would also count other programs, such as the desktop)."""
+    return torch.cuda.memory_reserved(device) + gpu_runtime_reserve_bytes(device) - ALLOCATOR_SLACK_BYTES

@@ -1,0 +1,69 @@
+"""Where a model runs: on the GPU under a memory plan, or on the CPU with the reason said plainly.
+
+`plan_placement` decides (GPU usable? which budget? which plan?) without reading weights;
+`load_placed` loads the model the way the placement says. The app's worker and the CLI share both.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from engine.loader import load_model
+from engine.models.base import CausalLM
+from engine.runtime.planner import MemoryPlan, footprint_from_checkpoint, plan_memory, preset_budget_bytes
+
+MIN_COMPUTE_CAPABILITY = (7, 5)  # Turing: the oldest cards the Triton kernels target
+
+
+@dataclass(frozen=True)
+class Placement:
+    device: str  # "cuda" or "cpu"
+    dtype: torch.dtype
+    plan: MemoryPlan | None  # the GPU's memory plan; None on the CPU
+    note: str  # for the user: what runs where, and why
+
+    def to_dict(self) -> dict:
+        return {"device": self.device, "dtype": str(self.dtype).removeprefix("torch."), "note": self.note,
+                "plan": self.plan.to_dict() if self.plan else None}
+
+
+def gpu_status() -> tuple[bool, str]:
+    """(usable, the GPU's name or why there is none usable)."""
+    if torch.version.cuda is None:
+        return False, ("this PyTorch build has no CUDA support (a CPU-only build): reinstall MoE Desk with an "
+                       "NVIDIA driver present to get the CUDA build")
+    if not torch.cuda.is_available():
+        return False, "no NVIDIA GPU or driver was found (install or update the NVIDIA driver to use the GPU)"
+    major, minor = torch.cuda.get_device_capability()
+    name = torch.cuda.get_device_name()
+    if (major, minor) < MIN_COMPUTE_CAPABILITY:
+        return False, (f"{name} is compute capability {major}.{minor}; MoE Desk's GPU kernels need "
+                       f"{MIN_COMPUTE_CAPABILITY[0]}.{MIN_COMPUTE_CAPABILITY[1]} (RTX 20 series) or newer")
+    return True, name
+
+
+def plan_placement(folder: str | Path, preset: str, budget_bytes: int | None = None, custom: dict | None = None,
+                   device: str = "auto") -> Placement:
+    """The placement of the checkpoint at `folder`. PlanError when the GPU is usable but no plan fits."""
+    usable, status = gpu_status()
+    if device == "cpu" or not usable:
+        why = "the CPU was chosen in the settings" if device == "cpu" else status
+        return Placement("cpu", torch.float32, None, f"CPU mode: {why}.")
+    from engine.runtime.vram import gpu_runtime_reserve_bytes
+
+    if budget_bytes is None:
+        budget_bytes = preset_budget_bytes(preset) or torch.cuda.mem_get_info()[0]
+    plan = plan_memory(footprint_from_checkpoint(folder), budget_bytes, preset, custom,
+                       reserve_bytes=gpu_runtime_reserve_bytes())
+    # bf16 needs Ampere or newer; Turing computes in fp16
+    dtype = torch.bfloat16 if torch.cuda.get_device_capability()[0] >= 8 else torch.float16
+    return Placement("cuda", dtype, plan, f"GPU mode on {status}: {plan.summary()}")
+
+
+def load_placed(folder: str | Path, placement: Placement, pin_budget_bytes: int | None = None) -> CausalLM:
+    slots = placement.plan.expert_slots if placement.plan is not None else None
+    return load_model(folder, placement.device, placement.dtype, expert_cache_slots=slots,
+                      pin_budget_bytes=pin_budget_bytes)
