@@ -155,6 +155,9 @@ def run_bench(name: str, device: str, prompt_lengths: list[int], decode_tokens: 
                           plan.kv_tokens if plan is not None else None)
         except torch.OutOfMemoryError as exc:
             row = {"prompt_tokens": length, "error": f"out of memory: {str(exc).splitlines()[0]}"}
+        except Exception as exc:  # one failing length must not lose the others' figures
+            row = {"prompt_tokens": length, "error": f"{type(exc).__name__}: {exc}"}
+        print(f"bench: {row}", file=sys.stderr, flush=True)
         if device == "cuda":
             row.update(measured_peak())
             if plan is not None:

@@ -50,12 +50,15 @@ def grouped_linear(x, weight, groups):
 
 
 def _register_cuda_kernels() -> None:
-    """Triton kernels for NVIDIA cards, where Triton is installed (Linux wheels; absent is fine)."""
+    """SDPA attention (flash / memory-efficient: no score matrix over the whole context), and Triton kernels
+    for NVIDIA cards where Triton is installed (absent is fine: the reference runs)."""
+    from engine.kernels import sdpa_attention
+    register("cuda", sdpa_attention, ["causal_attention"])
     try:
-        from engine.kernels import triton_nvfp4
+        from engine.kernels import triton_linear
     except ImportError:
         return
-    register("cuda", triton_nvfp4, ["linear"])
+    register("cuda", triton_linear, ["linear", "grouped_linear"])
 
 
 if torch.cuda.is_available():

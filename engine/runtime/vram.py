@@ -39,8 +39,8 @@ def gpu_runtime_reserve_bytes(device: torch.device | str = "cuda") -> int:
 
 def cap_process_memory(budget_bytes: int, device: torch.device | str = "cuda") -> VramCap:
     """Cap PyTorch's allocator on `device` so the whole process stays within `budget_bytes`."""
-    device = torch.device(device)
     torch.cuda.init()
+    device = torch.device("cuda", torch.device(device).index or torch.cuda.current_device())
     total = torch.cuda.get_device_properties(device).total_memory
     outside = gpu_runtime_reserve_bytes(device) - ALLOCATOR_SLACK_BYTES  # the slack is the allocator's own
     limit = budget_bytes - outside
@@ -55,7 +55,6 @@ def measured_peak(device: torch.device | str = "cuda") -> dict:
     """The process's peak GPU memory: allocator peak plus what lies outside the allocator now. Assumes
     nothing else runs on the GPU (a dedicated benchmark machine), since the outside part is read from
     the card's free memory."""
-    device = torch.device(device)
     free, total = torch.cuda.mem_get_info(device)
     outside = (total - free) - torch.cuda.memory_reserved(device)
     return {"peak_allocated_bytes": torch.cuda.max_memory_allocated(device),
