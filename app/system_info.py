@@ -67,6 +67,8 @@ def _gpu_from_torch() -> dict | None:
     try:
         import torch
 
+        import engine.loader  # noqa: F401  (configures CUDA's allocator, which is fixed once CUDA starts)
+
         if not torch.cuda.is_available():
             return None
         free, total = torch.cuda.mem_get_info(0)

@@ -143,6 +143,9 @@ def run_bench(name: str, device: str, prompt_lengths: list[int], decode_tokens: 
     result["expert_placement"] = {k: v for k, v in model.expert_executor.stats().items()
                                   if k in ("pinned_expert_bytes", "pageable_expert_bytes", "pin_budget_bytes")}
     expert_bytes = sum(packed.nbytes for packed in getattr(model.expert_executor, "packed", {}).values())
+    # Untimed: a chunk and a few tokens compile and load every kernel, so no row pays for it
+    measure(model, device, min(chunk, max(prompt_lengths)), 2, chunk, seed + 1,
+            plan.kv_tokens if plan is not None else None)
     for length in prompt_lengths:
         if plan is not None and length > plan.max_prompt_tokens:
             result["runs"].append({"prompt_tokens": length, "skipped": f"longer than the plan's guaranteed prompt "

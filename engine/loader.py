@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+import sys
 from pathlib import Path
 
 import torch
@@ -13,6 +15,12 @@ from engine.experts.packed import default_pin_budget_bytes
 from engine.layers.source import WeightSource
 from engine.models import BUILDERS
 from engine.models.base import CausalLM
+
+
+if sys.platform.startswith("linux"):
+    # Grown segments instead of fixed blocks: measured on the H200, fixed blocks left 114 MiB reserved but
+    # unusable after loading, enough to fail a 4 GiB plan; read when CUDA first allocates (Linux only)
+    os.environ.setdefault("PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:True")
 
 
 def load_model(path: str | Path, device: str | torch.device = "cpu", dtype: torch.dtype = torch.float32,
