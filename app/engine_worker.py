@@ -86,6 +86,13 @@ class EngineWorker(QObject):
                 "context_tokens": context, "max_context_tokens": config.max_position_embeddings,
                 "placement": placement.to_dict(), **_expert_placement(model),
             }
+            pinned = self.model_info.get("pinned_expert_bytes")
+            if pinned is not None:  # the pin budget's outcome is said, never silent
+                pageable = self.model_info["pageable_expert_bytes"]
+                self.log.emit("warning" if pageable else "info",
+                              f"expert records in host RAM: {pinned / 2**30:.2f} GiB pinned, {pageable / 2**30:.2f} GiB "
+                              f"pageable" + (" (over the pin budget: those copies run 3-4x slower; raise the pin "
+                                             "budget in Settings if RAM allows)" if pageable else ""))
             self.log.emit("info", f"loaded {path} in {time.perf_counter() - started:.1f} s")
             self.loaded.emit(dict(self.model_info))
         except CheckpointError as exc:
