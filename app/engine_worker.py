@@ -184,7 +184,8 @@ class EngineWorker(QObject):
                 if isinstance(event, TurnFinished):
                     self._flush(pending)
                     self.replyFinished.emit({"answer": event.answer, "reasoning": event.reasoning,
-                                             "stats": event.stats.to_dict()})
+                                             "stats": {**event.stats.to_dict(), **self._runtime_measures()}})
+                    self._check_peak()
                     return
                 pending[type(event)].append(event.text)
                 new_tokens += 1
@@ -205,6 +206,18 @@ class EngineWorker(QObject):
                                                  f"preset; the log page has the details."}})
         finally:
             self.busyChanged.emit(False)
+
+    def _check_peak(self) -> None:
+        """The plan is a promise: say so in the log when the measured peak broke it."""
+        plan = (self.model_info.get("placement") or {}).get("plan")
+        if plan is None:
+            return
+        from engine.runtime.vram import process_usage_bytes
+
+        peak = torch.cuda.max_memory_reserved() - torch.cuda.memory_reserved() + process_usage_bytes()
+        if peak > plan["budget_bytes"]:
+            self.log.emit("warning", f"GPU memory peaked at {peak / 2**30:.2f} GiB, over the plan's "
+                                     f"{plan['budget_bytes'] / 2**30:.2f} GiB budget; please report this")
 
     def _runtime_measures(self) -> dict:
         measures = self.session.model.expert_executor.stats()
