@@ -56,5 +56,5 @@ def test_random_model_has_the_real_shapes_and_formats():
     synthetic = SYNTHETIC_MODELS["tiny"]
     model = build_random_model("tiny", "cpu", torch.float32, expert_cache_slots=None)
     assert model.layers[0].mlp.experts.stored(0)[0].format == "nvfp4"
-    assert model.layers[3].mixer.q_proj.weight.format == "fp8_tensor"
+    assert model.layers[3].mixer.qkv_proj.weights[0].format == "fp8_tensor"
     assert model.score(torch.arange(2, 30)).shape == (28, synthetic.config.vocab_size)

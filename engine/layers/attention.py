@@ -6,7 +6,7 @@ import torch
 
 from engine import kernels
 from engine.errors import ContextOverflowError
-from engine.layers.linear import Linear
+from engine.layers.linear import JoinedLinear, Linear
 from engine.layers.norm import RMSNorm
 from engine.layers.rotary import Rotary
 from engine.layers.source import WeightSource
@@ -60,9 +60,9 @@ class Attention:
         self.heads, self.kv_heads, self.head_dim = c.num_attention_heads, c.num_key_value_heads, c.head_dim
         self.output_gate = c.attention_output_gate
         q_out = self.heads * self.head_dim * (2 if self.output_gate else 1)
-        self.q_proj = Linear(source, f"{prefix}.q_proj", c.hidden_size, q_out)
-        self.k_proj = Linear(source, f"{prefix}.k_proj", c.hidden_size, self.kv_heads * self.head_dim)
-        self.v_proj = Linear(source, f"{prefix}.v_proj", c.hidden_size, self.kv_heads * self.head_dim)
+        kv_out = self.kv_heads * self.head_dim
+        self.qkv_proj = JoinedLinear(source, [f"{prefix}.q_proj", f"{prefix}.k_proj", f"{prefix}.v_proj"],
+                                     c.hidden_size, [q_out, kv_out, kv_out])
         self.o_proj = Linear(source, f"{prefix}.o_proj", self.heads * self.head_dim, c.hidden_size)
         self.q_norm = RMSNorm(source, f"{prefix}.q_norm.weight", self.head_dim, c.zero_centered_norms)
         self.k_norm = RMSNorm(source, f"{prefix}.k_norm.weight", self.head_dim, c.zero_centered_norms)
@@ -74,12 +74,13 @@ class Attention:
 
     def __call__(self, x: torch.Tensor, positions: torch.Tensor, cache: KVCache) -> torch.Tensor:
         tokens = x.shape[0]
-        q = self.q_proj(x).view(tokens, self.heads, -1)
+        q, k, v = self.qkv_proj(x)
+        q = q.reshape(tokens, self.heads, -1)
         if self.output_gate:  # each head's projection is [query | gate]
             q, gate = q.split(self.head_dim, dim=-1)
         q = self.q_norm(q)
-        k = self.k_norm(self.k_proj(x).view(tokens, self.kv_heads, self.head_dim))
-        v = self.v_proj(x).view(tokens, self.kv_heads, self.head_dim)
+        k = self.k_norm(k.reshape(tokens, self.kv_heads, self.head_dim))
+        v = v.reshape(tokens, self.kv_heads, self.head_dim)
         cos, sin = self.rotary.cos_sin(positions, x.dtype)
         q, k = self.rotary.apply(q, cos, sin), self.rotary.apply(k, cos, sin)
         keys, values = cache.append(k, v)

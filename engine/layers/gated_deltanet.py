@@ -11,7 +11,7 @@ import torch
 import torch.nn.functional as F
 
 from engine import kernels
-from engine.layers.linear import Linear
+from engine.layers.linear import JoinedLinear, Linear
 from engine.layers.source import WeightSource
 
 
@@ -43,10 +43,10 @@ class GatedDeltaNet:
         keys, values = self.key_heads * self.key_dim, self.value_heads * self.value_dim
         self.conv_channels = 2 * keys + values
         self.kernel_size = c.linear_conv_kernel_dim
-        self.in_proj_qkv = Linear(source, f"{prefix}.in_proj_qkv", c.hidden_size, self.conv_channels)
-        self.in_proj_z = Linear(source, f"{prefix}.in_proj_z", c.hidden_size, values)
-        self.in_proj_b = Linear(source, f"{prefix}.in_proj_b", c.hidden_size, self.value_heads)
-        self.in_proj_a = Linear(source, f"{prefix}.in_proj_a", c.hidden_size, self.value_heads)
+        self.in_proj_qkvz = JoinedLinear(source, [f"{prefix}.in_proj_qkv", f"{prefix}.in_proj_z"], c.hidden_size,
+                                         [self.conv_channels, values])
+        self.in_proj_ba = JoinedLinear(source, [f"{prefix}.in_proj_b", f"{prefix}.in_proj_a"], c.hidden_size,
+                                       [self.value_heads, self.value_heads])
         self.out_proj = Linear(source, f"{prefix}.out_proj", values, c.hidden_size)
         self.conv_weight = source.param(f"{prefix}.conv1d.weight", (self.conv_channels, 1, self.kernel_size))[:, 0]
         self.a_log = source.param(f"{prefix}.A_log", (self.value_heads,))
@@ -63,7 +63,8 @@ class GatedDeltaNet:
 
     def __call__(self, x: torch.Tensor, positions: torch.Tensor, state: DeltaNetState) -> torch.Tensor:
         tokens = x.shape[0]
-        qkv = kernels.causal_conv1d(self.in_proj_qkv(x), state.conv, self.conv_weight)
+        qkv, z = self.in_proj_qkvz(x)
+        qkv = kernels.causal_conv1d(qkv, state.conv, self.conv_weight)
         q, k, v = qkv.split([self.key_heads * self.key_dim, self.key_heads * self.key_dim,
                              self.value_heads * self.value_dim], dim=-1)
         # each key head serves value_heads // key_heads consecutive value heads
@@ -72,9 +73,10 @@ class GatedDeltaNet:
         k = l2_normalise(k.view(tokens, self.key_heads, self.key_dim)).repeat_interleave(repeat, dim=1)
         q = q * self.key_dim ** -0.5
         v = v.view(tokens, self.value_heads, self.value_dim)
-        beta = torch.sigmoid(self.in_proj_b(x).float())
-        decay = -self.a_log.exp() * F.softplus(self.in_proj_a(x).float() + self.dt_bias)
+        b, a = self.in_proj_ba(x)
+        beta = torch.sigmoid(b.float())
+        decay = -self.a_log.exp() * F.softplus(a.float() + self.dt_bias)
         out = kernels.gated_delta_rule(q, k, v, decay, beta, state.recurrent).to(x.dtype)
-        z = self.in_proj_z(x).view(tokens, self.value_heads, self.value_dim)
+        z = z.reshape(tokens, self.value_heads, self.value_dim)
         out = kernels.rms_norm(out, self.norm_weight, self.eps) * F.silu(z.float()).to(x.dtype)
         return self.out_proj(out.reshape(tokens, -1))

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 import torch
 
 from engine.checkpoint import Checkpoint
-from engine.checkpoint.formats import StoredWeight
+from engine.checkpoint.formats import StoredWeight, fuse_rows
 from engine.config import ModelConfig
 
 
@@ -21,6 +21,16 @@ class WeightSource:
     def linear(self, module: str, in_features: int, out_features: int) -> StoredWeight:
         """A resident linear weight, kept in its stored format on the compute device."""
         return self.checkpoint.weight(module, (out_features, in_features)).to(self.device)
+
+    def joined_linear(self, modules: list[str], in_features: int, out_features: list[int]) -> list[StoredWeight]:
+        """Linears of one input as one weight joined by rows (one kernel launch), on the compute device;
+        weights of different formats cannot be joined and come back apart."""
+        weights = [self.checkpoint.weight(m, (n, in_features)) for m, n in zip(modules, out_features)]
+        try:
+            weights = [fuse_rows(weights, "+".join(modules))]
+        except ValueError:
+            pass
+        return [w.to(self.device) for w in weights]
 
     def host_weight(self, module: str, shape: tuple[int, ...]) -> StoredWeight:
         """A routed-expert weight: stays in host memory, in its stored format."""
