@@ -1,4 +1,4 @@
-"""The local model library: model folders in the user's folders, the Hugging Face cache and the built-in demo.
+"""The local model library: the user's folders, downloaded models, the Hugging Face cache and the built-in demo.
 
 Pure Python, no Qt. Each entry says what a folder holds (architecture, weight format, size on disk)
 and which VRAM presets it fits, from config.json and safetensors headers alone: no weight is read.
@@ -20,7 +20,7 @@ from engine.errors import CheckpointError
 from engine.runtime.planner import PlanError, footprint_from_checkpoint, plan_memory, preset_budget_bytes
 
 SIZE_PRESETS = ("4gb", "8gb", "12gb")
-DEMO_SOURCE, FOLDER_SOURCE, HF_SOURCE = "built-in", "your folder", "Hugging Face cache"
+DEMO_SOURCE, FOLDER_SOURCE, HF_SOURCE, DOWNLOAD_SOURCE = "built-in", "your folder", "Hugging Face cache", "downloaded"
 HF_REPO_PREFIX = "models--"
 DTYPE_FORMATS = {"bfloat16": "bf16", "float16": "fp16", "float32": "fp32",
                  "float8_e4m3fn": "fp8", "float8_e5m2": "fp8"}
@@ -36,11 +36,13 @@ def default_hf_cache() -> Path:
     return cache / "huggingface" / "hub"
 
 
-def scan_library(extra_folders: list[Path], hf_cache: Path | None = None) -> list[dict]:
+def scan_library(extra_folders: list[Path], hf_cache: Path | None = None, downloads: Path | None = None) -> list[dict]:
     """Every model folder found, each described by describe_model(); a folder found twice is listed once.
 
     extra_folders: folders the user added; each is a model folder itself or a folder of model folders.
     hf_cache: the hub cache (hub/models--ORG--NAME/snapshots/REV/); default_hf_cache() when None.
+    downloads: the folder Download… fills (engine.hub): its model folders, named by repo; a download that has
+    not finished has no config.json yet and is not listed.
     """
     entries: list[dict] = []
     seen: set[Path] = set()
@@ -53,6 +55,9 @@ def scan_library(extra_folders: list[Path], hf_cache: Path | None = None) -> lis
 
     if DEMO_MODEL.is_dir():
         add(DEMO_MODEL, DEMO_SOURCE, "Demo model (built in)")
+    if downloads is not None:
+        for model_folder in _model_subfolders(Path(downloads).expanduser()):
+            add(model_folder, DOWNLOAD_SOURCE, _downloaded_name(model_folder))
     for folder in map(Path, extra_folders):
         folder = folder.expanduser()
         children = [] if (folder / "config.json").is_file() else _model_subfolders(folder)
@@ -68,6 +73,17 @@ def _model_subfolders(folder: Path) -> list[Path]:
         return sorted(child for child in folder.iterdir() if (child / "config.json").is_file())
     except OSError:  # missing or unreadable: the folder is then listed with the engine's own reason
         return []
+
+
+def _downloaded_name(folder: Path) -> str:
+    """ORG/NAME (@REVISION unless main) from the record a finished download leaves; the folder name otherwise."""
+    from engine.hub import download_record
+
+    record = download_record(folder)
+    repo, revision = record.get("repo_id"), record.get("revision") or "main"
+    if not isinstance(repo, str) or not repo:
+        return folder.name
+    return repo if revision == "main" else f"{repo}@{revision}"
 
 
 def hf_snapshots(hub: Path) -> list[tuple[str, Path]]:

@@ -1,4 +1,4 @@
-"""Where the app keeps things: its data folder, the conversation database, the built-in demo model."""
+"""Where the app keeps things: its data folder, the conversation database, the built-in demo model, downloads."""
 
 from __future__ import annotations
 
@@ -16,3 +16,10 @@ def data_folder() -> Path:
 
 def conversations_db() -> Path:
     return data_folder() / "conversations.sqlite3"
+
+
+def download_folder(configured: str = "") -> Path:
+    """Where downloaded models go: the folder set in the settings, else the one `python -m engine pull` uses."""
+    from engine.hub import default_models_dir
+
+    return Path(configured).expanduser() if configured else default_models_dir()

@@ -65,6 +65,15 @@ QWEN3_BF16_FORMATS = MappingProxyType({
     "lm_head": BF16,
 })
 
+# Qwen/Qwen3.6-35B-A3B (and Qwen/Qwen3.5-35B-A3B, the same shapes) is published in bf16.
+QWEN3_5_BF16_FORMATS = MappingProxyType(dict.fromkeys(QWEN3_5_NVFP4_FORMATS, BF16))
+
+# Qwen/Qwen3.6-35B-A3B-FP8 stores its projections in FP8 with one scale per 128x128 block; sized here as
+# per-tensor FP8, which differs only by those scales (4 bytes per 16,384 weights, 0.02 %).
+QWEN3_5_FP8_FORMATS = MappingProxyType(dict(QWEN3_5_BF16_FORMATS, routed_experts=FP8_TENSOR,
+                                            shared_expert=FP8_TENSOR, attention_projections=FP8_TENSOR,
+                                            gdn_projections=FP8_TENSOR))
+
 QWEN3_6_LAYERS = 40
 QWEN3_6_FULL_ATTENTION_INTERVAL = 4  # three Gated DeltaNet layers, then one full-attention layer
 
@@ -128,6 +137,10 @@ SYNTHETIC_MODELS: Mapping[str, SyntheticModel] = MappingProxyType({
     model.name: model for model in (
         SyntheticModel("qwen3.6-35b-a3b-nvfp4", "Qwen3.6-35B-A3B as nvidia/Qwen3.6-35B-A3B-NVFP4 stores it",
                        QWEN3_6_35B_A3B, QWEN3_5_NVFP4_FORMATS),
+        SyntheticModel("qwen3.6-35b-a3b", "Qwen3.6-35B-A3B as Qwen/Qwen3.6-35B-A3B stores it (bf16)",
+                       QWEN3_6_35B_A3B, QWEN3_5_BF16_FORMATS),
+        SyntheticModel("qwen3.6-35b-a3b-fp8", "Qwen3.6-35B-A3B as Qwen/Qwen3.6-35B-A3B-FP8 stores it (FP8 "
+                       "projections, sized as per-tensor FP8)", QWEN3_6_35B_A3B, QWEN3_5_FP8_FORMATS),
         SyntheticModel("qwen3-30b-a3b", "Qwen3-30B-A3B as Qwen/Qwen3-30B-A3B stores it (bf16)",
                        QWEN3_30B_A3B, QWEN3_BF16_FORMATS),
         SyntheticModel("tiny", "the tiny Qwen3.5-MoE test model, formats as write_tiny_checkpoint(..., 'nvfp4')",
@@ -150,4 +163,4 @@ def text_config(config: ModelConfig) -> dict:
 
 def checkpoint_format(model: SyntheticModel) -> str:
     """The tiny_checkpoints format name whose weight formats are `model.formats`."""
-    return "nvfp4" if model.formats["routed_experts"] == NVFP4 else "bf16"
+    return {NVFP4: "nvfp4", FP8_TENSOR: "fp8_block"}.get(model.formats["routed_experts"], "bf16")

@@ -1,5 +1,6 @@
 import os
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -7,6 +8,8 @@ import pytest
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
 os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
+# downloads (engine.hub.default_models_dir, which the app's library scans) never touch the user's own folder
+os.environ.setdefault("MOEDESK_MODELS_DIR", os.path.join(tempfile.mkdtemp(prefix="moedesk-models-"), "models"))
 import torch  # noqa: E402  (importing torch does not import triton)
 
 if not torch.cuda.is_available():

@@ -1,8 +1,9 @@
-"""The Models page: the local library (Hugging Face cache, the user's folders, the demo model), with load.
+"""The Models page: the local library (Hugging Face cache, the user's folders, downloads, the demo model), with load.
 
 Scanning reads config.json and safetensors headers only, so it runs on the GUI thread; loading
 goes to the engine worker through the queued `loadRequested` signal and reports back through the
-worker's loadStarted / loaded / loadFailed signals.
+worker's loadStarted / loaded / loadFailed signals. "Download…" opens the download dialog
+(app/dialogs/download_dialog.py); a model it finishes is rescanned, selected and can be loaded at once.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from PySide6.QtWidgets import (QAbstractItemView, QFileDialog, QHBoxLayout, QHea
                                QPushButton, QTableView, QVBoxLayout, QWidget)
 
 from app.model_library import SIZE_PRESETS, default_hf_cache, scan_library
-from app.paths import DEMO_MODEL
+from app.paths import DEMO_MODEL, download_folder
 from app.settings import load_options
 from app.system_info import format_bytes
 
@@ -128,6 +129,7 @@ def _same_path_key(path: str) -> str:
 class ModelsPage(QWidget):
     loadRequested = Signal(str, dict)  # model folder, app.settings.load_options(); connected to worker.load
     unloadRequested = Signal()  # connected to worker.unload
+    log = Signal(str, str)  # level, message: what the download dialog's worker reports (never a token)
 
     def __init__(self, worker, settings, parent: QWidget | None = None):
         super().__init__(parent)
@@ -150,6 +152,10 @@ class ModelsPage(QWidget):
 
         self.open_button = QPushButton("Open folder…")
         self.open_button.clicked.connect(self._choose_folder)
+        self.download_button = QPushButton("Download…")
+        self.download_button.setToolTip("Download a model from the Hugging Face Hub")
+        self.download_button.clicked.connect(self.open_download_dialog)
+        self.download_dialog = None
         self.refresh_button = QPushButton("Refresh")
         self.refresh_button.clicked.connect(self.refresh)
         self.load_button = QPushButton("Load")
@@ -179,7 +185,7 @@ class ModelsPage(QWidget):
 
         title = QLabel("<h2>Models</h2>")
         buttons = QHBoxLayout()
-        for button in (self.open_button, self.refresh_button):
+        for button in (self.download_button, self.open_button, self.refresh_button):
             buttons.addWidget(button)
         buttons.addStretch(1)
         buttons.addWidget(self.unload_button)
@@ -207,8 +213,9 @@ class ModelsPage(QWidget):
 
     def refresh(self) -> None:
         folders = self.settings.get("model_folders")
-        self.library.set_entries(scan_library([Path(f) for f in folders]))
-        where = [f"the Hugging Face cache ({default_hf_cache()})"] + folders
+        downloads = download_folder(self.settings.get("download_folder"))
+        self.library.set_entries(scan_library([Path(f) for f in folders], downloads=downloads))
+        where = [f"downloads ({downloads})", f"the Hugging Face cache ({default_hf_cache()})"] + folders
         self.sources_label.setText("Looking in " + "; ".join(where) + ".")
         self._update_buttons()
 
@@ -230,6 +237,35 @@ class ModelsPage(QWidget):
                 self.show_error(f"This folder cannot be opened as a model.\n{entry['error']}")
             else:
                 self.error_banner.hide()
+
+    def open_download_dialog(self):
+        """Open (or bring back) the download dialog; returns it."""
+        from app.dialogs.download_dialog import DownloadDialog
+
+        if self.download_dialog is None:
+            self.download_dialog = DownloadDialog(self.settings, self)
+            self.download_dialog.downloaded.connect(self._on_downloaded)
+            self.download_dialog.loadRequested.connect(self.load_path)
+            self.download_dialog.finished.connect(self._on_download_dialog_closed)
+            self.download_dialog.worker.log.connect(self.log)
+        self.download_dialog.show()
+        self.download_dialog.raise_()
+        return self.download_dialog
+
+    def _on_download_dialog_closed(self) -> None:
+        self.download_dialog.deleteLater()
+        self.download_dialog = None
+
+    def _on_downloaded(self, path: str) -> None:
+        """A download finished: list it and select it, ready to load."""
+        self.refresh()
+        row = self.library.row_of(path)
+        if row >= 0:
+            self.table.selectRow(row)
+
+    def load_path(self, path: str) -> None:
+        self.refresh()
+        self.load_row(self.library.row_of(path))
 
     def _choose_folder(self) -> None:
         folder = QFileDialog.getExistingDirectory(self, "Open a model folder", str(Path.home()))

@@ -257,7 +257,11 @@ def footprint_from_checkpoint(folder: str | Path) -> ModelFootprint:
     """The footprint of a checkpoint folder, from its safetensors headers only (no weight data is read)."""
     folder = Path(folder).expanduser()
     config = read_config(folder)
-    checkpoint = Checkpoint(folder, config.quantization_config)
+    return footprint_of(Checkpoint(folder, config.quantization_config), config, folder)
+
+
+def footprint_of(checkpoint: Checkpoint, config: ModelConfig, folder: Path) -> ModelFootprint:
+    """The footprint of an open checkpoint (a folder's, or shard headers fetched before downloading)."""
     sizes = dict.fromkeys(("projection", "shared", "small", "lm_head", "embedding"), 0)
     expert_layers: dict[int, int] = {}
     for name, nbytes in checkpoint.tensor_bytes():
