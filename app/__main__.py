@@ -84,6 +84,7 @@ def main(argv: list[str] | None = None) -> int:
     import qasync
     from PySide6.QtWidgets import QApplication
 
+    from app.about import DESKTOP_FILE_NAME, app_icon, app_version
     from app.main_window import MainWindow
     from app.paths import conversations_db
     from app.settings import AppSettings
@@ -93,6 +94,9 @@ def main(argv: list[str] | None = None) -> int:
     app = QApplication.instance() or QApplication(sys.argv[:1])
     app.setOrganizationName("MoE Desk")
     app.setApplicationName("MoE Desk")
+    app.setApplicationVersion(app_version())
+    app.setDesktopFileName(DESKTOP_FILE_NAME)  # ties the window to the installed moedesk.desktop (Wayland app id)
+    app.setWindowIcon(app_icon())
     settings = AppSettings()
     apply_theme(app, settings.get("theme"))
     store = ConversationStore(conversations_db())

@@ -243,11 +243,16 @@ def _expert_placement(model) -> dict:
     return {k: stats[k] for k in ("pinned_expert_bytes", "pageable_expert_bytes", "expert_cache_slots") if k in stats}
 
 
-def start_worker() -> tuple[EngineWorker, QThread]:
-    """An EngineWorker moved to a new, started QThread."""
+def start_on_thread(worker: QObject, name: str) -> QThread:
+    """Move `worker` to a new QThread called `name` and start it: its slots then run there."""
     thread = QThread()
-    thread.setObjectName("engine")
-    worker = EngineWorker()
+    thread.setObjectName(name)
     worker.moveToThread(thread)
     thread.start()
-    return worker, thread
+    return thread
+
+
+def start_worker() -> tuple[EngineWorker, QThread]:
+    """An EngineWorker moved to a new, started QThread."""
+    worker = EngineWorker()
+    return worker, start_on_thread(worker, "engine")

@@ -7,9 +7,10 @@ from pathlib import Path
 
 from PySide6.QtCore import QSize, Qt, Signal
 from PySide6.QtGui import QKeySequence, QShortcut
-from PySide6.QtWidgets import (QApplication, QHBoxLayout, QLabel, QListWidget, QMainWindow, QStackedWidget,
-                               QVBoxLayout, QWidget)
+from PySide6.QtWidgets import (QApplication, QFrame, QHBoxLayout, QLabel, QListWidget, QMainWindow, QPushButton,
+                               QStackedWidget, QVBoxLayout, QWidget)
 
+from app.about import AboutDialog, acknowledge_cpu_notice, cpu_notice
 from app.engine_worker import start_worker
 from app.pages.chat import ChatPage
 from app.pages.engine_page import EnginePage
@@ -72,7 +73,7 @@ class MainWindow(QMainWindow):
         body = QHBoxLayout()
         body.setContentsMargins(0, 0, 0, 0)
         body.addWidget(left_panel)
-        body.addWidget(self.pages, 1)
+        body.addLayout(self._with_cpu_notice(self.pages), 1)
         central = QWidget()
         central.setLayout(body)
         self.setCentralWidget(central)
@@ -84,9 +85,46 @@ class MainWindow(QMainWindow):
         self.worker.loadFailed.connect(self._on_load_failed)
         self.worker.unloaded.connect(self._on_unloaded)
         self.engine_page.planChanged.connect(self.logs_page.set_plan)
+        self.models_page.log.connect(self.logs_page.add_record)  # downloads report to the Logs page too
         self.settings_page.themeChanged.connect(lambda name: apply_theme(QApplication.instance(), name))
+        self.settings_page.aboutRequested.connect(self.show_about)
+        self.about_dialog: AboutDialog | None = None
         self._shortcuts()
         self.load_model(model_folder or self._startup_model())
+
+    def _with_cpu_notice(self, pages: QWidget) -> QVBoxLayout:
+        """The pages under a banner saying why the app runs on the CPU, shown until acknowledged (once per reason)."""
+        self.cpu_notice = QFrame()
+        self.cpu_notice.setObjectName("cpuNotice")
+        self.cpu_notice.setStyleSheet("#cpuNotice { background: #fff4d6; border-bottom: 1px solid #e8c66a; }"
+                                      "#cpuNotice QLabel { color: #4a3b10; }")
+        self.cpu_notice_label = QLabel()
+        self.cpu_notice_label.setWordWrap(True)
+        dismiss = QPushButton("Got it")
+        dismiss.clicked.connect(self.dismiss_cpu_notice)
+        row = QHBoxLayout(self.cpu_notice)
+        row.setContentsMargins(12, 8, 12, 8)
+        row.addWidget(self.cpu_notice_label, 1)
+        row.addWidget(dismiss)
+        notice = cpu_notice(self.settings)
+        self.cpu_notice_label.setText(notice or "")
+        self.cpu_notice.setVisible(notice is not None)
+        column = QVBoxLayout()
+        column.setContentsMargins(0, 0, 0, 0)
+        column.setSpacing(0)
+        column.addWidget(self.cpu_notice)
+        column.addWidget(pages, 1)
+        return column
+
+    def dismiss_cpu_notice(self) -> None:
+        acknowledge_cpu_notice(self.settings)
+        self.cpu_notice.hide()
+
+    def show_about(self) -> AboutDialog:
+        if self.about_dialog is None:
+            self.about_dialog = AboutDialog(self)
+        self.about_dialog.open()
+        return self.about_dialog
 
     def _startup_model(self) -> Path:
         last = self.settings.get("last_model")
@@ -120,6 +158,7 @@ class MainWindow(QMainWindow):
             QKeySequence.StandardKey.New: self._new_chat,
             QKeySequence("Ctrl+L"): self._focus_input,
             QKeySequence("Esc"): self.chat_page.stop,
+            QKeySequence.StandardKey.HelpContents: self.show_about,
         }
         for sequence, action in bindings.items():
             QShortcut(sequence, self, activated=action, context=Qt.ShortcutContext.ApplicationShortcut)

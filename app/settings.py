@@ -19,6 +19,10 @@ DEFAULTS = {
     "last_model": "",  # "" means the built-in demo model
     "cpu_threads": 0,  # 0: physical cores
     "pin_budget_gib": 0.0,  # 0: sized from free RAM
+    "hf_endpoint": "",  # a Hub mirror's address; "" means HF_ENDPOINT or huggingface.co (the token is never here)
+    "hub_offline": False,  # never contact the Hub
+    "cpu_notice_seen": "",  # the CPU-mode reason the user last acknowledged; a different one is shown again
+    "download_folder": "",  # where Download… puts models; "" means engine.hub.default_models_dir()
 }
 
 

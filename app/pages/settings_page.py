@@ -59,6 +59,7 @@ def parse_sampling(texts: dict[str, str]) -> dict:
 
 class SettingsPage(QWidget):
     themeChanged = Signal(str)  # "light" | "dark"
+    aboutRequested = Signal()
 
     def __init__(self, settings, parent: QWidget | None = None):
         super().__init__(parent)
@@ -135,6 +136,12 @@ class SettingsPage(QWidget):
         layout.addWidget(sampling_box)
         layout.addWidget(engine_box)
         layout.addWidget(chat_box)
+        self.about_button = QPushButton("About MoE Desk…")
+        self.about_button.clicked.connect(self.aboutRequested)
+        about_row = QHBoxLayout()
+        about_row.addWidget(self.about_button)
+        about_row.addStretch(1)
+        layout.addLayout(about_row)
         layout.addStretch(1)
 
     def save_sampling(self) -> bool:
