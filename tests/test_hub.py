@@ -253,27 +253,26 @@ def test_gated_repo_is_401_until_a_token_with_access_is_saved(fake_hub, tmp_path
     assert cdn and all(auth is None for auth in cdn)  # the token stays on the Hub: not sent to the CDN
 
 
-def test_size_mismatch_is_refused_and_nothing_is_kept(fake_hub, tmp_path):
-    fake_hub.size_lies[SHARD2] = 1000
+def _refused_as_mismatch(fake_hub, tmp_path, message_start: str):
+    """Download, expect a mismatch refusal starting with `message_start`, and no copy of SHARD2 kept."""
     client, plan = _plan(fake_hub, tmp_path)
     with pytest.raises(hub.HubError) as error:
         hub.download(client, plan)
-    assert error.value.kind == "mismatch"
-    assert str(error.value).startswith(f"{SHARD2} does not match the Hub's listing: the server sends")
+    assert error.value.kind == "mismatch" and str(error.value).startswith(message_start)
     assert not (plan.folder / SHARD2).exists()
     assert not (plan.folder / hub.STAGING_DIR / (SHARD2 + hub.INCOMPLETE_SUFFIX)).exists()
+    return plan
+
+
+def test_size_mismatch_is_refused_and_nothing_is_kept(fake_hub, tmp_path):
+    fake_hub.size_lies[SHARD2] = 1000
+    plan = _refused_as_mismatch(fake_hub, tmp_path, f"{SHARD2} does not match the Hub's listing: the server sends")
     assert not (plan.folder / "config.json").exists()
 
 
 def test_hash_mismatch_is_refused_and_the_bad_copy_removed(fake_hub, tmp_path):
     fake_hub.corrupt.add(SHARD2)
-    client, plan = _plan(fake_hub, tmp_path)
-    with pytest.raises(hub.HubError) as error:
-        hub.download(client, plan)
-    assert error.value.kind == "mismatch"
-    assert str(error.value).startswith(f"{SHARD2} arrived damaged: its SHA-256 does not match")
-    assert not (plan.folder / SHARD2).exists()
-    assert not (plan.folder / hub.STAGING_DIR / (SHARD2 + hub.INCOMPLETE_SUFFIX)).exists()
+    _refused_as_mismatch(fake_hub, tmp_path, f"{SHARD2} arrived damaged: its SHA-256 does not match")
     # the next try (the mirror fixed) fetches only that file again
     fake_hub.corrupt.clear()
     client, plan = _plan(fake_hub, tmp_path)

@@ -314,20 +314,19 @@ class DownloadDialog(QDialog):
                 "models_dir": str(self.models_dir())}
 
     def check(self) -> None:
-        if self.busy:
-            return
-        request = self.request()
-        if request is not None:
-            self._begin("Asking the Hub for the file list…")
-            self.checkRequested.emit(request)
+        self._ask(self.checkRequested)
 
     def start(self) -> None:
+        self._ask(self.startRequested)
+
+    def _ask(self, signal) -> None:
+        """Send the form's request to the worker through `signal`, unless one is running or the form is bad."""
         if self.busy:
             return
         request = self.request()
         if request is not None:
             self._begin("Asking the Hub for the file list…")
-            self.startRequested.emit(request)
+            signal.emit(request)
 
     def _begin(self, text: str) -> None:
         self.worker.new_request()
