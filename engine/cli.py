@@ -80,6 +80,10 @@ def _model_and_sampling(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", type=resolve_model, default=DEMO_MODEL,
                    help="checkpoint folder, or 'demo' for the built-in demo model (the default)")
     p.add_argument("--context", type=int, default=DEFAULT_CONTEXT_TOKENS, help="context size in tokens")
+    p.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto",
+                   help="auto: the GPU under --preset's memory plan when one is usable, else the CPU")
+    p.add_argument("--preset", choices=["4gb", "8gb", "12gb", "auto"], default="auto",
+                   help="VRAM preset for the GPU (auto: the card's free memory)")
     p.add_argument("--system", help="system prompt")
     p.add_argument("--no-think", action="store_true", help="turn the thinking mode off")
     p.add_argument("--temperature", type=float)
@@ -95,13 +99,24 @@ def _model_and_sampling(p: argparse.ArgumentParser) -> None:
 
 def _open_session(args):
     # imported here so `plan` and `--help` stay fast
-    from engine.loader import load_model
+    from engine.loader import read_config
+    from engine.runtime.placement import gpu_status, load_placed, plan_placement
+    from engine.runtime.planner import PlanError
     from engine.runtime.session import ChatSession
     from engine.runtime.tokenizer import ChatTokenizer
 
     if args.context < 16:
         raise CliError(f"--context must be at least 16 tokens, got {args.context}")
-    model = load_model(args.model)  # first: it explains a wrong folder best
+    read_config(args.model)  # first: it explains a wrong folder best
+    if args.device == "cuda" and not gpu_status()[0]:
+        raise CliError(f"--device cuda: {gpu_status()[1]}")
+    try:
+        placement = plan_placement(args.model, args.preset, device=args.device)
+    except PlanError as exc:
+        raise CliError(f"no VRAM plan fits: {exc}; try a bigger --preset or --device cpu") from None
+    if placement.device == "cuda":  # the GPU's plan is worth a line; CPU mode is what a CPU build always does
+        print(placement.note, file=sys.stderr)
+    model = load_placed(args.model, placement)
     tokenizer = ChatTokenizer.from_folder(args.model)
     sampling = SamplingParams.from_generation_config(
         tokenizer.generation_defaults, temperature=args.temperature, top_p=args.top_p, top_k=args.top_k,
@@ -111,8 +126,11 @@ def _open_session(args):
         sampling.validate()
     except ValueError as exc:
         raise CliError(str(exc)) from None
-    return ChatSession(model, tokenizer, context_tokens=args.context, sampling=sampling,
-                       system_prompt=args.system, enable_thinking=not args.no_think)
+    plan = placement.plan
+    chunk = {"prefill_chunk_tokens": plan.prefill_chunk_tokens} if plan is not None else {}
+    context = min(args.context, plan.kv_tokens) if plan is not None else args.context
+    return ChatSession(model, tokenizer, context_tokens=context, sampling=sampling,
+                       system_prompt=args.system, enable_thinking=not args.no_think, **chunk)
 
 
 def _stream(events, out) -> TurnFinished:

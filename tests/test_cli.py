@@ -81,3 +81,9 @@ def test_module_entry_point(model_dir):
                              "--max-new-tokens", "2", "--json"], capture_output=True, text=True)
     assert result.returncode == 0, result.stderr
     assert json.loads(result.stdout)["stats"]["new_tokens"] == 2
+
+
+def test_asking_for_the_gpu_on_a_cpu_build_says_why(model_dir, capsys):
+    code = main(["generate", "--model", str(model_dir), "--prompt", "hi", "--device", "cuda"])
+    err = capsys.readouterr().err
+    assert code == 2 and "--device cuda: this PyTorch build has no CUDA support" in err and len(err.splitlines()) == 1
