@@ -84,7 +84,7 @@ class EngineWorker(QObject):
                 "layers": config.num_hidden_layers, "experts": config.num_experts,
                 "experts_per_token": config.num_experts_per_tok, "vocab_size": config.vocab_size,
                 "context_tokens": context, "max_context_tokens": config.max_position_embeddings,
-                "placement": placement.to_dict(), **_expert_placement(model),
+                "placement": placement.to_dict(), **model.expert_executor.host_report,
             }
             pinned = self.model_info.get("pinned_expert_bytes")
             if pinned is not None:  # the pin budget's outcome is said, never silent
@@ -212,9 +212,9 @@ class EngineWorker(QObject):
         plan = (self.model_info.get("placement") or {}).get("plan")
         if plan is None:
             return
-        from engine.runtime.vram import process_usage_bytes
+        from engine.runtime.vram import outside_allocator_bytes
 
-        peak = torch.cuda.max_memory_reserved() - torch.cuda.memory_reserved() + process_usage_bytes()
+        peak = torch.cuda.max_memory_reserved() + outside_allocator_bytes()
         if peak > plan["budget_bytes"]:
             self.log.emit("warning", f"GPU memory peaked at {peak / 2**30:.2f} GiB, over the plan's "
                                      f"{plan['budget_bytes'] / 2**30:.2f} GiB budget; please report this")
@@ -235,12 +235,6 @@ class EngineWorker(QObject):
         if pending[AnswerDelta]:
             self.answerDelta.emit("".join(pending[AnswerDelta]))
             pending[AnswerDelta].clear()
-
-
-def _expert_placement(model) -> dict:
-    """Pinned/pageable split of the host expert records, to show the user (empty on the CPU path)."""
-    stats = model.expert_executor.stats()
-    return {k: stats[k] for k in ("pinned_expert_bytes", "pageable_expert_bytes", "expert_cache_slots") if k in stats}
 
 
 def start_on_thread(worker: QObject, name: str) -> QThread:

@@ -140,8 +140,7 @@ def run_bench(name: str, device: str, prompt_lengths: list[int], decode_tokens: 
     started = time.perf_counter()
     model = build_random_model(name, device, dtype, slots)
     result["build_seconds"] = time.perf_counter() - started
-    result["expert_placement"] = {k: v for k, v in model.expert_executor.stats().items()
-                                  if k in ("pinned_expert_bytes", "pageable_expert_bytes", "pin_budget_bytes")}
+    result["expert_placement"] = dict(model.expert_executor.host_report)
     expert_bytes = sum(packed.nbytes for packed in getattr(model.expert_executor, "packed", {}).values())
     # Untimed: a chunk and a few tokens compile and load every kernel, so no row pays for it
     measure(model, device, min(chunk, max(prompt_lengths)), 2, chunk, seed + 1,

@@ -139,12 +139,9 @@ class ExpertCache:
             self._block_use.move_to_end(block)
 
     def _take_slot(self) -> int:
-        if self._free:
-            return self._free.pop()
-        (_, slot) = next(iter(self._slot_of.items()))
-        self._evict(slot)
-        self._free.remove(slot)
-        return slot
+        if not self._free:
+            self._evict(next(iter(self._slot_of.values())))  # the least recently used; it joins the free list
+        return self._free.pop()
 
     def _evict(self, slot: int) -> None:
         key = self._key_in.pop(slot, None)

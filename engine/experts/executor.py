@@ -30,6 +30,8 @@ from engine.kernels.groups import ExpertGroups
 
 
 class ReferenceExpertExecutor:
+    host_report: dict = {}  # nothing is repacked or pinned: experts are read where the checkpoint keeps them
+
     def __init__(self):
         self.expert_calls = 0  # experts computed so far
 
@@ -75,7 +77,8 @@ class CachedExpertExecutor:
         counts = torch.bincount(flat, minlength=bank.num_experts).tolist()  # the one host sync of a layer
         experts = [e for e, n in enumerate(counts) if n]
         self.expert_calls += len(experts)
-        rows = x[order // top_k]
+        token_of_row = order // top_k
+        rows = x[token_of_row]
         starts = [0]
         for e in experts:
             starts.append(starts[-1] + counts[e])
@@ -85,7 +88,7 @@ class CachedExpertExecutor:
         for first in range(0, len(experts), self.slots):
             chosen = experts[first:first + self.slots]
             rounds.append((first, chosen, None if first else self._slots(layer, chosen, streaming)))
-        return _CachedWork(self, layer, x, rows, order, top_k, expert_weights, starts, rounds, streaming,
+        return _CachedWork(self, layer, x, rows, order, token_of_row, expert_weights, starts, rounds, streaming,
                            bank.intermediate)
 
     def _slots(self, layer: int, experts: list[int], streaming: bool) -> list[int]:
@@ -123,7 +126,7 @@ class _CachedWork:
     x: torch.Tensor
     rows: torch.Tensor  # x's rows, one per (token, chosen expert), sorted by expert
     order: torch.Tensor  # flat (token * top_k + k) index of each row
-    top_k: int
+    token_of_row: torch.Tensor
     expert_weights: torch.Tensor
     starts: list[int]  # first row of each present expert, and the end
     rounds: list[tuple]  # (index of its first expert, experts, slots or None until fetched)
@@ -145,4 +148,4 @@ class _CachedWork:
         if self.streaming and following is not None:  # next layer's experts stream while this one finishes
             cache.stream_layer(following, executor.packed[following], count_as_lookups=False)
         weighted = out_rows * self.expert_weights.reshape(-1)[self.order, None].to(out_rows.dtype)
-        return torch.zeros_like(self.x).index_add_(0, self.order // self.top_k, weighted)
+        return torch.zeros_like(self.x).index_add_(0, self.token_of_row, weighted)

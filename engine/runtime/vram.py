@@ -37,12 +37,18 @@ def gpu_runtime_reserve_bytes(device: torch.device | str = "cuda") -> int:
     return runtime_reserve_bytes(props.multi_processor_count, threads)
 
 
+def outside_allocator_bytes(device: torch.device | str = "cuda") -> int:
+    """The planner's estimate of this GPU's process memory outside PyTorch's allocator: the runtime reserve less
+    the allocator's own slack (context, kernel images, per-thread local memory)."""
+    return gpu_runtime_reserve_bytes(device) - ALLOCATOR_SLACK_BYTES
+
+
 def cap_process_memory(budget_bytes: int, device: torch.device | str = "cuda") -> VramCap:
     """Cap PyTorch's allocator on `device` so the whole process stays within `budget_bytes`."""
     torch.cuda.init()
     device = torch.device("cuda", torch.device(device).index or torch.cuda.current_device())
     total = torch.cuda.get_device_properties(device).total_memory
-    outside = gpu_runtime_reserve_bytes(device) - ALLOCATOR_SLACK_BYTES  # the slack is the allocator's own
+    outside = outside_allocator_bytes(device)
     limit = budget_bytes - outside
     if limit <= 0 or budget_bytes > total:
         raise ValueError(f"a VRAM limit of {budget_bytes / 2**30:.2f} GiB cannot be held on this "
@@ -66,4 +72,4 @@ def measured_peak(device: torch.device | str = "cuda") -> dict:
 def process_usage_bytes(device: torch.device | str = "cuda") -> int:
     """This process's GPU memory now: what the allocator holds plus the planner's estimate of the rest (the
     card's free memory would also count other programs, such as the desktop)."""
-    return torch.cuda.memory_reserved(device) + gpu_runtime_reserve_bytes(device) - ALLOCATOR_SLACK_BYTES
+    return torch.cuda.memory_reserved(device) + outside_allocator_bytes(device)
