@@ -39,6 +39,7 @@ def every_piece(monkeypatch):
 def _plan(fake_hub, tmp_path, repo=TINY, **hub_options):
     client = hub.Hub(fake_hub.endpoint, **hub_options)
     plan = hub.plan_download(client, repo, "main", models_dir=tmp_path / "models")
+    fake_hub.wait_quiet()  # an earlier, interrupted download's server thread may still be counting
     fake_hub.served.clear()  # from here on, `served` and `requests` are what the download itself fetched
     fake_hub.requests.clear()
     return client, plan
@@ -156,6 +157,7 @@ def test_interrupted_download_resumes_without_refetching(fake_hub, tmp_path, eve
     with pytest.raises(hub.DownloadCancelled) as stopped:
         hub.download(client, plan, progress=stop_in_shard, control=control)
     assert not stopped.value.discarded
+    fake_hub.wait_quiet()
     first = fake_hub.served[SHARD1]
     partial = plan.folder / hub.STAGING_DIR / (SHARD1 + hub.INCOMPLETE_SUFFIX)
     kept = partial.stat().st_size

@@ -65,7 +65,16 @@ class FakeHub:
         self.served: Counter = Counter()  # file path -> body bytes sent
         self.requests: list[tuple[str, str, str | None, str | None]] = []  # (method, path, Range, Authorization)
         self.lock = threading.Lock()
+        self._bodies_in_flight = 0  # responses still writing their body: `served` may yet grow
+        self._quiet = threading.Condition(self.lock)
         self._servers: list[ThreadingHTTPServer] = []  # the Hub, then its "CDN"
+
+    def wait_quiet(self, timeout: float = 10.0) -> None:
+        """Wait until no response is still writing a body, so `served` counts everything a client got (a client
+        that stopped reading returns before the server thread notices)."""
+        with self._quiet:
+            if not self._quiet.wait_for(lambda: self._bodies_in_flight == 0, timeout):
+                raise TimeoutError(f"the fake Hub was still sending after {timeout} s")
 
     # ---- set up
 
@@ -276,6 +285,16 @@ class _Handler(BaseHTTPRequestHandler):
         if path is not None:
             with self.fake.lock:
                 drop = self.fake.drop_after.pop(path, None)
+        with self.fake.lock:
+            self.fake._bodies_in_flight += 1
+        try:
+            self._send_body(body, path, drop)
+        finally:
+            with self.fake.lock:
+                self.fake._bodies_in_flight -= 1
+                self.fake._quiet.notify_all()
+
+    def _send_body(self, body: bytes, path: str | None, drop: int | None) -> None:
         step, pause = self.fake.throttle or (64 * 1024, 0.0)
         sent = 0
         while sent < len(body):
