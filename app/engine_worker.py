@@ -70,7 +70,17 @@ class EngineWorker(QObject):
             placement = self._placement(Path(path), options)
             self.log.emit("info", placement.note)
             pin_gib = float(options.get("pin_budget_gib") or 0)
-            model = load_placed(Path(path), placement, int(pin_gib * 2**30) if pin_gib > 0 else None)
+            backend = options.get("expert_backend") or "auto"
+            try:
+                model = load_placed(Path(path), placement, int(pin_gib * 2**30) if pin_gib > 0 else None,
+                                    expert_backend=backend, cpu_threads=threads or None)
+            except ValueError as exc:  # the executor refuses settings it cannot run, e.g. a gpu backend too big
+                self.session = None
+                self.log.emit("error", str(exc))
+                self.loadFailed.emit(f"The model cannot run with the expert backend “{backend}”: {exc}.\nChoose "
+                                     f"another expert backend in Settings (Auto always fits), or a bigger VRAM "
+                                     f"preset on the Engine page.")
+                return
             tokenizer = ChatTokenizer.from_folder(Path(path))
             config = model.config
             context = min(int(options.get("context_tokens") or DEFAULT_CONTEXT_TOKENS), config.max_position_embeddings)
@@ -93,6 +103,7 @@ class EngineWorker(QObject):
                               f"expert records in host RAM: {pinned / 2**30:.2f} GiB pinned, {pageable / 2**30:.2f} GiB "
                               f"pageable" + (" (over the pin budget: those copies run 3-4x slower; raise the pin "
                                              "budget in Settings if RAM allows)" if pageable else ""))
+            self._log_backend(model.expert_executor.stats(), backend)
             self.log.emit("info", f"loaded {path} in {time.perf_counter() - started:.1f} s")
             self.loaded.emit(dict(self.model_info))
         except CheckpointError as exc:
@@ -105,6 +116,17 @@ class EngineWorker(QObject):
             self.loadFailed.emit(f"Loading failed unexpectedly: {exc!r}. The log page has the details.")
         finally:
             self.busyChanged.emit(False)
+
+    def _log_backend(self, stats: dict, requested: str) -> None:
+        """Which backend computes the cache misses and, when measured, the bandwidths it was chosen from."""
+        if "expert_backend" not in stats:  # CPU mode: every expert runs on the CPU, as the placement note says
+            return
+        chosen = " (chosen by auto)" if requested == "auto" else ""
+        measured = stats.get("calibration")
+        bandwidths = (f"; measured PCIe {measured['pcie_bytes_per_s'] / 1e9:.1f} GB/s, CPU "
+                      f"{measured['cpu_bytes_per_s'] / 1e9:.1f} GB/s with {measured['cpu_threads']} threads"
+                      if measured else "")
+        self.log.emit("info", f"expert backend: {stats['expert_backend']}{chosen}{bandwidths}")
 
     def _placement(self, folder: Path, options: dict):
         """The GPU under the preset's plan when one fits, else the CPU, with the reason in the log."""

@@ -6,6 +6,8 @@ import json
 
 from PySide6.QtCore import QSettings
 
+from engine.experts.split import BACKENDS
+
 DEFAULTS = {
     "preset": "auto",  # 4gb | 8gb | 12gb | auto | custom
     "custom_plan": {"expert_cache_layers": 1, "prefill_overlap": False, "prefill_chunk_tokens": 256,
@@ -19,6 +21,7 @@ DEFAULTS = {
     "last_model": "",  # "" means the built-in demo model
     "cpu_threads": 0,  # 0: physical cores
     "pin_budget_gib": 0.0,  # 0: sized from free RAM
+    "expert_backend": "auto",  # where a GPU run's expert-cache misses run: engine.experts.split.BACKENDS
     "hf_endpoint": "",  # a Hub mirror's address; "" means HF_ENDPOINT or huggingface.co (the token is never here)
     "hub_offline": False,  # never contact the Hub
     "cpu_notice_seen": "",  # the CPU-mode reason the user last acknowledged; a different one is shown again
@@ -28,8 +31,11 @@ DEFAULTS = {
 
 def load_options(settings: "AppSettings") -> dict:
     """What the engine worker needs to open a model, from the settings."""
-    return {key: settings.get(key) for key in ("context_tokens", "cpu_threads", "preset", "vram_gib", "custom_plan",
-                                                "pin_budget_gib")}
+    options = {key: settings.get(key) for key in ("context_tokens", "cpu_threads", "preset", "vram_gib",
+                                                   "custom_plan", "pin_budget_gib", "expert_backend")}
+    if options["expert_backend"] not in BACKENDS:  # a hand-edited value: run what the Settings page shows instead
+        options["expert_backend"] = DEFAULTS["expert_backend"]
+    return options
 
 
 class AppSettings:

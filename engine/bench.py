@@ -30,7 +30,7 @@ BANDWIDTH_PROBE_BYTES = 256 * 2**20
 
 
 def build_random_model(name: str, device: str, dtype: torch.dtype, expert_cache_slots: int | None,
-                       pin_budget_bytes: int | None = None) -> CausalLM:
+                       pin_budget_bytes: int | None = None, expert_backend: str = "offload") -> CausalLM:
     """The synthetic model `name` with random weights of its real shapes and formats, in memory."""
     synthetic = SYNTHETIC_MODELS[name]
     config = synthetic.config
@@ -39,7 +39,8 @@ def build_random_model(name: str, device: str, dtype: torch.dtype, expert_cache_
     where = Path(f"<random {name}>")
     checkpoint = Checkpoint(where, quant, shards=[TensorShard(tensors, where)])
     source = WeightSource(checkpoint, config, torch.device(device), dtype)
-    return BUILDERS[config.model_type](source, expert_executor(device, expert_cache_slots, pin_budget_bytes))
+    executor = expert_executor(device, expert_cache_slots, pin_budget_bytes, expert_backend)
+    return BUILDERS[config.model_type](source, executor)
 
 
 def _sync(device: str) -> None:
@@ -69,13 +70,16 @@ def _host_peak_memory() -> dict:
 
 
 def measure(model: CausalLM, device: str, prompt_tokens: int, decode_tokens: int, chunk: int, seed: int,
-            kv_tokens: int | None = None) -> dict:
+            kv_tokens: int | None = None, backends: list[str] | None = None) -> dict:
     """Prefill a random prompt in chunks, then greedy-decode; speeds, time to first token and cache traffic.
-    `kv_tokens`: the plan's KV cache, allocated whole as the app would (default: just enough)."""
+    `kv_tokens`: the plan's KV cache, allocated whole as the app would (default: just enough). `backends`:
+    decode `decode_tokens` with each expert backend in turn (engine/experts/split.py), one after the other on
+    the same sequence; the row's decode figures are the first one's, all are under "decode_by_backend"."""
     generator = torch.Generator().manual_seed(seed)
     prompt = torch.randint(0, model.config.vocab_size, (prompt_tokens,), generator=generator)
-    state = model.new_state(kv_tokens or prompt_tokens + decode_tokens)
-    before = model.expert_executor.stats()
+    executor = model.expert_executor
+    state = model.new_state(kv_tokens or prompt_tokens + (decode_tokens + 1) * len(backends or [None]))
+    before = executor.stats()
     _sync(device)
     started = time.perf_counter()
     for begin in range(0, prompt_tokens, chunk):
@@ -83,23 +87,45 @@ def measure(model: CausalLM, device: str, prompt_tokens: int, decode_tokens: int
     token = int(logits.argmax())
     _sync(device)
     first_token = time.perf_counter()
-    after_prefill = model.expert_executor.stats()
-    for _ in range(decode_tokens):
-        token = int(model.forward([token], state).argmax())
-    _sync(device)
-    finished = time.perf_counter()
-    after_decode = model.expert_executor.stats()
     row = {"prompt_tokens": prompt_tokens, "decode_tokens": decode_tokens, "prefill_chunk_tokens": chunk,
            "time_to_first_token_s": first_token - started,
-           "prefill_tokens_per_s": prompt_tokens / (first_token - started),
-           "decode_tokens_per_s": decode_tokens / (finished - first_token) if decode_tokens else 0.0}
-    for phase, (start, end) in {"prefill": (before, after_prefill), "decode": (after_prefill, after_decode)}.items():
-        if "expert_cache_hits" in end:
-            hits = end["expert_cache_hits"] - start["expert_cache_hits"]
-            misses = end["expert_cache_misses"] - start["expert_cache_misses"]
-            row[f"{phase}_expert_cache_hit_rate"] = hits / (hits + misses) if hits + misses else 0.0
-            row[f"{phase}_expert_bytes_copied"] = end["expert_bytes_copied"] - start["expert_bytes_copied"]
+           "prefill_tokens_per_s": prompt_tokens / (first_token - started)}
+    row.update(_traffic("prefill", before, executor.stats()))
+    by_backend = {}
+    for backend in backends or [None]:
+        if backend is not None:
+            executor.backend = backend
+        # one untimed step: the first on a new state captures its decode graphs (engine/runtime/decode_graphs.py)
+        token = int(model.forward([token], state).argmax())
+        _sync(device)
+        start = executor.stats()
+        began = time.perf_counter()
+        for _ in range(decode_tokens):
+            token = int(model.forward([token], state).argmax())
+        _sync(device)
+        seconds = time.perf_counter() - began
+        end = executor.stats()
+        decode = {"decode_tokens_per_s": decode_tokens / seconds if decode_tokens else 0.0,
+                  **_traffic("decode", start, end)}
+        if "cpu_expert_calls" in end:
+            cpu = end["cpu_expert_calls"] - start["cpu_expert_calls"]
+            gpu = end["expert_calls"] - start["expert_calls"]
+            decode["decode_cpu_expert_share"] = cpu / (cpu + gpu) if cpu + gpu else 0.0
+        by_backend[backend] = decode
+    row.update(next(iter(by_backend.values())))
+    if backends:
+        row["decode_by_backend"] = by_backend
     return row
+
+
+def _traffic(phase: str, start: dict, end: dict) -> dict:
+    """Expert-cache hit rate and bytes copied between two executor stats."""
+    if "expert_cache_hits" not in end:
+        return {}
+    hits = end["expert_cache_hits"] - start["expert_cache_hits"]
+    misses = end["expert_cache_misses"] - start["expert_cache_misses"]
+    return {f"{phase}_expert_cache_hit_rate": hits / (hits + misses) if hits + misses else 0.0,
+            f"{phase}_expert_bytes_copied": end["expert_bytes_copied"] - start["expert_bytes_copied"]}
 
 
 def _bounds(row: dict, bandwidth: float, expert_bytes: int) -> dict:
@@ -109,18 +135,26 @@ def _bounds(row: dict, bandwidth: float, expert_bytes: int) -> dict:
     prefill_bound = row["prompt_tokens"] / (chunks * expert_bytes / bandwidth)
     bounds = {"prefill_pcie_bound_tokens_per_s": prefill_bound,
               "prefill_vs_bound": row["prefill_tokens_per_s"] / prefill_bound}
-    copied = row.get("decode_expert_bytes_copied", 0)
-    if row["decode_tokens"] and copied:
-        decode_bound = row["decode_tokens"] / (copied / bandwidth)
-        bounds.update(decode_pcie_bound_tokens_per_s=decode_bound,
-                      decode_vs_bound=row["decode_tokens_per_s"] / decode_bound)
+    bounds.update(_decode_bound(row, bandwidth))
+    for decode in row.get("decode_by_backend", {}).values():
+        decode.update(_decode_bound({**decode, "decode_tokens": row["decode_tokens"]}, bandwidth))
     return bounds
 
 
+def _decode_bound(decode: dict, bandwidth: float) -> dict:
+    """A decode token streams what it missed and the GPU computes (the CPU's share is not bounded by PCIe)."""
+    copied = decode.get("decode_expert_bytes_copied", 0)
+    if not decode["decode_tokens"] or not copied:
+        return {}
+    bound = decode["decode_tokens"] / (copied / bandwidth)
+    return {"decode_pcie_bound_tokens_per_s": bound, "decode_vs_bound": decode["decode_tokens_per_s"] / bound}
+
+
 def run_bench(name: str, device: str, prompt_lengths: list[int], decode_tokens: int, plan: MemoryPlan | None,
-              seed: int = 0) -> dict:
+              seed: int = 0, backends: list[str] | None = None) -> dict:
     """On CUDA with a plan, the process is held to the plan's budget (engine/runtime/vram.py) for the whole
-    run, and each prompt length reports its measured peak against it."""
+    run, and each prompt length reports its measured peak against it. `backends` (CUDA): decode with each
+    expert backend in turn after every prefill."""
     synthetic = SYNTHETIC_MODELS[name]
     slots = plan.expert_slots if plan is not None else None
     chunk = plan.prefill_chunk_tokens if plan is not None else DEFAULT_PREFILL_CHUNK
@@ -138,9 +172,13 @@ def run_bench(name: str, device: str, prompt_lengths: list[int], decode_tokens: 
         if plan is not None:
             result["vram_cap"] = cap_process_memory(plan.budget_bytes).to_dict()
     started = time.perf_counter()
-    model = build_random_model(name, device, dtype, slots)
+    # The CPU kernel and the calibration are made when a backend needs them; the backend then switches per run
+    build_backend = "hybrid" if set(backends or []) & {"cpu", "hybrid", "auto"} else "offload"
+    model = build_random_model(name, device, dtype, slots, expert_backend=build_backend)
     result["build_seconds"] = time.perf_counter() - started
     result["expert_placement"] = dict(model.expert_executor.host_report)
+    if getattr(model.expert_executor, "calibration", None) is not None:
+        result["calibration"] = model.expert_executor.calibration.to_dict()
     expert_bytes = sum(packed.nbytes for packed in getattr(model.expert_executor, "packed", {}).values())
     # Untimed: a chunk and a few tokens compile and load every kernel, so no row pays for it
     measure(model, device, min(chunk, max(prompt_lengths)), 2, chunk, seed + 1,
@@ -154,7 +192,7 @@ def run_bench(name: str, device: str, prompt_lengths: list[int], decode_tokens: 
             torch.cuda.reset_peak_memory_stats()
         try:
             row = measure(model, device, length, decode_tokens, chunk, seed,
-                          plan.kv_tokens if plan is not None else None)
+                          plan.kv_tokens if plan is not None else None, backends)
         except torch.OutOfMemoryError as exc:
             row = {"prompt_tokens": length, "error": f"out of memory: {str(exc).splitlines()[0]}"}
         except Exception as exc:  # one failing length must not lose the others' figures
@@ -197,6 +235,10 @@ def format_result(result: dict) -> str:
                         if k in row) or "-"
         lines.append(f"{row['prompt_tokens']:>8} {row['prefill_chunk_tokens']:>6} {row['time_to_first_token_s']:>8.2f} "
                      f"{row['prefill_tokens_per_s']:>14.1f} {row['decode_tokens_per_s']:>13.1f} {hits:>13}")
+        if "decode_by_backend" in row:
+            lines.append("         decode by expert backend: " + ", ".join(
+                f"{backend} {d['decode_tokens_per_s']:.1f} tok/s (CPU {d.get('decode_cpu_expert_share', 0):.0%})"
+                for backend, d in row["decode_by_backend"].items()))
     peaks = [row["peak_process_bytes"] for row in result["runs"] if "peak_process_bytes" in row]
     if peaks:
         lines.append(f"peak GPU memory of the process: {max(peaks) / 2**30:.2f} GiB")

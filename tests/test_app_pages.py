@@ -17,9 +17,11 @@ from app.model_library import scan_library
 from app.pages.engine_page import NOT_MEASURED, EnginePage
 from app.pages.logs import LogsPage
 from app.pages.models import COLUMNS, ModelsPage
-from app.pages.settings_page import SettingsPage
+from app.pages.settings_page import EXPERT_BACKENDS, SettingsPage
+from app.settings import load_options
 from app.widgets.gauges import Sparkline, SystemFooter
 from app.widgets.plan_bar import PlanBar
+from engine.experts.split import BACKENDS
 from engine.runtime.planner import GIB, footprint_from_synthetic, plan_memory
 from engine.testing.tiny_checkpoints import write_tiny_checkpoint
 
@@ -76,7 +78,7 @@ def test_plan_bar_shows_each_part_of_a_plan(qtbot):
                     "runtime_reserve", "free"]
     sizes = dict((key, n) for key, _, n in bar.parts())
     assert sizes["free"] == plan["headroom_bytes"]
-    assert "KV cache  630.0 MiB" in bar.legend_texts()
+    assert "KV cache  590.0 MiB" in bar.legend_texts()
     assert "expert cache  432.0 MiB" in bar.legend_texts()
     assert bar.bar.part_at(1) == "resident_weights"  # the largest part starts the bar
     assert "4.00 GiB planned of a 4.00 GiB budget" in bar.total_label.text()
@@ -152,7 +154,7 @@ def test_custom_plan_that_does_not_fit_shows_the_reason(qtbot, engine_page, sett
         engine_page.custom_editor.layers_spin.setValue(10)
     assert emitted.args == [{}] and engine_page.plan() == {}
     assert engine_page.error_label.isVisibleTo(engine_page)
-    assert "lower expert_cache_layers to at most 2" in engine_page.error_label.text()
+    assert "lower expert_cache_layers to at most 1" in engine_page.error_label.text()
     assert engine_page.plan_bar.parts() == []
     assert engine_page.custom_editor.layers_cost.text() == "4.22 GiB (2,560 slots)"
     assert settings.get("custom_plan")["expert_cache_layers"] == 10
@@ -206,6 +208,27 @@ def test_live_gauges_follow_progress_and_replies(engine_page, worker):
     assert live.hit_rate_label.text() == "87.5%"
     planned = system_info.format_bytes(engine_page.plan()["breakdown"]["total"])
     assert live.vram_label.text() == f"3.00 GiB of {planned} planned"
+    assert not live.backend_label.isVisibleTo(live)  # no backend stats yet: no row
+
+
+def test_live_gauges_show_the_expert_backend_and_the_cpu_share(engine_page, worker):
+    live = engine_page.live
+    assert not live.backend_title.isVisibleTo(live) and not live.backend_label.isVisibleTo(live)
+    worker.progress.emit({"decode_tokens_per_s": 20.0, "expert_cache_hit_rate": 0.9, "expert_backend": "hybrid",
+                          "cpu_expert_calls": 38, "cpu_expert_share": 0.38,
+                          "calibration": {"pcie_bytes_per_s": 6e9, "cpu_bytes_per_s": 4e9, "cpu_threads": 8}})
+    assert live.backend_label.isVisibleTo(live) and live.backend_title.isVisibleTo(live)
+    assert live.backend_label.text() == "hybrid · CPU 38% of experts"
+    assert live.hit_rate_label.text() == "90.0%"
+    worker.replyFinished.emit({"answer": "x", "reasoning": "", "stats": {
+        "new_tokens": 3, "stop_reason": "eos", "expert_backend": "cpu", "cpu_expert_share": 1.0}})
+    assert live.backend_label.text() == "cpu · CPU 100% of experts"
+    worker.progress.emit({"expert_backend": "offload", "cpu_expert_calls": 0, "cpu_expert_share": 0.0})
+    assert live.backend_label.text() == "offload"  # the CPU never computes experts here: no share to show
+    worker.loaded.emit({"name": "m", "context_tokens": 4096})
+    assert not live.backend_label.isVisibleTo(live)  # a new model: the old one's backend says nothing
+    worker.progress.emit({"decode_tokens_per_s": 5.0, "expert_calls": 40})  # a CPU-only run's stats
+    assert not live.backend_label.isVisibleTo(live)
 
 
 # ---- model library and models page -----------------------------------------------------------------
@@ -356,6 +379,35 @@ def test_settings_page_saves_sampling_and_rejects_bad_values(qtbot, settings):
     with qtbot.waitSignal(page.themeChanged) as theme:
         page.theme_combo.setCurrentIndex(page.theme_combo.findData("dark"))
     assert theme.args == ["dark"] and settings.get("theme") == "dark"
+
+
+def test_settings_page_expert_backend_and_cpu_threads_reach_the_load_options(qtbot, settings):
+    page = SettingsPage(settings)
+    qtbot.addWidget(page)
+    combo = page.backend_combo
+    assert [combo.itemData(i) for i in range(combo.count())] == list(BACKENDS)
+    assert [combo.itemText(i) for i in range(combo.count())] == [label for label, _, _ in EXPERT_BACKENDS]
+    assert all(combo.itemData(i, Qt.ItemDataRole.ToolTipRole) for i in range(combo.count()))
+    assert "applies when a model is loaded" in combo.toolTip() and "Applies when" in page.threads_spin.toolTip()
+    assert combo.currentData() == "auto" and page.threads_spin.text() == "physical cores"
+    assert {k: load_options(settings)[k] for k in ("expert_backend", "cpu_threads")} == \
+        {"expert_backend": "auto", "cpu_threads": 0}
+
+    combo.setCurrentIndex(combo.findData("hybrid"))
+    threads = page.threads_spin.maximum()  # the machine's logical CPUs
+    page.threads_spin.setValue(threads)
+    assert (settings.get("expert_backend"), settings.get("cpu_threads")) == ("hybrid", threads)
+    assert {k: load_options(settings)[k] for k in ("expert_backend", "cpu_threads")} == \
+        {"expert_backend": "hybrid", "cpu_threads": threads}
+    reopened = SettingsPage(settings)
+    qtbot.addWidget(reopened)
+    assert reopened.backend_combo.currentText() == "Hybrid (PCIe + CPU)" and reopened.threads_spin.value() == threads
+
+    settings.set("expert_backend", "warp-drive")  # a hand-edited store: the page and the load agree on Auto
+    assert load_options(settings)["expert_backend"] == "auto"
+    edited = SettingsPage(settings)
+    qtbot.addWidget(edited)
+    assert edited.backend_combo.currentData() == "auto"
 
 
 def test_logs_page_filters_and_copies_diagnostics(qtbot, worker):

@@ -45,6 +45,8 @@ def test_table_output(capsys):
 
 @pytest.mark.parametrize("argv, message", [
     (["--prompt-tokens", "0"], "positive whole numbers"),
+    (["--expert-backends", "pcie"], "--expert-backends takes offload, cpu, hybrid or auto"),
+    (["--expert-backends", "hybrid", "--preset", "4gb"], "needs --device cuda"),
     (["--decode-tokens", "-1"], "--decode-tokens must be 0 or more"),
 ])
 def test_bad_arguments(argv, message, capsys):

@@ -4,10 +4,14 @@ import io
 import json
 import subprocess
 import sys
+from types import SimpleNamespace
 
 import pytest
+import torch
 
 from engine.cli import main
+from engine.loader import load_model
+from engine.runtime import placement
 
 
 @pytest.fixture(scope="module")
@@ -87,3 +91,64 @@ def test_asking_for_the_gpu_on_a_cpu_build_says_why(model_dir, capsys):
     code = main(["generate", "--model", str(model_dir), "--prompt", "hi", "--device", "cuda"])
     err = capsys.readouterr().err
     assert code == 2 and "--device cuda: this PyTorch build has no CUDA support" in err and len(err.splitlines()) == 1
+
+
+@pytest.fixture
+def restored_threads(monkeypatch):
+    """--cpu-threads sets process-wide thread counts: each test leaves them as it found them."""
+    from engine.kernels import cpu_experts
+
+    monkeypatch.setattr(cpu_experts, "_threads", cpu_experts._threads)
+    threads = torch.get_num_threads()
+    yield
+    torch.set_num_threads(threads)
+
+
+def fake_gpu_run(monkeypatch, expert_slots: int) -> list[dict]:
+    """A GPU placement whose model loads on the CPU with `expert_slots` cache slots, so the real cached executor
+    runs; returns load_placed's expert keywords, one dict per call."""
+    calls = []
+    plan = SimpleNamespace(expert_slots=expert_slots, prefill_chunk_tokens=64, kv_tokens=4096)
+    gpu = placement.Placement("cuda", torch.float32, plan, "GPU mode on a test card")
+    monkeypatch.setattr(placement, "plan_placement", lambda *args, **kwargs: gpu)
+
+    def load_cached(folder, where, pin_budget_bytes=None, **backend):
+        calls.append(backend)
+        return load_model(folder, "cpu", torch.float32, expert_cache_slots=where.plan.expert_slots, **backend)
+
+    monkeypatch.setattr(placement, "load_placed", load_cached)
+    return calls
+
+
+@pytest.mark.parametrize("options, expected", [
+    ([], {"expert_backend": "auto", "cpu_threads": None}),
+    (["--expert-backend", "offload", "--cpu-threads", "1"], {"expert_backend": "offload", "cpu_threads": 1}),
+])
+def test_expert_backend_and_cpu_threads_reach_load_placed(options, expected, model_dir, capsys, monkeypatch,
+                                                          restored_threads):
+    calls = fake_gpu_run(monkeypatch, expert_slots=32)  # every layer fits: any backend runs
+    code, out, err = run(["generate", "--model", model_dir, "--prompt", "Hi", "--max-new-tokens", "2", "--json",
+                          *options], capsys)
+    assert code == 0, err
+    assert calls == [expected] and json.loads(out)["stats"]["new_tokens"] == 2
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--expert-backend", "warp"], "argument --expert-backend: invalid choice: 'warp'"),
+    (["--cpu-threads", "many"], "argument --cpu-threads: invalid int value: 'many'"),
+    (["--cpu-threads", "0"], "--cpu-threads: threads must be between 1 and"),
+    (["--device", "cpu", "--expert-backend", "hybrid"],
+     "--expert-backend hybrid only applies on the GPU; leave it out, since this run is on the CPU: --device cpu"),
+])
+def test_bad_expert_options_are_one_line(argv, message, model_dir, capsys, restored_threads):
+    code, out, err = run(["generate", "--model", model_dir, "--prompt", "x", *argv], capsys)
+    lines = err.strip().splitlines()
+    assert code == 2 and len(lines) == 1 and lines[0].startswith("error: ") and message in lines[0]
+
+
+def test_a_gpu_backend_the_cache_cannot_hold_is_one_line(model_dir, capsys, monkeypatch):
+    fake_gpu_run(monkeypatch, expert_slots=8)  # one of the tiny model's four MoE layers
+    code, out, err = run(["chat", "--model", model_dir, "--expert-backend", "gpu"], capsys)
+    assert code == 2 and err.splitlines()[-1] == (
+        "error: the gpu expert backend keeps every expert in VRAM: 4 layers of slots, but the cache holds 1; "
+        "choose offload, cpu, hybrid or auto (--expert-backend), or a bigger --preset")

@@ -150,9 +150,10 @@ def test_presets_fit_the_budget_or_say_why(qwen36, preset, budget_gib):
 def test_4gb_plan_is_the_field_report_fix_with_a_long_prompt(qwen36):
     plan = plan_memory(qwen36, 4 * GIB, "4gb")
     assert plan.expert_cache_layers == 1 and plan.expert_slots == 256 and not plan.prefill_overlap
-    # the measured CUDA context (544 MiB) leaves 31,232 tokens on the RTX 2050, short of the 32,768 goal
+    # the measured CUDA context (544 MiB) and decode graphs (40 MiB) leave 29,184 tokens on the RTX 2050, short
+    # of the 32,768 goal
     assert plan.max_prompt_tokens >= GUARANTEED_PROMPT_4GB, plan.format_table()
-    assert plan.max_prompt_tokens == 31232 and plan.prefill_chunk_tokens == PREFILL_CHUNK_MIN
+    assert plan.max_prompt_tokens == 29184 and plan.prefill_chunk_tokens == PREFILL_CHUNK_MIN
 
 
 def test_8gb_and_12gb_plans(qwen36):
@@ -212,7 +213,7 @@ def test_qwen3_30b_does_not_fit_4gb_and_says_why():
 
 def test_reserve_of_a_bigger_gpu_is_honoured(qwen36):
     h200 = runtime_reserve_bytes(132, 2048)
-    assert h200 == (544 + 264 + 64) * MIB
+    assert h200 == (544 + 24 + 264 + 64 + 16) * MIB  # context, graphs, local memory, slack, graph pool
     plan = plan_memory(qwen36, 4 * GIB, "4gb", reserve_bytes=h200)
     assert plan.breakdown["runtime_reserve"] == h200 and plan.breakdown["total"] <= 4 * GIB
     assert plan.max_prompt_tokens < plan_memory(qwen36, 4 * GIB, "4gb").max_prompt_tokens

@@ -199,6 +199,7 @@ def test_cuda_dispatch_registers_both_ops():
         kernels._register_cuda_kernels()
         assert kernels._BY_DEVICE["cuda"]["linear"] is triton_linear.linear
         assert kernels._BY_DEVICE["cuda"]["grouped_linear"] is triton_linear.grouped_linear
+        assert kernels._BY_DEVICE["cuda"]["slot_linear"] is triton_linear.slot_linear
     finally:
         kernels._BY_DEVICE.clear()
         kernels._BY_DEVICE.update(saved)
@@ -301,6 +302,23 @@ def test_grouped_tile_table_is_made_once():
     second = triton_linear.grouped_linear(x, weight, groups)
     assert torch.equal(first, second)
     assert next(t for key, t in groups.cache.items() if key[0] == "triton_linear_tiles") is table
+
+
+@pytest.mark.parametrize("fmt, out_features, in_features", GROUPED)
+@pytest.mark.parametrize("splits", [None, 2])
+def test_slot_linear_matches_reference(fmt, out_features, in_features, splits):
+    """A decode step's rows, each with its own slot read from a device tensor; the input row repeated by a
+    zero-stride view (one token's hidden state for each of its experts)."""
+    weight, _pool = _stacked_experts(fmt, 6, out_features, in_features, seed=60)
+    dtype = torch.bfloat16 if fmt == "dense bf16" else torch.float32
+    x = torch.randn(1, in_features, generator=_gen(16)).to(DEVICE).to(dtype).expand(4, in_features)
+    slots = torch.tensor([5, 0, 3, 1], device=DEVICE)
+    got = triton_linear.slot_linear(x, weight, slots, splits=splits)
+    expected = reference.slot_linear(x.float(), weight, slots)
+    for row, slot in enumerate(slots.tolist()):  # the reference itself, row by row against one expert's matmul
+        assert torch.allclose(expected[row], reference.linear(x[row:row + 1].float(), weight.select(slot))[0])
+    assert got.shape == (4, out_features) and got.dtype == dtype
+    assert _rel_error(got, expected) <= (BF16_TOLERANCE if dtype == torch.bfloat16 else FLOAT32_TOLERANCE)
 
 
 @pytest.mark.parametrize("fmt", [FP8_BLOCK, NVFP4_CT])

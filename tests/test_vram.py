@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from engine.runtime import vram
-from engine.runtime.planner import ALLOCATOR_SLACK_BYTES, MIB, runtime_reserve_bytes
+from engine.runtime.planner import RESERVE_INSIDE_ALLOCATOR_BYTES, MIB, runtime_reserve_bytes
 
 GIB = 2**30
 H200 = SimpleNamespace(total_memory=140 * GIB, multi_processor_count=132, max_threads_per_multi_processor=2048)
@@ -26,8 +26,8 @@ def fake_cuda(monkeypatch):
 
 def test_the_allocator_gets_the_budget_less_the_outside_estimate(fake_cuda):
     cap = vram.cap_process_memory(4 * GIB)
-    outside = runtime_reserve_bytes(132, 2048) - ALLOCATOR_SLACK_BYTES  # context + local memory
-    assert cap.outside_estimate_bytes == outside == (544 + 264) * MIB
+    outside = runtime_reserve_bytes(132, 2048) - RESERVE_INSIDE_ALLOCATOR_BYTES
+    assert cap.outside_estimate_bytes == outside == (544 + 24 + 264) * MIB  # context, decode graphs, local memory
     assert cap.allocator_limit_bytes == 4 * GIB - outside
     assert fake_cuda["fraction"] == pytest.approx(cap.allocator_limit_bytes / H200.total_memory)
     assert fake_cuda["device"] == torch.device("cuda", 0)

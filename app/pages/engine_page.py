@@ -127,7 +127,8 @@ class LiveGauges(QGroupBox):
     """Speed and context while generating, fed by the worker's progress and replyFinished dicts.
 
     Expert-cache hit rate and VRAM used are shown only when the worker reports them (the GPU
-    runtime's `expert_cache_hit_rate` and `vram_used_bytes`); the CPU engine has neither.
+    runtime's `expert_cache_hit_rate` and `vram_used_bytes`); the CPU engine has neither. The
+    expert backend's row likewise appears only with the GPU runtime's `expert_backend`.
     """
 
     def __init__(self, parent: QWidget | None = None):
@@ -140,7 +141,8 @@ class LiveGauges(QGroupBox):
         self.context_label = QLabel("—")
         self.hit_rate_label, self.vram_label = QLabel(NOT_MEASURED), QLabel(NOT_MEASURED)
         self.last_reply_label = QLabel("No reply yet.")
-        for label in (self.hit_rate_label, self.vram_label, self.last_reply_label):
+        self.backend_title, self.backend_label = QLabel("Expert backend"), QLabel()
+        for label in (self.hit_rate_label, self.vram_label, self.backend_label, self.last_reply_label):
             label.setProperty("role", "muted")
         self.plan_total_bytes = 0
         grid = QGridLayout(self)
@@ -157,9 +159,12 @@ class LiveGauges(QGroupBox):
         grid.addWidget(self.hit_rate_label, 3, 1, 1, 2)
         grid.addWidget(QLabel("VRAM used vs plan"), 4, 0)
         grid.addWidget(self.vram_label, 4, 1, 1, 2)
-        grid.addWidget(self.last_reply_label, 5, 0, 1, 3)
+        grid.addWidget(self.backend_title, 5, 0)
+        grid.addWidget(self.backend_label, 5, 1, 1, 2)
+        grid.addWidget(self.last_reply_label, 6, 0, 1, 3)
         grid.setColumnStretch(2, 1)
         grid.setColumnMinimumWidth(1, 110)
+        self._show_backend(None)
 
     def on_loaded(self, info: dict) -> None:
         """A new model: earlier speeds say nothing about it."""
@@ -168,6 +173,7 @@ class LiveGauges(QGroupBox):
         self.decode_label.setText("—")
         self.prefill_label.setText("—")
         self._show_context(0, int(info.get("context_tokens") or 0))
+        self._show_backend(None)
 
     def on_progress(self, progress: dict) -> None:
         rate = progress.get("decode_tokens_per_s")
@@ -206,6 +212,19 @@ class LiveGauges(QGroupBox):
         if numbers.get("vram_used_bytes") is not None:
             planned = f" of {format_bytes(self.plan_total_bytes)} planned" if self.plan_total_bytes else ""
             self.vram_label.setText(f"{format_bytes(numbers['vram_used_bytes'])}{planned}")
+        if numbers.get("expert_backend") is not None:
+            self._show_backend(numbers)
+
+    def _show_backend(self, numbers: dict | None) -> None:
+        """E.g. "hybrid · CPU 38% of experts" (a share only where the CPU computes some); no row without stats."""
+        self.backend_title.setVisible(numbers is not None)
+        self.backend_label.setVisible(numbers is not None)
+        if numbers is None:
+            return
+        backend = numbers["expert_backend"]
+        share = numbers.get("cpu_expert_share")
+        on_cpu = f" · CPU {share:.0%} of experts" if backend in ("cpu", "hybrid") and share is not None else ""
+        self.backend_label.setText(f"{backend}{on_cpu}")
 
 
 class EnginePage(QWidget):

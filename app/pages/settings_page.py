@@ -1,4 +1,4 @@
-"""The Settings page: sampling defaults, thinking, context size, CPU threads, pinned RAM and theme.
+"""The Settings page: sampling defaults, thinking, context size, CPU threads, pinned RAM, expert backend and theme.
 
 Sampling fields are free text, blank meaning "the model's own default" (its generation_config.json),
 so only what the user typed is stored and a model's recommended values win otherwise. They are
@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import os
 
-from PySide6.QtCore import Signal
+from PySide6.QtCore import Qt, Signal
 from PySide6.QtWidgets import (QCheckBox, QComboBox, QDoubleSpinBox, QFormLayout, QGroupBox, QHBoxLayout, QLabel,
                                QLineEdit, QPushButton, QSpinBox, QVBoxLayout, QWidget)
 
@@ -28,6 +28,20 @@ SAMPLING_FIELDS = (
     ("seed", "Seed", int, "random"),
 )
 THEMES = (("Light", "light"), ("Dark", "dark"))
+# (label, engine.experts.split backend, when it helps)
+EXPERT_BACKENDS = (
+    ("Auto (measured)", "auto", "Measures this machine's PCIe and CPU memory speeds once, then uses Hybrid when "
+                                "the CPU helps and Offload otherwise. Right for most machines."),
+    ("All experts in VRAM", "gpu", "Keeps every expert on the card, so nothing is copied once warm: the fastest, "
+                                   "but only when the preset's expert cache holds every layer (a big card or a "
+                                   "small model); otherwise loading is refused."),
+    ("Offload (PCIe)", "offload", "Copies each missing expert over PCIe into the card's cache. Best on a desktop "
+                                  "with a full-width PCIe slot."),
+    ("CPU computes misses", "cpu", "The CPU computes missing experts straight from RAM and nothing crosses PCIe. "
+                                   "Helps on laptops, whose PCIe link is narrow and RAM fast."),
+    ("Hybrid (PCIe + CPU)", "hybrid", "Splits each step's missing experts between PCIe copies and the CPU so both "
+                                      "finish together. Helps when the two paths are about as fast."),
+)
 MIN_CONTEXT_TOKENS = 2048
 MAX_CONTEXT_TOKENS = 262144  # the longest context of the models MoE Desk runs
 MAX_SEED = 2 ** 63 - 1  # torch.Generator.manual_seed's range for a non-negative seed
@@ -104,6 +118,8 @@ class SettingsPage(QWidget):
         self.threads_spin = QSpinBox()
         self.threads_spin.setRange(0, os.cpu_count() or 1)
         self.threads_spin.setSpecialValueText("physical cores")
+        self.threads_spin.setToolTip("Threads for the CPU's work: the whole model in CPU mode, the experts it "
+                                     "computes on a GPU run. Applies when a model is loaded.")
         self.threads_spin.setValue(int(settings.get("cpu_threads")))
         self.threads_spin.valueChanged.connect(lambda n: settings.set("cpu_threads", n))
         self.pin_spin = QDoubleSpinBox()
@@ -115,6 +131,15 @@ class SettingsPage(QWidget):
         self.pin_spin.setToolTip("Host RAM locked for fast copies of experts to the GPU.")
         self.pin_spin.setValue(float(settings.get("pin_budget_gib")))
         self.pin_spin.valueChanged.connect(lambda gib: settings.set("pin_budget_gib", gib))
+        self.backend_combo = QComboBox()
+        for label, key, when in EXPERT_BACKENDS:
+            self.backend_combo.addItem(label, key)
+            self.backend_combo.setItemData(self.backend_combo.count() - 1, when, Qt.ItemDataRole.ToolTipRole)
+        self.backend_combo.setToolTip("Where a GPU run computes the experts missing from its cache; applies when "
+                                      "a model is loaded, and CPU mode ignores it. Each choice says when it helps.")
+        self.backend_combo.setCurrentIndex(max(self.backend_combo.findData(settings.get("expert_backend")), 0))
+        self.backend_combo.currentIndexChanged.connect(
+            lambda: settings.set("expert_backend", self.backend_combo.currentData()))
         self.theme_combo = QComboBox()
         for label, key in THEMES:
             self.theme_combo.addItem(label, key)
@@ -126,6 +151,7 @@ class SettingsPage(QWidget):
         engine_form.addRow("Context size", self.context_spin)
         engine_form.addRow("CPU threads", self.threads_spin)
         engine_form.addRow("Pinned-RAM budget", self.pin_spin)
+        engine_form.addRow("Expert backend", self.backend_combo)
         chat_box = QGroupBox("Chat and appearance")
         chat_form = QFormLayout(chat_box)
         chat_form.addRow(self.thinking_check)

@@ -17,6 +17,7 @@ layer runs its shared expert in between, so that work hides the transfers.
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 
 import torch
@@ -26,6 +27,7 @@ from engine import kernels
 from engine.experts.bank import ExpertBank, run_expert
 from engine.experts.cache import ExpertCache
 from engine.experts.packed import PackedExperts, pack_banks
+from engine.experts.split import BACKENDS, cached_calibration, calibrate, cpu_share, machine_key, resolve
 from engine.kernels.groups import ExpertGroups
 
 
@@ -53,14 +55,21 @@ class ReferenceExpertExecutor:
 
 
 class CachedExpertExecutor:
-    def __init__(self, device: torch.device | str, slots: int, pin_budget_bytes: int | None = None):
+    def __init__(self, device: torch.device | str, slots: int, pin_budget_bytes: int | None = None,
+                 backend: str = "offload", cpu_threads: int | None = None):
+        if backend not in BACKENDS:
+            raise ValueError(f"unknown expert backend {backend!r}; choose one of {', '.join(BACKENDS)}")
         self.device = torch.device(device)
         self.slots, self.pin_budget_bytes = slots, pin_budget_bytes
+        self.requested_backend = self.backend = backend
+        self.cpu_threads = cpu_threads
         self.cache: ExpertCache | None = None
         self.packed: dict[int, PackedExperts] = {}
         self._next_layer: dict[int, int] = {}
         self.host_report: dict = {}
-        self.expert_calls = 0
+        self.cpu_kernel = None  # decode steps' CPU share (engine/kernels/cpu_experts.py), for cpu and hybrid
+        self.calibration = None
+        self.expert_calls = self.cpu_expert_calls = 0
 
     def prepare(self, banks: dict[int, ExpertBank]) -> None:
         """Repack every layer's experts into host records (pinned within the budget) and allocate the cache."""
@@ -69,6 +78,36 @@ class CachedExpertExecutor:
         self._next_layer = dict(zip(layers, layers[1:]))
         first = self.packed[layers[0]]
         self.cache = ExpertCache(self.device, self.slots, first.layout, first.records.shape[0])
+        if self.requested_backend == "gpu" and self.cache.blocks < len(layers):
+            raise ValueError(f"the gpu expert backend keeps every expert in VRAM: {len(layers)} layers of slots, "
+                             f"but the cache holds {self.cache.blocks}; choose offload, cpu, hybrid or auto")
+        if self.requested_backend in ("auto", "cpu", "hybrid") and self.device.type == "cuda":
+            self._prepare_cpu(first.layout)
+        self.backend = resolve(self.requested_backend, self.calibration, first.layout.record_bytes)
+        if self.backend not in ("cpu", "hybrid"):
+            self.cpu_kernel = None
+
+    def _prepare_cpu(self, layout) -> None:
+        from engine.kernels import cpu_experts
+        cpu_experts.set_threads(self.cpu_threads)
+        self.cpu_kernel = cpu_experts.CpuExpertKernel(layout)
+        if self.requested_backend == "cpu":
+            return
+        layers = list(self.packed.values())
+        records = [layers[i % len(layers)].records[i // len(layers)] for i in range(16)]
+        key = machine_key(self.device, layout.record_bytes, cpu_experts.threads())
+        self.calibration = cached_calibration(key, lambda: calibrate(self.device, records, self._cpu_seconds))
+
+    def _cpu_seconds(self, calls: int, per_call: int) -> float:
+        """Time for `calls` CPU calls of `per_call` experts (one token each), each call on another layer."""
+        x = torch.randn(1, self.cpu_kernel.hidden)
+        layers = list(self.packed.values())
+        ids = torch.arange(per_call).reshape(1, per_call) % layers[0].records.shape[0]
+        started = time.perf_counter()
+        for call in range(calls):
+            self.cpu_kernel.run(layers[call % len(layers)].records, x, ids, torch.ones(1, per_call),
+                                torch.ones(1, per_call, dtype=torch.bool))
+        return time.perf_counter() - started
 
     def start(self, bank: ExpertBank, layer: int, x, expert_ids, expert_weights) -> _CachedWork:
         tokens, top_k = expert_ids.shape
@@ -103,8 +142,48 @@ class CachedExpertExecutor:
         gate, up = kernels.grouped_linear(rows, weights["gate_up"], groups).split(intermediate, dim=-1)
         return kernels.grouped_linear(F.silu(gate) * up, weights["down"], groups)
 
+    # ---- the graphed decode step's two halves (engine/runtime/decode_graphs.py) ------------------------------
+
+    def step_capturable(self) -> bool:
+        """Whether a decode step's expert matmuls can be captured in CUDA graphs (their format has a kernel that
+        reads the slots on the device)."""
+        return self.device.type == "cuda" and all(kernels.slot_linear_capturable(w, self.device)
+                                                  for w in self.cache.weights.values())
+
+    def fetch_for_step(self, layer: int, experts: list[int]) -> tuple[list[int], list[bool]]:
+        """(cache slot, on the CPU) of each of one token's chosen experts. The backend picks which misses the CPU
+        computes (`compute_on_cpu`); the rest are copied in, and the current stream waits for the copies.
+        Compute that reads the slots must be followed by `cache.release`. A CPU expert's slot is any slot:
+        the step gives its row no weight."""
+        misses = [e for e in experts if not self.cache.holds(layer, e)]
+        share = cpu_share(len(misses), self.backend, self.calibration, self.cache.layout.record_bytes)
+        on_cpu_experts = set(misses[len(misses) - share:])
+        on_gpu = [e for e in experts if e not in on_cpu_experts]
+        self.expert_calls += len(on_gpu)
+        self.cpu_expert_calls += len(on_cpu_experts)
+        slot_of = dict(zip(on_gpu, self._slots(layer, on_gpu, streaming=False))) if on_gpu else {}
+        self.cache.wait_ready()
+        spare = next(iter(slot_of.values()), 0)
+        return [slot_of.get(e, spare) for e in experts], [e in on_cpu_experts for e in experts]
+
+    def compute_on_cpu(self, layer: int, x: torch.Tensor, expert_ids: torch.Tensor, expert_weights: torch.Tensor,
+                       on_cpu: torch.Tensor) -> torch.Tensor:
+        """The CPU's share of a layer's routed output, float32 [T, H] on the host (inputs on the host)."""
+        return self.cpu_kernel.run(self.packed[layer].records, x, expert_ids, expert_weights, on_cpu)
+
+    def slot_swiglu(self, rows: torch.Tensor, slots: torch.Tensor, intermediate: int) -> torch.Tensor:
+        """Row r of `rows` through the expert in cache slot slots[r] (a device tensor: capturable)."""
+        weights = self.cache.weights
+        gate, up = kernels.slot_linear(rows, weights["gate_up"], slots).split(intermediate, dim=-1)
+        return kernels.slot_linear(F.silu(gate) * up, weights["down"], slots)
+
     def stats(self) -> dict:
-        return {"expert_calls": self.expert_calls, **self.host_report, **self.cache.stats()}
+        computed = self.expert_calls + self.cpu_expert_calls
+        return {"expert_calls": self.expert_calls, "expert_backend": self.backend,
+                "cpu_expert_calls": self.cpu_expert_calls,
+                "cpu_expert_share": self.cpu_expert_calls / computed if computed else 0.0,
+                **({"calibration": self.calibration.to_dict()} if self.calibration else {}),
+                **self.host_report, **self.cache.stats()}
 
 
 class Ready:

@@ -39,6 +39,15 @@ def gated_delta_rule(q, k, v, g, beta, state):
     return _kernel("gated_delta_rule", q)(q, k, v, g, beta, state)
 
 
+def gated_deltanet(qkv, z, b, a, conv_state, conv_weight, recurrent, a_log, dt_bias, norm_weight, eps, key_heads,
+                    value_heads, key_dim, value_dim):
+    """A Gated DeltaNet layer between its projections (reference.gated_deltanet): conv, delta rule and gated norm,
+    updating conv_state and recurrent in place; [T, value heads * value dim] in qkv's dtype. On CUDA one token
+    runs as two fused Triton kernels (a decode step's ~50 small launches otherwise)."""
+    return _kernel("gated_deltanet", qkv)(qkv, z, b, a, conv_state, conv_weight, recurrent, a_log, dt_bias,
+                                           norm_weight, eps, key_heads, value_heads, key_dim, value_dim)
+
+
 def causal_attention(q, k, v, scale):
     return _kernel("causal_attention", q)(q, k, v, scale)
 
@@ -49,16 +58,31 @@ def grouped_linear(x, weight, groups):
     return _kernel("grouped_linear", x)(x, weight, groups)
 
 
+def slot_linear(x, weight, slots):
+    """Row r of x [M, K] times the expert in slot slots[r] of the stacked weight [S, N, K]; [M, N] in x's dtype.
+    slots: int [M] on x's device, read by the kernel, so a captured decode step takes new slots every replay."""
+    return _kernel("slot_linear", x)(x, weight, slots)
+
+
+def slot_linear_capturable(weight, device) -> bool:
+    """Whether slot_linear on `device` runs the stacked `weight` without reading its slots on the host, so a
+    CUDA graph can capture it (the reference reads them)."""
+    check = _BY_DEVICE.get(torch.device(device).type, {}).get("slot_linear_capturable")
+    return bool(check and check(weight))
+
+
 def _register_cuda_kernels() -> None:
     """SDPA attention (flash / memory-efficient: no score matrix over the whole context), and Triton kernels
     for NVIDIA cards where Triton is installed (absent is fine: the reference runs)."""
     from engine.kernels import sdpa_attention
     register("cuda", sdpa_attention, ["causal_attention"])
     try:
-        from engine.kernels import triton_linear
+        from engine.kernels import triton_gdn, triton_linear, triton_norm
     except ImportError:
         return
-    register("cuda", triton_linear, ["linear", "grouped_linear"])
+    register("cuda", triton_gdn, ["gated_deltanet"])
+    register("cuda", triton_norm, ["rms_norm"])
+    register("cuda", triton_linear, ["linear", "grouped_linear", "slot_linear", "slot_linear_capturable"])
 
 
 if torch.cuda.is_available():

@@ -25,6 +25,13 @@ def grouped_linear(x: torch.Tensor, weight: StoredWeight, groups: ExpertGroups) 
     return out
 
 
+def slot_linear(x: torch.Tensor, weight: StoredWeight, slots: torch.Tensor) -> torch.Tensor:
+    out = x.new_empty(x.shape[0], weight.shape[-2])
+    for row, slot in enumerate(slots.tolist()):
+        out[row:row + 1] = linear(x[row:row + 1], weight.select(slot))
+    return out
+
+
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, offset: float) -> torch.Tensor:
     """RMSNorm in float32; `offset` 1.0 gives the zero-centred (1 + weight) variant."""
     x32 = x.float()
@@ -49,13 +56,12 @@ def gated_delta_rule(q, k, v, g, beta, state):
     The state evolves as S <- exp(g) S + k (beta (v - exp(g) S^T k))^T and o = S^T q.
     """
     q, k, v, g, beta = (t.float().transpose(0, 1) for t in (q, k, v, g, beta))  # heads first
+    if q.shape[1] == 1 and state.dtype == torch.float32:  # in place: a decode step makes no state-sized temporaries
+        state.mul_(g[:, 0].exp()[:, None, None])
+        delta = beta[:, 0, None] * (v[:, 0] - torch.einsum("hkv,hk->hv", state, k[:, 0]))
+        state.baddbmm_(k[:, 0, :, None], delta[:, None, :])
+        return torch.einsum("hkv,hk->hv", state, q[:, 0]).unsqueeze(0)
     s = state.float()
-    if q.shape[1] == 1:
-        s = s * g[:, 0].exp()[:, None, None]
-        delta = beta[:, 0, None] * (v[:, 0] - torch.einsum("hkv,hk->hv", s, k[:, 0]))
-        s = s + k[:, 0, :, None] * delta[:, None, :]
-        state.copy_(s)
-        return torch.einsum("hkv,hk->hv", s, q[:, 0]).unsqueeze(0)
     outputs = []
     for start in range(0, q.shape[1], GDN_CHUNK):
         end = min(start + GDN_CHUNK, q.shape[1])
@@ -64,6 +70,34 @@ def gated_delta_rule(q, k, v, g, beta, state):
         outputs.append(o)
     state.copy_(s)
     return torch.cat(outputs, dim=1).transpose(0, 1)
+
+
+def gated_deltanet(qkv, z, b, a, conv_state, conv_weight, recurrent, a_log, dt_bias, norm_weight, eps, key_heads,
+                    value_heads, key_dim, value_dim):
+    """A Gated DeltaNet layer between its input and output projections, as GatedDeltaNet composes it.
+
+    qkv [T, conv channels], z [T, value heads * value dim], b, a [T, value heads] are the projections (activation
+    dtype); conv_state [channels, K-1] and recurrent [value heads, key dim, value dim] (float32) are updated in
+    place. Returns the gated, normalised o [T, value heads * value dim] in qkv's dtype.
+    """
+    tokens, keys = qkv.shape[0], key_heads * key_dim
+    qkv = causal_conv1d(qkv, conv_state, conv_weight)
+    q, k, v = qkv.split([keys, keys, value_heads * value_dim], dim=-1)
+
+    def per_value_head(t):  # L2-normalised in float32; each key head serves value_heads // key_heads value heads
+        t = t.view(tokens, key_heads, 1, key_dim).float()
+        t = t * torch.rsqrt((t * t).sum(dim=-1, keepdim=True) + 1e-6)
+        return t.expand(tokens, key_heads, value_heads // key_heads, key_dim).reshape(tokens, value_heads, key_dim)
+
+    q = per_value_head(q) * key_dim ** -0.5
+    k = per_value_head(k)
+    v = v.view(tokens, value_heads, value_dim)
+    beta = torch.sigmoid(b.float())
+    decay = -a_log.exp() * F.softplus(a.float() + dt_bias)
+    out = gated_delta_rule(q, k, v, decay, beta, recurrent).to(qkv.dtype)
+    z = z.reshape(tokens, value_heads, value_dim)
+    out = rms_norm(out, norm_weight, eps, 0.0) * F.silu(z.float()).to(qkv.dtype)
+    return out.reshape(tokens, -1)
 
 
 def _delta_chunk(q, k, v, g, beta, s):

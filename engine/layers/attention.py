@@ -73,18 +73,30 @@ class Attention:
         return KVCache(self.kv_heads, self.head_dim, max_tokens, device, dtype)
 
     def __call__(self, x: torch.Tensor, positions: torch.Tensor, cache: KVCache) -> torch.Tensor:
+        q, k, v, gate = self.project(x, positions)
+        return self.output(self.attend(q, k, v, cache), gate)
+
+    # The three phases are separate because a graphed decode step (engine/runtime/decode_graphs.py) captures
+    # the first and last, whose shapes never change, and runs the middle one, whose KV length grows, eagerly.
+    def project(self, x: torch.Tensor, positions: torch.Tensor):
+        """(q [T, H, D] and k [T, Hkv, D] normed and rotated, v [T, Hkv, D], the output gate or None)."""
         tokens = x.shape[0]
         q, k, v = self.qkv_proj(x)
         q = q.reshape(tokens, self.heads, -1)
+        gate = None
         if self.output_gate:  # each head's projection is [query | gate]
             q, gate = q.split(self.head_dim, dim=-1)
         q = self.q_norm(q)
         k = self.k_norm(k.reshape(tokens, self.kv_heads, self.head_dim))
         v = v.reshape(tokens, self.kv_heads, self.head_dim)
         cos, sin = self.rotary.cos_sin(positions, x.dtype)
-        q, k = self.rotary.apply(q, cos, sin), self.rotary.apply(k, cos, sin)
+        return self.rotary.apply(q, cos, sin), self.rotary.apply(k, cos, sin), v, gate
+
+    def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cache: KVCache) -> torch.Tensor:
         keys, values = cache.append(k, v)
-        out = kernels.causal_attention(q, keys, values, self.scale)
-        if self.output_gate:
+        return kernels.causal_attention(q, keys, values, self.scale)
+
+    def output(self, out: torch.Tensor, gate: torch.Tensor | None) -> torch.Tensor:
+        if gate is not None:
             out = out * torch.sigmoid(gate)
-        return self.o_proj(out.reshape(tokens, self.heads * self.head_dim))
+        return self.o_proj(out.reshape(out.shape[0], self.heads * self.head_dim))

@@ -8,7 +8,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
-import torch.nn.functional as F
 
 from engine import kernels
 from engine.layers.linear import JoinedLinear, Linear
@@ -28,11 +27,6 @@ class DeltaNetState:
     def restore(self, saved: DeltaNetState) -> None:
         self.conv.copy_(saved.conv)
         self.recurrent.copy_(saved.recurrent)
-
-
-def l2_normalise(x: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
-    x = x.float()
-    return x * torch.rsqrt((x * x).sum(dim=-1, keepdim=True) + eps)
 
 
 class GatedDeltaNet:
@@ -62,21 +56,9 @@ class GatedDeltaNet:
         )
 
     def __call__(self, x: torch.Tensor, positions: torch.Tensor, state: DeltaNetState) -> torch.Tensor:
-        tokens = x.shape[0]
         qkv, z = self.in_proj_qkvz(x)
-        qkv = kernels.causal_conv1d(qkv, state.conv, self.conv_weight)
-        q, k, v = qkv.split([self.key_heads * self.key_dim, self.key_heads * self.key_dim,
-                             self.value_heads * self.value_dim], dim=-1)
-        # each key head serves value_heads // key_heads consecutive value heads
-        repeat = self.value_heads // self.key_heads
-        q = l2_normalise(q.view(tokens, self.key_heads, self.key_dim)).repeat_interleave(repeat, dim=1)
-        k = l2_normalise(k.view(tokens, self.key_heads, self.key_dim)).repeat_interleave(repeat, dim=1)
-        q = q * self.key_dim ** -0.5
-        v = v.view(tokens, self.value_heads, self.value_dim)
         b, a = self.in_proj_ba(x)
-        beta = torch.sigmoid(b.float())
-        decay = -self.a_log.exp() * F.softplus(a.float() + self.dt_bias)
-        out = kernels.gated_delta_rule(q, k, v, decay, beta, state.recurrent).to(x.dtype)
-        z = z.reshape(tokens, self.value_heads, self.value_dim)
-        out = kernels.rms_norm(out, self.norm_weight, self.eps) * F.silu(z.float()).to(x.dtype)
-        return self.out_proj(out.reshape(tokens, -1))
+        out = kernels.gated_deltanet(qkv, z, b, a, state.conv, self.conv_weight, state.recurrent, self.a_log,
+                                     self.dt_bias, self.norm_weight, self.eps, self.key_heads, self.value_heads,
+                                     self.key_dim, self.value_dim)
+        return self.out_proj(out)

@@ -33,10 +33,14 @@ class SparseMoe:
             weights = weights / weights.sum(dim=-1, keepdim=True)
         return ids, weights
 
+    def shared(self, x: torch.Tensor) -> torch.Tensor | None:
+        """The gated shared expert's output, or None for a model without one."""
+        if self.shared_expert is None:
+            return None
+        return torch.sigmoid(self.shared_expert_gate(x)) * self.shared_expert(x)
+
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         ids, weights = self.route(x)
         routed = self.executor.start(self.experts, self.layer, x, ids, weights)  # expert copies now in flight
-        if self.shared_expert is None:
-            return routed.wait()
-        shared = torch.sigmoid(self.shared_expert_gate(x)) * self.shared_expert(x)  # runs beside the copies
-        return routed.wait() + shared
+        shared = self.shared(x)  # runs beside the copies
+        return routed.wait() if shared is None else routed.wait() + shared

@@ -3,7 +3,9 @@ and the per-sequence state that lets a prompt be fed in chunks of any size."""
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Callable
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 import torch
@@ -13,6 +15,7 @@ from engine.errors import ContextOverflowError
 from engine.layers.linear import Linear
 from engine.layers.norm import RMSNorm
 from engine.layers.source import WeightSource
+from engine.runtime.decode_graphs import DecodeSteps, GraphCaptureError, graphs_enabled
 
 
 class DecoderLayer:
@@ -79,22 +82,61 @@ class CausalLM:
         self.norm = RMSNorm(source, "norm.weight", c.hidden_size, c.zero_centered_norms)
         tied = c.tie_word_embeddings and not source.checkpoint.has("lm_head")
         self.lm_head = Linear(source, "embed_tokens" if tied else "lm_head", c.hidden_size, c.vocab_size)
+        # All of the model's GPU work runs on one stream of its own: CUDA graphs cannot be captured on the default
+        # stream, and a second stream would cost a second cuBLAS workspace (32 MiB on Hopper) inside the plan
+        self.stream = torch.cuda.Stream(self.device) if self.device.type == "cuda" else None
+        self.decode_steps = None  # one-token steps as CUDA graphs (engine/runtime/decode_graphs.py)
+        if hasattr(executor, "step_capturable") and executor.step_capturable() and graphs_enabled():
+            self.decode_steps = DecodeSteps(self)
 
     def new_state(self, max_tokens: int | None = None) -> ModelState:
-        return ModelState([layer.mixer.new_state(max_tokens, self.device, self.dtype) for layer in self.layers],
-                          max_tokens)
+        with self._compute_stream():
+            return ModelState([layer.mixer.new_state(max_tokens, self.device, self.dtype) for layer in self.layers],
+                              max_tokens)
+
+    @contextmanager
+    def _compute_stream(self):
+        """Run the block on the model's stream, ordered after the caller's work and before what follows it."""
+        if self.stream is None:
+            yield None
+            return
+        caller = torch.cuda.current_stream(self.device)
+        self.stream.wait_stream(caller)
+        with torch.cuda.stream(self.stream):
+            yield caller
+        caller.wait_stream(self.stream)
+
+    @staticmethod
+    def _handed_back(result: torch.Tensor, caller) -> torch.Tensor:
+        """`result`, made on the model's stream, safe for the caller's stream to use and free."""
+        if caller is not None:
+            result.record_stream(caller)
+        return result
 
     @torch.inference_mode()
     def forward(self, token_ids, state: ModelState, interrupt: Callable[[], bool] | None = None) -> torch.Tensor:
         """Append `token_ids` to `state`; float32 logits [vocab] of the last token. `interrupt` is asked
         between layers; when it answers True the pass raises Interrupted (restore a snapshot after it)."""
-        return self._run(self._ids(token_ids), state, all_logits=False, interrupt=interrupt)[-1]
+        ids = self._ids(token_ids)
+        with self._compute_stream() as caller:
+            if self.decode_steps is not None and ids.numel() == 1:
+                if interrupt is not None and interrupt():
+                    raise Interrupted()
+                try:
+                    logits = self.decode_steps.step(int(ids[0]), state)
+                    return self._handed_back(logits, caller)
+                except GraphCaptureError as error:  # nothing ran: the plain forward takes this step and the next
+                    warnings.warn(f"decode runs without CUDA graphs, slower: {error}", RuntimeWarning, stacklevel=2)
+                    self.decode_steps = None
+            return self._handed_back(self._run(ids, state, all_logits=False, interrupt=interrupt)[-1], caller)
 
     @torch.inference_mode()
     def score(self, token_ids) -> torch.Tensor:
         """Float32 logits [T, vocab] of every position of `token_ids`, from a fresh state."""
         ids = self._ids(token_ids)
-        return self._run(ids, self.new_state(ids.numel()), all_logits=True)
+        state = self.new_state(ids.numel())
+        with self._compute_stream() as caller:
+            return self._handed_back(self._run(ids, state, all_logits=True), caller)
 
     def _ids(self, token_ids) -> torch.Tensor:
         ids = torch.as_tensor(token_ids, dtype=torch.long).reshape(-1)

@@ -63,7 +63,8 @@ def plan_placement(folder: str | Path, preset: str, budget_bytes: int | None = N
     return Placement("cuda", dtype, plan, f"GPU mode on {status}: {plan.summary()}")
 
 
-def load_placed(folder: str | Path, placement: Placement, pin_budget_bytes: int | None = None) -> CausalLM:
+def load_placed(folder: str | Path, placement: Placement, pin_budget_bytes: int | None = None,
+                expert_backend: str = "auto", cpu_threads: int | None = None) -> CausalLM:
     slots = placement.plan.expert_slots if placement.plan is not None else None
     return load_model(folder, placement.device, placement.dtype, expert_cache_slots=slots,
-                      pin_budget_bytes=pin_budget_bytes)
+                      pin_budget_bytes=pin_budget_bytes, expert_backend=expert_backend, cpu_threads=cpu_threads)

@@ -76,6 +76,13 @@ REFERENCE_THREADS_PER_MULTIPROCESSOR = 1536
 # Caching-allocator rounding of the long-lived tensors and fragmentation of the per-chunk
 # workspace, whose tensors change size from phase to phase.
 ALLOCATOR_SLACK_BYTES = 64 * MIB
+# Decode steps replay as CUDA graphs (engine/runtime/decode_graphs.py): their private memory pool (a step's
+# one-token intermediates, inside the allocator, never lent to prefill) and the instantiated graphs (outside
+# it). Measured for the 40-layer Qwen3.6 (91 graphs, H200): pool 6 MiB, graphs 18 MiB; rounded up.
+DECODE_GRAPH_POOL_BYTES = 16 * MIB
+DECODE_GRAPH_EXEC_BYTES = 24 * MIB
+# The part of the reserve that lies inside PyTorch's allocator, so under the VRAM cap (engine/runtime/vram.py).
+RESERVE_INSIDE_ALLOCATOR_BYTES = ALLOCATOR_SLACK_BYTES + DECODE_GRAPH_POOL_BYTES
 
 # ---- plan policy ---------------------------------------------------------------------------
 TARGET_PROMPT_TOKENS = 32768  # the prompt the issue asks a 4 GB card to take (the report crashed at ~600)
@@ -116,7 +123,7 @@ def preset_budget_bytes(preset: str) -> int | None:
 def runtime_reserve_bytes(multiprocessors: int, threads_per_multiprocessor: int) -> int:
     """The reserve for a given GPU (torch.cuda.get_device_properties gives both numbers)."""
     local_memory = multiprocessors * threads_per_multiprocessor * CUDA_STACK_BYTES_PER_THREAD
-    return CUDA_CONTEXT_BYTES + local_memory + ALLOCATOR_SLACK_BYTES
+    return CUDA_CONTEXT_BYTES + DECODE_GRAPH_EXEC_BYTES + local_memory + RESERVE_INSIDE_ALLOCATOR_BYTES
 
 
 DEFAULT_RUNTIME_RESERVE_BYTES = runtime_reserve_bytes(REFERENCE_MULTIPROCESSORS, REFERENCE_THREADS_PER_MULTIPROCESSOR)

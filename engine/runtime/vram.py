@@ -14,7 +14,7 @@ from dataclasses import asdict, dataclass
 
 import torch
 
-from engine.runtime.planner import ALLOCATOR_SLACK_BYTES, runtime_reserve_bytes
+from engine.runtime.planner import RESERVE_INSIDE_ALLOCATOR_BYTES, runtime_reserve_bytes
 
 DEFAULT_THREADS_PER_MULTIPROCESSOR = 2048  # Volta to Hopper; consumer Turing/Ampere/Ada cards report 1024-1536
 
@@ -39,8 +39,8 @@ def gpu_runtime_reserve_bytes(device: torch.device | str = "cuda") -> int:
 
 def outside_allocator_bytes(device: torch.device | str = "cuda") -> int:
     """The planner's estimate of this GPU's process memory outside PyTorch's allocator: the runtime reserve less
-    the allocator's own slack (context, kernel images, per-thread local memory)."""
-    return gpu_runtime_reserve_bytes(device) - ALLOCATOR_SLACK_BYTES
+    its part inside the allocator (so: context, kernel images, instantiated graphs, per-thread local memory)."""
+    return gpu_runtime_reserve_bytes(device) - RESERVE_INSIDE_ALLOCATOR_BYTES
 
 
 def cap_process_memory(budget_bytes: int, device: torch.device | str = "cuda") -> VramCap:

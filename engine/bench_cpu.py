@@ -1,0 +1,144 @@
+"""`python -m engine bench --cpu-experts`: how fast the CPU computes routed NVFP4 experts
+(engine/kernels/cpu_experts.py), against the machine's DRAM read bandwidth, the bound such a kernel lives under.
+
+The experts are random full-size ones (hidden 2048, intermediate 512, as in Qwen3.6-35B-A3B) in records that
+together far exceed the CPU's caches; each call takes the next experts round that ring, so their bytes come from
+DRAM as a decode step's would.
+"""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+import torch
+
+from engine.checkpoint.formats import NVFP4, StoredWeight, fuse_rows
+from engine.experts.packed import RecordLayout
+from engine.kernels import cpu_experts
+
+HIDDEN, INTERMEDIATE = 2048, 512
+RECORDS_BYTES = 640 * 2**20  # the ring of expert records, well past any CPU's last-level cache
+DRAM_PROBE_BYTES = 2**30
+LAYERS, EXPERTS_PER_TOKEN = 40, 8  # a decode token of the model the tokens/s bound is for
+REPEATS = 3
+
+if cpu_experts.numba is not None:
+    import numba
+
+    @numba.njit(parallel=True, nogil=True, cache=True)
+    def _read_all(words):
+        total = np.uint64(0)
+        for i in numba.prange(words.shape[0]):
+            total += words[i]
+        return total
+
+
+def dram_read_bandwidth(threads: int, nbytes: int | None = None, repeats: int | None = None) -> float:
+    """Bytes per second a parallel sum over `nbytes` (default DRAM_PROBE_BYTES) reads at, best of `repeats`."""
+    _need_numba()
+    nbytes, repeats = nbytes or DRAM_PROBE_BYTES, repeats or REPEATS
+    words = np.ones(nbytes // 8, dtype=np.uint64)  # written once, so every page is really there
+    cpu_experts.numba.set_num_threads(threads)
+    _read_all(words)
+    return nbytes / min(_timed(_read_all, words) for _ in range(repeats))
+
+
+def nvfp4_records(count: int | None = None, hidden: int | None = None, intermediate: int | None = None,
+                  seed: int = 0) -> tuple[RecordLayout, torch.Tensor]:
+    """`count` random NVFP4 experts (default: RECORDS_BYTES of them) as records: random codes, block scales of
+    ordinary size, global scale 1."""
+    hidden, intermediate = hidden or HIDDEN, intermediate or INTERMEDIATE
+    count = count or max(RECORDS_BYTES // _record_bytes(hidden, intermediate), EXPERTS_PER_TOKEN)
+
+    def weight(rows: int, cols: int) -> StoredWeight:
+        tensors = {"weight": torch.zeros(rows, cols // 2, dtype=torch.uint8),
+                   "weight_scale": torch.zeros(rows, cols // 16, dtype=torch.float8_e4m3fn),
+                   "weight_scale_2": torch.ones(())}
+        return StoredWeight(NVFP4, tensors, (rows, cols), "expert")
+
+    layout = RecordLayout.of({"gate_up": fuse_rows([weight(intermediate, hidden)] * 2, "gate_up"),
+                              "down": fuse_rows([weight(hidden, intermediate)], "down")})
+    generator = torch.Generator().manual_seed(seed)
+    records = torch.randint(0, 256, (count, layout.record_bytes), dtype=torch.uint8, generator=generator)
+    for matrix in layout.view(records).values():
+        scales = matrix.tensors["weight_scale"].view(torch.uint8)
+        scales.copy_(torch.randint(0x28, 0x40, scales.shape, dtype=torch.uint8, generator=generator))  # 2^-2..1
+        matrix.tensors["weight_scale_2"].fill_(1.0)
+    return layout, records
+
+
+def weight_bytes(layout: RecordLayout) -> int:
+    """The bytes of one expert's tensors (codes and scales), without the record's alignment padding."""
+    return sum(slot.nbytes for matrix in layout.matrices.values() for slot in matrix.tensors)
+
+
+def expert_throughput(threads: int, tokens: int = 1, experts: int = EXPERTS_PER_TOKEN,
+                      records: tuple[RecordLayout, torch.Tensor] | None = None, repeats: int | None = None) -> dict:
+    """Best of `repeats` passes round the ring of records (default: nvfp4_records()), `experts` at a time, each
+    chosen by all `tokens`."""
+    layout, ring = records or nvfp4_records()
+    kernel = cpu_experts.CpuExpertKernel(layout)
+    calls = ring.shape[0] // experts
+    x = torch.randn(tokens, kernel.hidden, generator=torch.Generator().manual_seed(1))
+    weights = torch.full((tokens, experts), 1.0 / experts)
+    on_cpu = torch.ones(tokens, experts, dtype=torch.bool)
+    chosen = [torch.arange(c * experts, (c + 1) * experts).expand(tokens, experts) for c in range(calls)]
+    previous = cpu_experts.threads()
+    cpu_experts.set_threads(threads)
+    try:
+        kernel.run(ring, x, chosen[0], weights, on_cpu)  # compiles, or loads the compiled kernel
+        best = min(_timed(lambda: [kernel.run(ring, x, ids, weights, on_cpu) for ids in chosen])
+                   for _ in range(repeats or REPEATS))
+    finally:
+        cpu_experts.set_threads(previous)
+    computed = calls * experts
+    return {"threads": threads, "tokens": tokens, "experts_per_call": experts,
+            "expert_bytes": weight_bytes(layout), "experts_per_s": computed / best,
+            "expert_bytes_per_s": computed * weight_bytes(layout) / best}
+
+
+def run_cpu_bench(thread_counts: list[int], tokens: int = 1) -> dict:
+    """Per thread count: DRAM read bandwidth, NVFP4 expert throughput, their ratio, and the decode tokens/s
+    that throughput allows when every expert of a token is computed on the CPU."""
+    _need_numba()
+    records = nvfp4_records()
+    rows = []
+    for threads in thread_counts:
+        dram = dram_read_bandwidth(threads)
+        row = expert_throughput(threads, tokens, records=records)
+        row.update(dram_bytes_per_s=dram, ratio=row["expert_bytes_per_s"] / dram,
+                   tokens_per_s_bound=row["experts_per_s"] * tokens / (LAYERS * EXPERTS_PER_TOKEN))
+        rows.append(row)
+    layout = records[0]
+    gate_up = layout.matrices["gate_up"].shape
+    return {"format": NVFP4, "hidden": gate_up[1], "intermediate": gate_up[0] // 2, "tokens": tokens,
+            "ring_bytes": records[1].numel(), "bound_for": f"{LAYERS} layers x {EXPERTS_PER_TOKEN} experts a token",
+            "runs": rows}
+
+
+def format_table(result: dict) -> str:
+    lines = [f"NVFP4 experts on the CPU (hidden {result['hidden']}, intermediate {result['intermediate']}, "
+             f"{result['tokens']} token(s) a call, {result['ring_bytes'] / 2**20:.0f} MiB of records)",
+             f"{'threads':>7}  {'DRAM GB/s':>9}  {'expert GB/s':>11}  {'ratio':>5}  {'tokens/s bound':>14}"]
+    for row in result["runs"]:
+        lines.append(f"{row['threads']:>7}  {row['dram_bytes_per_s'] / 1e9:>9.1f}  {row['expert_bytes_per_s'] / 1e9:>11.2f}"
+                     f"  {row['ratio']:>5.2f}  {row['tokens_per_s_bound']:>14.1f}")
+    lines.append(f"tokens/s bound: {result['bound_for']}, every expert on the CPU")
+    return "\n".join(lines)
+
+
+def _record_bytes(hidden: int, intermediate: int) -> int:
+    """About one NVFP4 expert's record: codes, block scales and a global scale per row of each matrix."""
+    return 2 * intermediate * (hidden // 2 + hidden // 16 + 4) + hidden * (intermediate // 2 + intermediate // 16 + 4)
+
+
+def _timed(work, *args) -> float:
+    started = time.perf_counter()
+    work(*args)
+    return time.perf_counter() - started
+
+
+def _need_numba() -> None:
+    if cpu_experts.numba is None:
+        raise RuntimeError("the CPU expert benchmark needs numba (pip install numba)")

@@ -1,0 +1,117 @@
+"""Where a decode step's expert misses run: copied over PCIe into the GPU cache (`offload`), computed on the CPU
+straight from host RAM (`cpu`), or split between the two so that both finish together (`hybrid`).
+
+On a laptop's narrow PCIe link the CPU's memory bandwidth is the faster path, on a desktop PCIe is; both
+together beat either. The split comes from two bandwidths measured once per machine (a pinned record copy to
+the GPU, and the CPU expert kernel at the chosen thread count) and kept in a small JSON file, so later loads
+skip the measurement. `auto` takes hybrid when the CPU would take a share of the misses, else offload; `gpu`
+asks for every expert resident in VRAM (a cache of every layer), which never misses once warm.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import torch
+
+BACKENDS = ("auto", "gpu", "offload", "cpu", "hybrid")
+CALIBRATION_RECORDS = 16  # records copied, and experts computed, per measurement: a few ms of work each
+TOKEN_MISSES = 8  # a decode token's misses in a layer when nothing is cached (Qwen3.5/3.6 route to 8 experts)
+
+
+@dataclass(frozen=True)
+class Calibration:
+    pcie_bytes_per_s: float  # pinned host records copied one at a time into the GPU cache
+    cpu_bytes_per_s: float  # record bytes the CPU expert kernel gets through, one token per expert
+    cpu_call_seconds: float  # what a call costs besides its experts (waking the threads, setting up)
+    cpu_threads: int
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def cpu_share(misses: int, backend: str, calibration: Calibration | None, record_bytes: int) -> int:
+    """How many of a step's `misses` (records of `record_bytes`) the CPU computes: none (offload), all (cpu), or
+    (hybrid) the count that minimises the later of the two finishing times, the copies of the rest and the CPU's
+    call with its experts."""
+    if misses == 0 or backend in ("offload", "gpu"):
+        return 0
+    if backend == "cpu":
+        return misses
+    copy_seconds = record_bytes / calibration.pcie_bytes_per_s
+    cpu_seconds = record_bytes / calibration.cpu_bytes_per_s
+
+    def finish(m: int) -> float:
+        cpu = calibration.cpu_call_seconds + m * cpu_seconds if m else 0.0
+        return max((misses - m) * copy_seconds, cpu)
+    return min(range(misses + 1), key=lambda m: (finish(m), m))
+
+
+def resolve(backend: str, calibration: Calibration | None, record_bytes: int) -> str:
+    """The backend `auto` stands for on this machine: hybrid when the CPU would take some of a token's misses
+    (TOKEN_MISSES of them), else offload; the others are themselves."""
+    if backend != "auto":
+        return backend
+    helps = calibration is not None and cpu_share(TOKEN_MISSES, "hybrid", calibration, record_bytes)
+    return "hybrid" if helps else "offload"
+
+
+def calibration_file() -> Path:
+    """Next to the downloaded models, in the user's data folder (engine/hub.py)."""
+    from engine.hub import default_models_dir
+    return default_models_dir().parent / "calibration.json"
+
+
+def machine_key(device: torch.device, record_bytes: int, threads: int) -> str:
+    gpu = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
+    return f"{platform.machine()}|{platform.processor() or os.cpu_count()}|{gpu}|{record_bytes}|{threads}"
+
+
+def calibrate(device: torch.device, records: list[torch.Tensor], cpu_seconds) -> Calibration:
+    """Measure both paths now: `records` are host expert records (uint8 [record_bytes] each, from several
+    layers so the CPU reads them from RAM); `cpu_seconds(calls, per_call)` computes `calls` calls of
+    `per_call` experts on the CPU."""
+    from engine.kernels import cpu_experts
+    record_bytes = records[0].numel()
+    target = torch.empty(record_bytes, dtype=torch.uint8, device=device)
+    pinned = [r if r.is_pinned() else r.pin_memory() for r in records[:CALIBRATION_RECORDS]]
+    target.copy_(pinned[0], non_blocking=True)  # first touch
+    torch.cuda.synchronize(device)
+    started = time.perf_counter()
+    for record in pinned:
+        target.copy_(record, non_blocking=True)
+    torch.cuda.synchronize(device)
+    pcie = len(pinned) * record_bytes / (time.perf_counter() - started)
+    cpu_seconds(1, 1)  # compiles on first use (cached on disk after)
+    # Calls of one expert and of four: the difference is the experts, the rest is the cost of a call
+    single = min(cpu_seconds(4, 1) for _ in range(3)) / 4
+    four = min(cpu_seconds(4, 4) for _ in range(3)) / 4
+    per_expert = max((four - single) / 3, 1e-9)
+    return Calibration(pcie, record_bytes / per_expert, max(single - per_expert, 0.0), cpu_experts.threads())
+
+
+def cached_calibration(key: str, measure) -> Calibration:
+    """This machine's calibration from the file, or `measure()` saved there for next time."""
+    path = calibration_file()
+    try:
+        saved = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        saved = {}
+    if isinstance(saved.get(key), dict):
+        try:
+            return Calibration(**saved[key])
+        except TypeError:
+            pass  # an older layout: measure again
+    calibration = measure()
+    saved[key] = calibration.to_dict()
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(saved, indent=1), encoding="utf-8")
+    except OSError:
+        pass  # a read-only data folder only costs the measurement next time
+    return calibration

@@ -1,0 +1,502 @@
+"""Routed experts on the CPU, computed exactly from the host expert records (engine/experts/packed.py).
+
+`CpuExpertKernel(layout).run(records, x, expert_ids, expert_weights, on_cpu)` gives the weighted sum of the
+chosen experts' SwiGLU outputs for the assignments marked `on_cpu`, reading each expert's weights where its
+record lies, in the checkpoint's format (NVFP4 ModelOpt and compressed-tensors, FP8 per-tensor/per-row and
+block-scaled, bf16/fp16/fp32): nothing is re-quantised, activations stay float32, and the result matches
+dequantise-then-matmul in float32 up to float32 rounding.
+
+The kernels are numba functions compiled on the user's machine (cached on disk after the first call). They
+run with the GIL released, so a Python thread can compute experts beside GPU work; the work of one call is
+spread over (expert, block of output rows) in two parallel phases, gate_up then down. Decoding is arithmetic
+that LLVM vectorises: E2M1 codes are decoded to signed int8 over whole rows, then an NVFP4 row is computed with
+one block of 16 inputs per vector lane, so each E4M3 block scale multiplies a lane and no per-block horizontal
+sum is needed (the inputs are laid out block-lane order once per token to match). Without numba, a plain
+PyTorch version with the same interface computes the same numbers, slower.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from engine.checkpoint.formats import DENSE, FP8_BLOCK, FP8_TENSOR, NVFP4, NVFP4_CT, NVFP4_GROUP
+from engine.experts.packed import MatrixLayout, RecordLayout
+
+try:
+    import numba
+    from llvmlite import ir
+    from numba import types
+    from numba.extending import intrinsic
+except ImportError:  # the engine still works: CpuExpertKernel falls back to PyTorch
+    numba = None
+
+FORMAT_CODES = {NVFP4: 0, NVFP4_CT: 1, FP8_TENSOR: 2, FP8_BLOCK: 3, DENSE: 4}
+DTYPE_CODES = {torch.float32: 0, torch.bfloat16: 1, torch.float16: 2, torch.float8_e4m3fn: 3,
+               torch.float8_e5m2: 4, torch.uint8: 5}
+ROW_BLOCK = 32  # output rows per parallel work item: 8 experts' gate_up then spread over 256 items
+TILE = 4  # rows (and tokens) multiplied together when an expert has several tokens; 4 x 4 sums fit in registers
+# meta[matrix] fields (int64): what the kernels need to find and decode one matrix of a record
+(M_FORMAT, M_OUT, M_IN, M_WEIGHT, M_WEIGHT_DTYPE, M_SCALE, M_SCALE_DTYPE, M_SCALE_COUNT, M_GLOBAL, M_GLOBAL_DTYPE,
+ M_GLOBAL_COUNT, M_BLOCK_ROWS, M_BLOCK_COLS, M_SCALE_COLS) = range(14)
+META_FIELDS = 14
+
+_threads: int | None = None
+_launch = threading.Lock()  # numba's default thread pool takes one parallel launch at a time
+
+
+def default_threads() -> int:
+    """Physical cores (hyper-threads share one core's vector units), within numba's pool."""
+    try:
+        import psutil
+        cores = psutil.cpu_count(logical=False)
+    except ImportError:
+        cores = None
+    cores = cores or os.cpu_count() or 1
+    return min(cores, numba.config.NUMBA_NUM_THREADS) if numba is not None else cores
+
+
+def set_threads(n: int | None) -> None:
+    """Threads the expert kernels use (None: default_threads())."""
+    global _threads
+    if n is not None:
+        limit = numba.config.NUMBA_NUM_THREADS if numba is not None else os.cpu_count() or 1
+        if not 1 <= n <= limit:
+            raise ValueError(f"threads must be between 1 and {limit}, got {n}")
+    _threads = n
+
+
+def threads() -> int:
+    return _threads or default_threads()
+
+
+class CpuExpertKernel:
+    """Routed experts of one model computed on the CPU from its expert records (one RecordLayout)."""
+
+    def __init__(self, layout: RecordLayout):
+        gate_up, down = layout.matrices["gate_up"], layout.matrices["down"]
+        intermediate, hidden = gate_up.shape[0] // 2, gate_up.shape[1]
+        if gate_up.shape != (2 * intermediate, hidden) or down.shape != (hidden, intermediate):
+            raise ValueError(f"expert records hold gate_up {list(gate_up.shape)} and down {list(down.shape)}, "
+                             f"not [2I, H] and [H, I]")
+        self.layout, self.hidden, self.intermediate = layout, hidden, intermediate
+        self._meta = np.array([_matrix_meta(gate_up), _matrix_meta(down)], dtype=np.int64)
+
+    def run(self, records: torch.Tensor, x: torch.Tensor, expert_ids: torch.Tensor, expert_weights: torch.Tensor,
+            on_cpu: torch.Tensor) -> torch.Tensor:
+        """sum over (t, j) with on_cpu[t, j] of expert_weights[t, j] * expert_{expert_ids[t, j]}(x[t]):
+        float32 [T, H]. records: uint8 [E, record_bytes] on the host; x: [T, H]; the rest [T, k]."""
+        if records.dtype != torch.uint8 or records.dim() != 2 or records.shape[1] != self.layout.record_bytes:
+            raise ValueError(f"records must be uint8 [experts, {self.layout.record_bytes}], "
+                             f"got {records.dtype} {list(records.shape)}")
+        x = x.detach().to(torch.float32).contiguous()
+        ids = expert_ids.detach().to(torch.int64).contiguous()
+        weights = expert_weights.detach().to(torch.float32).contiguous()
+        chosen = on_cpu.detach().to(torch.bool).contiguous()
+        if numba is None:
+            return self._run_torch(records, x, ids, weights, chosen)
+        out = np.zeros((x.shape[0], self.hidden), dtype=np.float32)
+        with _launch:
+            numba.set_num_threads(threads())  # per calling thread in numba: set where the launch happens
+            _experts(records.contiguous().numpy(), self._meta, x.numpy(), ids.numpy(), weights.numpy(),
+                     chosen.numpy(), out)
+        return torch.from_numpy(out)
+
+    def _run_torch(self, records, x, ids, weights, chosen) -> torch.Tensor:
+        views = self.layout.view(records)
+        out = torch.zeros(x.shape[0], self.hidden)
+        for expert in ids[chosen].unique().tolist():
+            tokens, slot = torch.where((ids == expert) & chosen)
+            gate, up = F.linear(x[tokens], views["gate_up"].select(expert).dequantize()).split(self.intermediate, -1)
+            y = F.linear(F.silu(gate) * up, views["down"].select(expert).dequantize())
+            out.index_add_(0, tokens, y * weights[tokens, slot, None])
+        return out
+
+
+def _matrix_meta(matrix: MatrixLayout) -> list[int]:
+    slots = {slot.role: slot for slot in matrix.tensors}
+    out_features, in_features = matrix.shape
+    meta = [0] * META_FIELDS
+    meta[M_FORMAT], meta[M_OUT], meta[M_IN] = FORMAT_CODES[matrix.format], out_features, in_features
+
+    def put(field: int, role: str) -> None:
+        slot = slots[role]
+        if slot.dtype not in DTYPE_CODES:
+            raise ValueError(f"{role} of dtype {slot.dtype} is not supported by the CPU expert kernels")
+        meta[field], meta[field + 1] = slot.offset, DTYPE_CODES[slot.dtype]
+        if field in (M_SCALE, M_GLOBAL):
+            meta[field + 2] = _count(slot.shape)
+
+    if matrix.format in (NVFP4, NVFP4_CT):
+        if in_features % NVFP4_GROUP:
+            raise ValueError(f"NVFP4 needs in_features divisible by {NVFP4_GROUP}, got {in_features}")
+        put(M_WEIGHT, "weight" if matrix.format == NVFP4 else "weight_packed")
+        put(M_SCALE, "weight_scale")
+        put(M_GLOBAL, "weight_scale_2" if matrix.format == NVFP4 else "weight_global_scale")
+    elif matrix.format in (FP8_TENSOR, FP8_BLOCK):
+        put(M_WEIGHT, "weight")
+        put(M_SCALE, "weight_scale" if matrix.format == FP8_TENSOR else "weight_scale_inv")
+        meta[M_BLOCK_ROWS], meta[M_BLOCK_COLS] = matrix.block_size
+        meta[M_SCALE_COLS] = slots["weight_scale_inv"].shape[-1] if matrix.format == FP8_BLOCK else 0
+    else:
+        put(M_WEIGHT, "weight")
+    return meta
+
+
+def _count(shape: tuple[int, ...]) -> int:
+    n = 1
+    for size in shape:
+        n *= size
+    return n
+
+
+if numba is not None:
+    I8, I32, F32 = ir.IntType(8), ir.IntType(32), ir.FloatType()
+    # 'reassoc' lets LLVM vectorise float sums (the order of additions changes, float32 rounding only);
+    # 'contract' lets it use FMA. No flag that changes NaN, infinity or signed-zero results.
+    FAST = {"reassoc", "contract"}
+
+    def _e2m1_twice(builder, code):
+        """IR: 2 * the E2M1 value of a 4-bit code in an i8, as a signed i8 (exact: -12..12)."""
+        def c(v):
+            return ir.Constant(I8, v)
+        magnitude = builder.and_(code, c(7))
+        above4 = builder.select(builder.icmp_unsigned(">", magnitude, c(4)), magnitude, c(4))
+        above6 = builder.select(builder.icmp_unsigned(">", magnitude, c(6)), magnitude, c(6))
+        # 2|v| of codes 0..7 is 0,1,2,3,4,6,8,12: k + max(k-4, 0) + 2 max(k-6, 0)
+        twice = builder.add(builder.add(magnitude, builder.sub(above4, c(4))), builder.shl(builder.sub(above6, c(6)), c(1)))
+        negative = builder.sub(c(0), builder.lshr(code, c(3)))
+        return builder.sub(builder.xor(twice, negative), negative)
+
+    @intrinsic
+    def _e2m1_low(typingctx, byte):
+        def codegen(context, builder, signature, args):
+            return _e2m1_twice(builder, builder.and_(args[0], ir.Constant(I8, 15)))
+        return types.int8(types.uint8), codegen
+
+    @intrinsic
+    def _e2m1_high(typingctx, byte):
+        def codegen(context, builder, signature, args):
+            return _e2m1_twice(builder, builder.lshr(args[0], ir.Constant(I8, 4)))
+        return types.int8(types.uint8), codegen
+
+    @intrinsic
+    def _signed_byte(typingctx, word, index):
+        """Byte `index` (0..3, little-endian) of a uint32 as a signed value, in float32."""
+        def codegen(context, builder, signature, args):
+            shift = builder.sub(ir.Constant(I32, 24), builder.mul(builder.trunc(args[1], I32), ir.Constant(I32, 8)))
+            return builder.sitofp(builder.ashr(builder.shl(args[0], shift), ir.Constant(I32, 24)), F32)
+        return types.float32(types.uint32, types.int64), codegen
+
+    @intrinsic
+    def _float_bits(typingctx, bits):
+        def codegen(context, builder, signature, args):
+            return builder.bitcast(args[0], F32)
+        return types.float32(types.uint32), codegen
+
+    def _minifloat(builder, bits, magnitude_mask, shift, bias, subnormal_below, subnormal_scale, special):
+        """IR: float32 of a small float in the low bits of an i32: a normal number is its magnitude bits moved to
+        float32's place with the exponent rebiased, a subnormal is its mantissa times a power of two; `special`
+        ('e4m3': 0x7f is NaN, 'ieee': all-ones exponent is inf/NaN) says what the top codes mean."""
+        def c(v):
+            return ir.Constant(I32, v)
+        magnitude = builder.and_(bits, c(magnitude_mask))
+        normal = builder.add(builder.shl(magnitude, c(shift)), c(bias << 23))
+        if special == "ieee":
+            top = builder.icmp_unsigned(">=", magnitude, c((magnitude_mask + 1) - (1 << (23 - shift))))
+            normal = builder.select(top, builder.or_(builder.shl(magnitude, c(shift)), c(0x7F800000)), normal)
+        else:
+            normal = builder.select(builder.icmp_unsigned("==", magnitude, c(magnitude_mask)), c(0x7FC00000), normal)
+        subnormal = builder.fmul(builder.uitofp(magnitude, F32), ir.Constant(F32, subnormal_scale))
+        value = builder.select(builder.icmp_unsigned("<", magnitude, c(subnormal_below)), builder.bitcast(subnormal, I32),
+                               normal)
+        sign = builder.shl(builder.lshr(bits, c(magnitude_mask.bit_length())), c(31))
+        return builder.bitcast(builder.or_(value, sign), F32)
+
+    @intrinsic
+    def _e4m3(typingctx, byte):
+        def codegen(context, builder, signature, args):
+            return _minifloat(builder, builder.zext(args[0], I32), 0x7F, 20, 120, 8, 2.0 ** -9, "e4m3")
+        return types.float32(types.uint8), codegen
+
+    @intrinsic
+    def _e5m2(typingctx, byte):
+        def codegen(context, builder, signature, args):
+            return _minifloat(builder, builder.zext(args[0], I32), 0x7F, 21, 112, 4, 2.0 ** -16, "ieee")
+        return types.float32(types.uint8), codegen
+
+    @intrinsic
+    def _f16(typingctx, half):
+        def codegen(context, builder, signature, args):
+            return _minifloat(builder, builder.zext(args[0], I32), 0x7FFF, 13, 112, 0x400, 2.0 ** -24, "ieee")
+        return types.float32(types.uint16), codegen
+
+    @intrinsic
+    def _bf16(typingctx, half):
+        def codegen(context, builder, signature, args):
+            return builder.bitcast(builder.shl(builder.zext(args[0], I32), ir.Constant(I32, 16)), F32)
+        return types.float32(types.uint16), codegen
+
+    @numba.njit(nogil=True, cache=True)
+    def _scalar(record, offset, index, dtype):
+        """Element `index` of a float tensor at byte `offset` of a record, whatever its dtype, as float32."""
+        if dtype == 0:
+            at = offset + 4 * index
+            bits = (np.uint32(record[at]) | (np.uint32(record[at + 1]) << np.uint32(8))
+                    | (np.uint32(record[at + 2]) << np.uint32(16)) | (np.uint32(record[at + 3]) << np.uint32(24)))
+            return _float_bits(np.uint32(bits))
+        if dtype == 1 or dtype == 2:
+            at = offset + 2 * index
+            half = np.uint16(np.uint16(record[at]) | (np.uint16(record[at + 1]) << np.uint16(8)))
+            return _bf16(half) if dtype == 1 else _f16(half)
+        if dtype == 3:
+            return _e4m3(record[offset + index])
+        return _e5m2(record[offset + index])
+
+    @numba.njit(nogil=True, cache=True)
+    def _global_scale(record, meta, row):
+        """The NVFP4 factor of a row, applied by multiplying (ModelOpt) or dividing (compressed-tensors)."""
+        return _scalar(record, meta[M_GLOBAL], row if meta[M_GLOBAL_COUNT] > 1 else 0, meta[M_GLOBAL_DTYPE])
+
+    @numba.njit(nogil=True, cache=True)
+    def _decode_e2m1_row(codes, low, high):
+        for j in range(codes.shape[0]):  # a loop over bytes alone, so LLVM decodes 64 codes per vector
+            low[j] = _e2m1_low(codes[j])
+            high[j] = _e2m1_high(codes[j])
+
+    @numba.njit(nogil=True, cache=True, fastmath=FAST)
+    def _nvfp4_one_token(low_words, high_words, scales, x, blocks):
+        """2 * (row . x) from a row's decoded codes, one block of 16 inputs per vector lane (x laid out to match)."""
+        total = np.float32(0)
+        for b in range(blocks):
+            l0, l1, h0, h1 = low_words[2 * b], low_words[2 * b + 1], high_words[2 * b], high_words[2 * b + 1]
+            block = np.float32(0)
+            for i in range(4):
+                block += (_signed_byte(l0, i) * x[(2 * i) * blocks + b]
+                          + _signed_byte(h0, i) * x[(2 * i + 1) * blocks + b]
+                          + _signed_byte(l1, i) * x[(2 * i + 8) * blocks + b]
+                          + _signed_byte(h1, i) * x[(2 * i + 9) * blocks + b])
+            total += block * _e4m3(scales[b])
+        return total
+
+    @numba.njit(nogil=True, cache=True, fastmath=FAST)
+    def _nvfp4_weights(low_words, high_words, scales, block_scales, weights, blocks):
+        """A row's float32 weights, laid out block-lane like the inputs."""
+        for b in range(blocks):
+            block_scales[b] = _e4m3(scales[b]) * np.float32(0.5)
+        for i in range(4):  # both words of each pair read in one loop: LLVM shuffles them apart rather than gathering
+            for b in range(blocks):
+                l0, l1, h0, h1 = low_words[2 * b], low_words[2 * b + 1], high_words[2 * b], high_words[2 * b + 1]
+                scale = block_scales[b]
+                weights[(2 * i) * blocks + b] = _signed_byte(l0, i) * scale
+                weights[(2 * i + 1) * blocks + b] = _signed_byte(h0, i) * scale
+                weights[(2 * i + 8) * blocks + b] = _signed_byte(l1, i) * scale
+                weights[(2 * i + 9) * blocks + b] = _signed_byte(h1, i) * scale
+
+    @numba.njit(nogil=True, cache=True)
+    def _nvfp4_rows(record, meta, first, last, inputs, picks, result):
+        """result[q, r] for rows first..last-1 and inputs[picks[q]] (laid out block-lane: x[16 b + k] at k*blocks + b)."""
+        in_features = meta[M_IN]
+        width, blocks = in_features // 2, in_features // NVFP4_GROUP
+        low, high = np.empty(width, np.int8), np.empty(width, np.int8)
+        low_words, high_words = low.view(np.uint32), high.view(np.uint32)
+        divide = meta[M_FORMAT] == 1
+        if picks.shape[0] == 1:  # one token: weights times inputs as they are decoded
+            x = inputs[picks[0]]
+            for r in range(first, last):
+                _decode_e2m1_row(record[meta[M_WEIGHT] + r * width:meta[M_WEIGHT] + (r + 1) * width], low, high)
+                scales = record[meta[M_SCALE] + r * blocks:meta[M_SCALE] + (r + 1) * blocks]
+                total = _nvfp4_one_token(low_words, high_words, scales, x, blocks) * np.float32(0.5)
+                factor = _global_scale(record, meta, r)
+                result[0, r] = total / factor if divide else total * factor
+            return
+        tile = np.zeros((TILE, in_features), np.float32)
+        block_scales = np.empty(blocks, np.float32)
+        factors = np.ones(TILE, np.float32)
+        for top in range(first, last, TILE):
+            for t in range(min(TILE, last - top)):
+                r = top + t
+                _decode_e2m1_row(record[meta[M_WEIGHT] + r * width:meta[M_WEIGHT] + (r + 1) * width], low, high)
+                scales = record[meta[M_SCALE] + r * blocks:meta[M_SCALE] + (r + 1) * blocks]
+                _nvfp4_weights(low_words, high_words, scales, block_scales, tile[t], blocks)
+                factor = _global_scale(record, meta, r)
+                factors[t] = np.float32(1) / factor if divide else factor
+            _tile_dots(tile, factors, inputs, picks, result, top, last)
+
+    @numba.njit(nogil=True, cache=True, fastmath=FAST)
+    def _decode_row(raw, dtype, weights):
+        if dtype == 0:
+            weights[:] = raw.view(np.float32)
+        elif dtype == 1:
+            halves = raw.view(np.uint16)
+            for i in range(weights.shape[0]):
+                weights[i] = _bf16(halves[i])
+        elif dtype == 2:
+            halves = raw.view(np.uint16)
+            for i in range(weights.shape[0]):
+                weights[i] = _f16(halves[i])
+        elif dtype == 3:
+            for i in range(weights.shape[0]):
+                weights[i] = _e4m3(raw[i])
+        else:
+            for i in range(weights.shape[0]):
+                weights[i] = _e5m2(raw[i])
+
+    @numba.njit(nogil=True, cache=True, fastmath=FAST)
+    def _decoded_rows(record, meta, first, last, inputs, picks, result):
+        """result[q, r] for FP8 and dense rows: rows decoded to float32 a tile at a time, then multiplied."""
+        fmt, in_features, dtype = meta[M_FORMAT], meta[M_IN], meta[M_WEIGHT_DTYPE]
+        row_bytes = in_features * (1 if dtype >= 3 else 4 if dtype == 0 else 2)
+        tile = np.zeros((TILE, in_features), np.float32)
+        factors = np.ones(TILE, np.float32)
+        for top in range(first, last, TILE):
+            for t in range(min(TILE, last - top)):
+                r = top + t
+                start = meta[M_WEIGHT] + r * row_bytes
+                weights = tile[t]
+                _decode_row(record[start:start + row_bytes], dtype, weights)
+                if fmt == 2:
+                    factors[t] = _scalar(record, meta[M_SCALE], r if meta[M_SCALE_COUNT] > 1 else 0,
+                                         meta[M_SCALE_DTYPE])
+                elif fmt == 3:
+                    cols = meta[M_BLOCK_COLS]
+                    row_of_scales = (r // meta[M_BLOCK_ROWS]) * meta[M_SCALE_COLS]
+                    for c in range(meta[M_SCALE_COLS]):
+                        scale = _scalar(record, meta[M_SCALE], row_of_scales + c, meta[M_SCALE_DTYPE])
+                        for i in range(c * cols, min((c + 1) * cols, in_features)):
+                            weights[i] *= scale
+            _tile_dots(tile, factors, inputs, picks, result, top, last)
+
+    @numba.njit(nogil=True, cache=True, fastmath=FAST)
+    def _tile_dots(tile, factors, inputs, picks, result, top, last):
+        """result[q, top + t] = factors[t] * (tile[t] . inputs[picks[q]]) for the tile's rows below `last`:
+        four rows by four tokens at a time, so each loaded weight and input serves four products."""
+        rows = min(TILE, last - top)
+        w0, w1, w2, w3 = tile[0], tile[1], tile[2], tile[3]
+        count = picks.shape[0]
+        sums = np.zeros((TILE, TILE), np.float32)
+        for q0 in range(0, count, TILE):
+            if count - q0 >= TILE:
+                x0, x1, x2, x3 = inputs[picks[q0]], inputs[picks[q0 + 1]], inputs[picks[q0 + 2]], inputs[picks[q0 + 3]]
+                s00 = s01 = s02 = s03 = s10 = s11 = s12 = s13 = np.float32(0)
+                s20 = s21 = s22 = s23 = s30 = s31 = s32 = s33 = np.float32(0)
+                for i in range(w0.shape[0]):
+                    a, b, c, d = w0[i], w1[i], w2[i], w3[i]
+                    e, f, g, h = x0[i], x1[i], x2[i], x3[i]
+                    s00 += a * e; s01 += a * f; s02 += a * g; s03 += a * h
+                    s10 += b * e; s11 += b * f; s12 += b * g; s13 += b * h
+                    s20 += c * e; s21 += c * f; s22 += c * g; s23 += c * h
+                    s30 += d * e; s31 += d * f; s32 += d * g; s33 += d * h
+                sums[0, 0], sums[0, 1], sums[0, 2], sums[0, 3] = s00, s01, s02, s03
+                sums[1, 0], sums[1, 1], sums[1, 2], sums[1, 3] = s10, s11, s12, s13
+                sums[2, 0], sums[2, 1], sums[2, 2], sums[2, 3] = s20, s21, s22, s23
+                sums[3, 0], sums[3, 1], sums[3, 2], sums[3, 3] = s30, s31, s32, s33
+                tokens = TILE
+            else:
+                tokens = count - q0
+                for u in range(tokens):
+                    x = inputs[picks[q0 + u]]
+                    s0 = s1 = s2 = s3 = np.float32(0)
+                    for i in range(w0.shape[0]):
+                        e = x[i]
+                        s0 += w0[i] * e; s1 += w1[i] * e; s2 += w2[i] * e; s3 += w3[i] * e
+                    sums[0, u], sums[1, u], sums[2, u], sums[3, u] = s0, s1, s2, s3
+            for t in range(rows):
+                for u in range(tokens):
+                    result[q0 + u, top + t] = sums[t, u] * factors[t]
+
+    @numba.njit(nogil=True, cache=True)
+    def _rows(record, meta, first, last, inputs, picks, result):
+        if meta[M_FORMAT] <= 1:
+            _nvfp4_rows(record, meta, first, last, inputs, picks, result)
+        else:
+            _decoded_rows(record, meta, first, last, inputs, picks, result)
+
+    @numba.njit(nogil=True, cache=True)
+    def _lay_out(source, target, meta):
+        """An input row in the order the matrix's kernel reads it: block-lane for NVFP4, as it is otherwise."""
+        n = source.shape[0]
+        if meta[M_FORMAT] <= 1:
+            blocks = n // NVFP4_GROUP
+            for k in range(NVFP4_GROUP):
+                for b in range(blocks):
+                    target[k * blocks + b] = source[NVFP4_GROUP * b + k]
+        else:
+            target[:] = source
+
+    @numba.njit(parallel=True, nogil=True, cache=True, fastmath=FAST)
+    def _experts(records, meta, x, expert_ids, expert_weights, on_cpu, out):
+        tokens, top_k = expert_ids.shape
+        num_experts = records.shape[0]
+        gate_up, down = meta[0], meta[1]
+        hidden, intermediate = down[M_OUT], down[M_IN]
+        # assignments grouped by expert (a counting sort): rows start..end-1 of the work arrays are one expert's
+        counts = np.zeros(num_experts + 1, np.int64)
+        for t in range(tokens):
+            for j in range(top_k):
+                if on_cpu[t, j]:
+                    e = expert_ids[t, j]
+                    if e < 0 or e >= num_experts:
+                        raise ValueError("expert id out of range of the records")
+                    counts[e + 1] += 1
+        starts = np.cumsum(counts)
+        rows = starts[num_experts]
+        if rows == 0:
+            return
+        experts = np.empty(num_experts, np.int64)
+        groups = 0
+        for e in range(num_experts):
+            if counts[e + 1]:
+                experts[groups] = e
+                groups += 1
+        token_of_row = np.empty(rows, np.int64)
+        row_of = np.full((tokens, top_k), -1, np.int64)
+        filled = starts[:num_experts].copy()
+        for t in range(tokens):
+            for j in range(top_k):
+                if on_cpu[t, j]:
+                    row = filled[expert_ids[t, j]]
+                    filled[expert_ids[t, j]] += 1
+                    token_of_row[row] = t
+                    row_of[t, j] = row
+        own_rows = np.arange(rows)
+
+        laid = np.empty((tokens, x.shape[1]), np.float32)
+        for t in numba.prange(tokens):
+            _lay_out(x[t], laid[t], gate_up)
+        hidden_rows = np.empty((rows, 2 * intermediate), np.float32)
+        per_expert = (2 * intermediate + ROW_BLOCK - 1) // ROW_BLOCK
+        for item in numba.prange(groups * per_expert):
+            g, block = item // per_expert, item % per_expert
+            e = experts[g]
+            first, last = block * ROW_BLOCK, min((block + 1) * ROW_BLOCK, 2 * intermediate)
+            _rows(records[e], gate_up, first, last, laid, token_of_row[starts[e]:starts[e + 1]],
+                  hidden_rows[starts[e]:starts[e + 1]])
+
+        acts = np.empty((rows, intermediate), np.float32)
+        for row in numba.prange(rows):
+            act = np.empty(intermediate, np.float32)
+            for i in range(intermediate):
+                gate = hidden_rows[row, i]
+                act[i] = gate / (np.float32(1) + np.exp(-gate)) * hidden_rows[row, intermediate + i]
+            _lay_out(act, acts[row], down)
+        outputs = np.empty((rows, hidden), np.float32)
+        per_expert = (hidden + ROW_BLOCK - 1) // ROW_BLOCK
+        for item in numba.prange(groups * per_expert):
+            g, block = item // per_expert, item % per_expert
+            e = experts[g]
+            first, last = block * ROW_BLOCK, min((block + 1) * ROW_BLOCK, hidden)
+            _rows(records[e], down, first, last, acts, own_rows[starts[e]:starts[e + 1]],
+                  outputs[starts[e]:starts[e + 1]])
+
+        for t in numba.prange(tokens):
+            for j in range(top_k):
+                row = row_of[t, j]
+                if row >= 0:
+                    weight = expert_weights[t, j]
+                    for i in range(hidden):
+                        out[t, i] += weight * outputs[row, i]

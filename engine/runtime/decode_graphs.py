@@ -1,0 +1,270 @@
+"""One-token decode steps replayed as CUDA graphs.
+
+A decode step of a 40-layer MoE model launches about 4,000 small kernels. At several microseconds of host
+time each, the host set the speed, not the GPU or the expert copies (H200, 4gb plan: 110 ms a step, 20 ms of
+it GPU work). Here a step is a few graphs per layer, cut only where the host must act:
+- after each MoE router: the host reads the chosen experts, has the expert cache fetch the misses
+  (engine/experts/), and copies their slots to the device, where the next graph's expert kernels read them;
+- around each attention layer's KV append and attention, whose length grows every step (run eagerly).
+
+Graphs hold the addresses of the tensors they were captured with, so they belong to one sequence state and
+are captured again for another. Capture never runs kernels for the first time: the first step of all runs
+the model's plain forward, which compiles and loads them.
+
+With `use_graphs=False` the same segments run eagerly; that is how the CPU tests check the cuts against the
+plain forward, and gpu_tests/ checks the captured graphs against both.
+"""
+
+from __future__ import annotations
+
+import os
+import weakref
+from collections.abc import Callable
+
+import torch
+
+from engine.errors import ContextOverflowError
+from engine.layers.attention import Attention
+
+Action = tuple[str, object]  # ("segment", fn) device work, or (host action, layer index)
+
+
+def graphs_enabled() -> bool:
+    """MOEDESK_DECODE_GRAPHS=0 turns graphed decode off (a diagnosis switch; the plain forward runs)."""
+    return os.environ.get("MOEDESK_DECODE_GRAPHS", "1") != "0"
+
+
+class DecodeSteps:
+    def __init__(self, model, use_graphs: bool = True):
+        self.model, self.executor = model, model.expert_executor
+        self.use_graphs = use_graphs
+        device, c = model.device, model.config
+        self.positions = torch.zeros(1, dtype=torch.long, device=device)
+        self.embedding = torch.zeros(1, c.hidden_size, dtype=model.dtype, device=device)
+        k = c.num_experts_per_tok
+        self.slots = torch.zeros(k, dtype=torch.int32, device=device)
+        # The CPU's share (cpu and hybrid backends): rows it computes get no weight on the GPU, and its summed
+        # output comes back as one row
+        self.cpu_share = getattr(self.executor, "cpu_kernel", None) is not None
+        self.gpu_rows = torch.ones(k, dtype=torch.float32, device=device)
+        self.cpu_routed = torch.zeros(1, c.hidden_size, dtype=torch.float32, device=device)
+        self._cpu_routed_dirty = False
+        self._gpu_rows_sent = [1.0] * k
+        cuda = device.type == "cuda"
+        # Host ends of the per-layer exchanges, page-locked so the copies are asynchronous and capturable
+        self._ids_host = torch.zeros(c.num_experts_per_tok, dtype=torch.long, pin_memory=cuda)
+        self._slots_host = torch.zeros_like(self.slots, device="cpu", pin_memory=cuda)
+        self._embedding_host = torch.zeros_like(self.embedding, device="cpu", pin_memory=cuda)
+        self._y_host = torch.zeros_like(self.embedding, device="cpu", pin_memory=cuda)
+        self._weights_host = torch.zeros(k, dtype=torch.float32, pin_memory=cuda)
+        self._gpu_rows_host = torch.ones(k, dtype=torch.float32, pin_memory=cuda)
+        self._cpu_routed_host = torch.zeros(1, c.hidden_size, dtype=torch.float32, pin_memory=cuda)
+        self._stream = model.stream  # the model's compute stream, current while a step runs
+        self._ids_ready = torch.cuda.Event() if cuda else None
+        self._embedding_sent = torch.cuda.Event() if cuda else None
+        self.buf: dict[str, torch.Tensor] = {}  # segment inputs and outputs; static while graphs replay
+        self._actions: list[Action] = []
+        self._graphs: list = []
+        self._held: dict[int, dict] = {}  # per host action: the graph outputs it reads, as they were captured
+        self._state = None  # weak reference to the state the actions (and graphs) were made for
+        self._warm = not use_graphs
+        self._release: list[int] | None = None  # slots the next segment reads, released after it
+
+    @torch.inference_mode()
+    def step(self, token: int, state) -> torch.Tensor:
+        """Feed one token to `state`; float32 logits [vocab] of it."""
+        if state.max_tokens is not None and state.position + 1 > state.max_tokens:
+            raise ContextOverflowError(state.position + 1, state.max_tokens)
+        if self._stream is None:
+            return self._step(token, state)
+        if not self._warm:  # kernels compile and load outside any capture
+            self._warm = True
+            return self.model._run(torch.tensor([token]), state, all_logits=False)[-1]
+        return self._step(token, state).clone()  # the graphs' output is overwritten by the next step
+
+    def _step(self, token: int, state) -> torch.Tensor:
+        if self._state is None or self._state() is not state:
+            self._prepare(state)
+        self.positions.fill_(state.position)
+        if self._embedding_sent is not None:
+            self._embedding_sent.synchronize()  # the last step's copy has left the staging row
+        self._embedding_host.copy_(self.model.embed_tokens[token])
+        self.embedding.copy_(self._embedding_host, non_blocking=True)
+        if self._embedding_sent is not None:
+            self._embedding_sent.record()
+        graphs = iter(self._graphs)
+        for index, (kind, payload) in enumerate(self._actions):
+            if kind == "segment":
+                if self.use_graphs:
+                    next(graphs).replay()
+                else:
+                    payload()
+                if self._release is not None:
+                    self.executor.cache.release(self._release)
+                    self._release = None
+            else:
+                getattr(self, "_" + kind)(payload, state, self._held.get(index, self.buf))
+        state.position += 1
+        return self.buf["logits"][0]
+
+    # ---- the step's actions ------------------------------------------------------------------------------
+
+    def _prepare(self, state) -> None:
+        """The actions of a step on `state`, captured as graphs when graphs are on."""
+        self._forget()  # the last state's graphs and tensors go first, so their memory serves the new ones
+        self._actions = _merge(self._walk(state))
+        # The actions hold the state's recurrent tensors: when the state goes, they go with it.
+        self._state = weakref.ref(state, lambda _: self._forget())
+        if not self.use_graphs:
+            return
+        self.buf["attention"] = None  # made below, before capture, so every graph reads the same tensor
+        for layer in self.model.layers:
+            if isinstance(layer.mixer, Attention):
+                m = layer.mixer
+                self.buf["attention"] = torch.zeros(1, m.heads, m.head_dim, dtype=self.model.dtype,
+                                                    device=self.model.device)
+                break
+        torch.cuda.empty_cache()  # the graphs' pool is private: hand it what the allocator holds unused (the plan counts it)
+        pool = torch.cuda.graph_pool_handle()
+        try:
+            for index, (kind, payload) in enumerate(self._actions):
+                if kind != "segment":  # later captures replace what buf names; hold what this action reads
+                    self._held[index] = dict(self.buf)
+                    continue
+                graph = torch.cuda.CUDAGraph()
+                with torch.cuda.graph(graph, pool=pool, stream=self._stream, capture_error_mode="thread_local"):
+                    payload()
+                self._graphs.append(graph)
+        except Exception as error:  # out of memory included: the plain forward still fits
+            self._forget()
+            torch.cuda.empty_cache()
+            raise GraphCaptureError(f"{type(error).__name__}: {error}") from error
+
+    def _forget(self) -> None:
+        self._actions, self._graphs, self.buf, self._held, self._state = [], [], {}, {}, None
+
+    def _walk(self, state) -> list[Action]:
+        """Device work as ("segment", fn) pieces (merged later between host actions), host work as names."""
+        actions: list[Action] = [("segment", lambda: self.buf.__setitem__("x", self.embedding))]
+        for layer, layer_state in zip(self.model.layers, state.layers):
+            actions += self._mixer_actions(layer, layer_state)
+            actions += self._mlp_actions(layer)
+        model = self.model
+        actions.append(("segment", lambda: self.buf.__setitem__(
+            "logits", model.lm_head(model.norm(self.buf["x"])).float())))
+        return actions
+
+    def _mixer_actions(self, layer, layer_state) -> list[Action]:
+        mixer, buf = layer.mixer, self.buf
+        if not isinstance(mixer, Attention):
+            def mix():
+                buf["h"] = buf["x"] + mixer(layer.input_norm(buf["x"]), self.positions, layer_state)
+            return [("segment", mix)]
+
+        def project():
+            buf["q"], buf["k"], buf["v"], buf["gate"] = mixer.project(layer.input_norm(buf["x"]), self.positions)
+
+        def output():
+            buf["h"] = buf["x"] + mixer.output(buf["attention"], buf["gate"])
+        return [("segment", project), ("attend", layer.index), ("segment", output)]
+
+    def _mlp_actions(self, layer) -> list[Action]:
+        mlp, buf = layer.mlp, self.buf
+        if not hasattr(mlp, "route"):  # a dense MLP layer
+            def dense():
+                buf["x"] = buf["h"] + mlp(layer.post_attention_norm(buf["h"]))
+            return [("segment", dense)]
+
+        def route():
+            buf["y"] = layer.post_attention_norm(buf["h"])
+            ids, buf["weights"] = mlp.route(buf["y"])
+            buf["ids"] = ids.reshape(-1)
+            if self._stream is not None:
+                if self.cpu_share:  # the CPU's inputs first: the host waits for the ids, the last copy
+                    self._y_host.copy_(buf["y"], non_blocking=True)
+                    self._weights_host.copy_(buf["weights"].reshape(-1), non_blocking=True)
+                self._ids_host.copy_(buf["ids"], non_blocking=True)
+
+        def shared():
+            buf["shared"] = mlp.shared(buf["y"])
+
+        def finish():
+            y, k = buf["y"], mlp.top_k
+            routed = self.executor.slot_swiglu(y.expand(k, y.shape[-1]), self.slots, mlp.experts.intermediate)
+            weights = buf["weights"].reshape(k, 1)
+            if self.cpu_share:
+                weights = weights * self.gpu_rows.reshape(k, 1)
+            out = (routed * weights.to(routed.dtype)).sum(0, keepdim=True)
+            if self.cpu_share:
+                out = out + self.cpu_routed.to(out.dtype)
+            if mlp.shared_expert is not None:
+                out = out + buf["shared"]
+            buf["x"] = buf["h"] + out
+        if mlp.shared_expert is None:  # nothing to run while the host waits (and no empty graph)
+            return [("segment", route), ("ids_sent", layer.index), ("fetch", layer.index), ("segment", finish)]
+        return [("segment", route), ("ids_sent", layer.index), ("segment", shared), ("fetch", layer.index),
+                ("segment", finish)]
+
+    def _attend(self, layer_index: int, state, inputs: dict) -> None:
+        mixer = self.model.layers[layer_index].mixer
+        out = mixer.attend(inputs["q"], inputs["k"], inputs["v"], state.layers[layer_index])
+        if self.use_graphs:
+            self.buf["attention"].copy_(out)
+        else:
+            self.buf["attention"] = out
+
+    def _ids_sent(self, layer_index: int, state, inputs: dict) -> None:
+        if self._ids_ready is not None:
+            self._ids_ready.record()
+
+    def _fetch(self, layer_index: int, state, inputs: dict) -> None:
+        if self._ids_ready is not None:
+            self._ids_ready.synchronize()  # the shared expert's graph keeps the GPU busy meanwhile
+            ids, y, weights = self._ids_host, self._y_host, self._weights_host
+        else:
+            ids, y, weights = inputs["ids"], inputs["y"], inputs["weights"].reshape(-1)
+        slots, on_cpu = self.executor.fetch_for_step(layer_index, ids.tolist())  # the copies start here
+        self._slots_host.copy_(torch.tensor(slots, dtype=torch.int32))
+        self.slots.copy_(self._slots_host, non_blocking=True)
+        self._release = slots
+        if self.cpu_share:
+            self._compute_cpu_share(layer_index, ids, y, weights, on_cpu)
+
+    def _compute_cpu_share(self, layer_index: int, ids, y, weights, on_cpu: list[bool]) -> None:
+        """The CPU's experts, computed while the others' copies run; their sum goes up for the next graph."""
+        rows = [0.0 if c else 1.0 for c in on_cpu]
+        if rows != self._gpu_rows_sent:  # most steps repeat the last mask (offload: all ones)
+            self._gpu_rows_host.copy_(torch.tensor(rows))
+            self.gpu_rows.copy_(self._gpu_rows_host, non_blocking=True)
+            self._gpu_rows_sent = rows
+        if any(on_cpu):
+            out = self.executor.compute_on_cpu(layer_index, y.float(), ids.reshape(1, -1), weights.reshape(1, -1),
+                                               torch.tensor([on_cpu]))
+            self._cpu_routed_host.copy_(out)
+            self.cpu_routed.copy_(self._cpu_routed_host, non_blocking=True)
+            self._cpu_routed_dirty = True
+        elif self._cpu_routed_dirty:
+            self.cpu_routed.zero_()
+            self._cpu_routed_dirty = False
+
+
+class GraphCaptureError(RuntimeError):
+    """A decode step could not be captured as CUDA graphs (an op that cannot be captured)."""
+
+
+def _merge(actions: list[Action]) -> list[Action]:
+    """Consecutive segments as one: each graph spans everything between two host actions."""
+    merged: list[Action] = []
+    for kind, payload in actions:
+        if kind == "segment" and merged and merged[-1][0] == "segment":
+            merged[-1] = ("segment", _chain(merged[-1][1], payload))
+        else:
+            merged.append((kind, payload))
+    return merged
+
+
+def _chain(first: Callable[[], None], second: Callable[[], None]) -> Callable[[], None]:
+    def both():
+        first()
+        second()
+    return both

@@ -1,0 +1,111 @@
+"""The EngineWorker's load, its slot called directly on the test's thread: the expert backend and CPU threads from
+the settings reach the engine, a backend that cannot run is refused in words, and the backend that runs is logged."""
+
+import pytest
+import torch
+
+from app.engine_worker import EngineWorker
+from app.settings import load_options
+from engine.experts.split import Calibration
+from engine.loader import load_model
+from engine.runtime import placement
+
+ONE_LAYER_OF_SLOTS = 8  # the tiny model has 8 experts in each of its 4 MoE layers
+
+
+@pytest.fixture
+def folder(tiny_checkpoint):
+    return tiny_checkpoint("qwen3_5_moe", "nvfp4")
+
+
+@pytest.fixture
+def cpu_only(monkeypatch):
+    monkeypatch.setattr(placement, "gpu_status", lambda: (False, "no GPU in this test"))
+    threads = torch.get_num_threads()
+    yield
+    torch.set_num_threads(threads)  # the worker sets torch's threads from the setting
+
+
+@pytest.fixture
+def loads(monkeypatch, cpu_only):
+    """load_placed's keyword arguments, one dict per call. The model loads on the CPU with an expert cache of one
+    layer, so the real CachedExpertExecutor runs, and refuses the gpu backend, without a GPU."""
+    calls = []
+
+    def load_cached(folder, where, pin_budget_bytes=None, **backend):
+        calls.append({"pin_budget_bytes": pin_budget_bytes, **backend})
+        return load_model(folder, "cpu", torch.float32, expert_cache_slots=ONE_LAYER_OF_SLOTS,
+                          pin_budget_bytes=pin_budget_bytes, **backend)
+
+    monkeypatch.setattr(placement, "load_placed", load_cached)
+    return calls
+
+
+def recorded(worker: EngineWorker) -> dict:
+    seen = {"log": [], "loaded": [], "failed": [], "busy": []}
+    worker.log.connect(lambda level, text: seen["log"].append((level, text)))
+    worker.loaded.connect(seen["loaded"].append)
+    worker.loadFailed.connect(seen["failed"].append)
+    worker.busyChanged.connect(seen["busy"].append)
+    return seen
+
+
+def backend_lines(seen: dict) -> list[str]:
+    return [text for _, text in seen["log"] if text.startswith("expert backend")]
+
+
+def test_the_settings_reach_load_placed(settings, folder, loads):
+    worker = EngineWorker()
+    seen = recorded(worker)
+    worker.load(str(folder), load_options(settings))
+    assert loads == [{"pin_budget_bytes": None, "expert_backend": "auto", "cpu_threads": None}]  # 0: the cores
+    assert len(seen["loaded"]) == 1 and backend_lines(seen) == ["expert backend: offload (chosen by auto)"]
+
+    settings.set("expert_backend", "offload")
+    settings.set("cpu_threads", 1)
+    settings.set("pin_budget_gib", 0.5)
+    worker.load(str(folder), load_options(settings))
+    assert loads[-1] == {"pin_budget_bytes": 2**29, "expert_backend": "offload", "cpu_threads": 1}
+    assert len(seen["loaded"]) == 2 and backend_lines(seen)[-1] == "expert backend: offload"
+
+
+def test_a_gpu_backend_that_does_not_fit_is_refused_in_words(settings, folder, loads):
+    settings.set("expert_backend", "gpu")
+    worker = EngineWorker()
+    seen = recorded(worker)
+    worker.load(str(folder), load_options(settings))
+    [message] = seen["failed"]
+    assert message.startswith("The model cannot run with the expert backend “gpu”: the gpu expert backend keeps "
+                              "every expert in VRAM: 4 layers of slots, but the cache holds 1")
+    assert "Choose another expert backend in Settings" in message and "a bigger VRAM preset" in message
+    assert "Traceback" not in message and seen["log"][-1][0] == "error"
+    assert worker.session is None and not seen["loaded"] and seen["busy"] == [True, False]
+
+    settings.set("expert_backend", "auto")  # the user's next choice loads: the worker lives on
+    worker.load(str(folder), load_options(settings))
+    assert len(seen["loaded"]) == 1 and worker.session is not None
+
+
+def test_the_measured_bandwidths_are_logged_once(settings, folder, loads, monkeypatch):
+    load_cached = placement.load_placed
+
+    def load_calibrated(*args, **kwargs):  # what a GPU machine's calibration leaves in the executor
+        model = load_cached(*args, **kwargs)
+        model.expert_executor.calibration = Calibration(12.5e9, 31.3e9, 2e-5, 8)
+        model.expert_executor.backend = "hybrid"
+        return model
+
+    monkeypatch.setattr(placement, "load_placed", load_calibrated)
+    worker = EngineWorker()
+    seen = recorded(worker)
+    worker.load(str(folder), load_options(settings))
+    assert backend_lines(seen) == ["expert backend: hybrid (chosen by auto); measured PCIe 12.5 GB/s, "
+                                   "CPU 31.3 GB/s with 8 threads"]
+
+
+def test_a_cpu_only_run_logs_no_backend(settings, folder, cpu_only):
+    worker = EngineWorker()
+    seen = recorded(worker)
+    worker.load(str(folder), load_options(settings))
+    assert len(seen["loaded"]) == 1 and backend_lines(seen) == []
+    assert "expert_backend" not in worker._runtime_measures()

@@ -1,0 +1,218 @@
+"""The CPU expert kernels (engine/kernels/cpu_experts.py) against dequantise-then-matmul in float32, for every
+format an expert record can hold, and `python -m engine bench --cpu-experts` at a tiny size."""
+
+import json
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from engine import bench_cpu
+from engine.checkpoint import quantize
+from engine.checkpoint.formats import StoredWeight, detect_format, fuse_rows
+from engine.cli import main
+from engine.experts.packed import RecordLayout, pack_banks
+from engine.kernels import cpu_experts
+from engine.kernels.cpu_experts import CpuExpertKernel
+
+EXPERTS = 6
+EXACT = 1e-5  # relative error allowed: float32 rounding of a different order of additions, nothing more
+
+
+def fp8_per_row(w: torch.Tensor, dtype=torch.float8_e4m3fn) -> dict:
+    scale = (w.abs().amax(dim=1) / torch.finfo(dtype).max).clamp_min(1e-12)
+    return {"weight": (w / scale[:, None]).to(dtype), "weight_scale": scale}
+
+
+ENCODERS = {
+    "nvfp4": quantize.nvfp4_modelopt,
+    "nvfp4_ct": quantize.nvfp4_compressed_tensors,
+    "fp8_tensor": quantize.fp8_per_tensor,
+    "fp8_row": fp8_per_row,
+    "fp8_e5m2_row": lambda w: fp8_per_row(w, torch.float8_e5m2),
+    "fp8_block": lambda w: quantize.fp8_block(w, (16, 32)),
+    "bf16": lambda w: {"weight": w.to(torch.bfloat16)},
+    "fp16": lambda w: {"weight": w.to(torch.float16)},
+    "fp32": lambda w: {"weight": w},
+}
+
+
+def stored(w: torch.Tensor, encoding: str, name: str) -> StoredWeight:
+    tensors = {role: t for role, t in ENCODERS[encoding](w).items() if role != "input_scale"}
+    fmt, shape = detect_format(name, tensors)
+    return StoredWeight(fmt, tensors, shape, name, (16, 32))
+
+
+class Bank:
+    """Random experts of one format, stored per expert (gate, up, down) as a checkpoint would."""
+
+    def __init__(self, encoding: str, hidden: int, intermediate: int, seed: int = 0):
+        generator = torch.Generator().manual_seed(seed)
+        self.num_experts, self.intermediate = EXPERTS, intermediate
+
+        def weight(rows, cols, name):
+            return stored(torch.randn(rows, cols, generator=generator) / cols**0.5, encoding, name)
+
+        self.weights = [(weight(intermediate, hidden, f"{e}.gate"), weight(intermediate, hidden, f"{e}.up"),
+                         weight(hidden, intermediate, f"{e}.down")) for e in range(EXPERTS)]
+
+    def stored(self, expert):
+        return self.weights[expert]
+
+
+def packed(encoding: str, hidden: int = 80, intermediate: int = 48):
+    layers, _ = pack_banks({0: Bank(encoding, hidden, intermediate)}, None, pin=False)
+    return layers[0].layout, layers[0].records
+
+
+def reference(layout, records, x, ids, weights, on_cpu) -> torch.Tensor:
+    """Dequantise each chosen expert to float32, then the SwiGLU with F.linear."""
+    views = layout.view(records)
+    intermediate = layout.matrices["gate_up"].shape[0] // 2
+    out = torch.zeros_like(x)
+    for t in range(x.shape[0]):
+        for j in range(ids.shape[1]):
+            if on_cpu[t, j]:
+                e = int(ids[t, j])
+                gate, up = F.linear(x[t], views["gate_up"].select(e).dequantize(torch.float32)).split(intermediate)
+                out[t] += weights[t, j] * F.linear(F.silu(gate) * up, views["down"].select(e).dequantize(torch.float32))
+    return out
+
+
+def routing(tokens: int, top_k: int = 3, seed: int = 1):
+    generator = torch.Generator().manual_seed(seed)
+    ids = torch.stack([torch.randperm(EXPERTS, generator=generator)[:top_k] for _ in range(tokens)])
+    return ids, torch.rand(tokens, top_k, generator=generator)
+
+
+def relative_error(got: torch.Tensor, want: torch.Tensor) -> float:
+    return float((got - want).norm() / want.norm())
+
+
+@pytest.mark.parametrize("encoding", list(ENCODERS))
+@pytest.mark.parametrize("tokens", [1, 6])
+def test_every_format_matches_dequantise_then_matmul(encoding, tokens):
+    layout, records = packed(encoding)
+    x = torch.randn(tokens, 80, generator=torch.Generator().manual_seed(2))
+    ids, weights = routing(tokens)
+    on_cpu = torch.ones_like(ids, dtype=torch.bool)
+    got = CpuExpertKernel(layout).run(records, x, ids, weights, on_cpu)
+    assert got.dtype == torch.float32 and got.shape == x.shape
+    assert relative_error(got, reference(layout, records, x, ids, weights, on_cpu)) < EXACT
+
+
+def test_unjoined_compressed_tensors_weights_divide_by_their_global_scale():
+    """Records laid out from weights as stored (no fuse_rows): NVFP4_CT with its dividing scalar global scale."""
+    generator = torch.Generator().manual_seed(3)
+    experts = [{"gate_up": stored(torch.randn(96, 64, generator=generator), "nvfp4_ct", "gate_up"),
+                "down": stored(torch.randn(64, 48, generator=generator), "nvfp4_ct", "down")} for _ in range(EXPERTS)]
+    layout = RecordLayout.of(experts[0])
+    assert layout.matrices["gate_up"].format == "nvfp4_ct"
+    records = torch.empty(EXPERTS, layout.record_bytes, dtype=torch.uint8)
+    for e, expert in enumerate(experts):
+        layout.write(records[e], expert)
+    x = torch.randn(5, 64, generator=generator)
+    ids, weights = routing(5)
+    on_cpu = torch.ones_like(ids, dtype=torch.bool)
+    got = CpuExpertKernel(layout).run(records, x, ids, weights, on_cpu)
+    assert relative_error(got, reference(layout, records, x, ids, weights, on_cpu)) < EXACT
+
+
+def test_masks_duplicates_and_sizes():
+    layout, records = packed("nvfp4", hidden=32, intermediate=16)  # the smallest NVFP4 sizes: one or two blocks
+    kernel = CpuExpertKernel(layout)
+    x = torch.randn(9, 32, generator=torch.Generator().manual_seed(4))
+    ids = torch.tensor([[0, 1], [0, 1], [1, 0], [5, 5], [2, 3], [3, 2], [0, 4], [4, 4], [1, 1]])
+    weights = torch.rand(9, 2, generator=torch.Generator().manual_seed(5))
+    everything = torch.ones_like(ids, dtype=torch.bool)
+    partial = torch.rand(9, 2, generator=torch.Generator().manual_seed(6)) < 0.5
+    partial[0] = torch.tensor([True, False])
+    for on_cpu in (everything, partial):
+        got = kernel.run(records, x, ids, weights, on_cpu)
+        assert relative_error(got, reference(layout, records, x, ids, weights, on_cpu)) < EXACT
+    assert (~partial.any(dim=1)).any() and not got[~partial.any(dim=1)].any()  # tokens with no CPU expert: zeros
+    nothing = kernel.run(records, x, ids, weights, torch.zeros_like(everything))
+    assert torch.equal(nothing, torch.zeros_like(x))
+
+
+def test_the_fallback_without_numba_gives_the_same(monkeypatch):
+    layout, records = packed("nvfp4")
+    x = torch.randn(3, 80, generator=torch.Generator().manual_seed(7))
+    ids, weights = routing(3)
+    on_cpu = torch.tensor([[True, False, True], [True, True, True], [False, False, True]])
+    compiled = CpuExpertKernel(layout).run(records, x, ids, weights, on_cpu)
+    monkeypatch.setattr(cpu_experts, "numba", None)
+    plain = CpuExpertKernel(layout).run(records, x, ids, weights, on_cpu)
+    assert relative_error(compiled, plain) < EXACT
+
+
+def test_threads_and_the_gil():
+    layout, records = packed("fp8_tensor")
+    x = torch.randn(4, 80, generator=torch.Generator().manual_seed(8))
+    ids, weights = routing(4)
+    on_cpu = torch.ones_like(ids, dtype=torch.bool)
+    kernel = CpuExpertKernel(layout)
+    try:
+        cpu_experts.set_threads(1)
+        assert cpu_experts.threads() == 1
+        single = kernel.run(records, x, ids, weights, on_cpu)
+    finally:
+        cpu_experts.set_threads(None)
+    assert cpu_experts.threads() == cpu_experts.default_threads() >= 1
+    assert relative_error(kernel.run(records, x, ids, weights, on_cpu), single) < EXACT
+    with pytest.raises(ValueError, match="threads must be between 1"):
+        cpu_experts.set_threads(0)
+    assert cpu_experts._experts.targetoptions["nogil"]  # other Python threads run while experts compute
+
+
+def test_bad_records_are_refused():
+    layout, records = packed("bf16")
+    ids, weights = routing(1)
+    with pytest.raises(ValueError, match="records must be uint8"):
+        CpuExpertKernel(layout).run(records[:, :64], torch.zeros(1, 80), ids, weights, torch.ones_like(ids).bool())
+
+
+def test_cli_bench_cpu_experts_reports_each_thread_count(monkeypatch, capsys):
+    monkeypatch.setattr(bench_cpu, "HIDDEN", 64)
+    monkeypatch.setattr(bench_cpu, "INTERMEDIATE", 32)
+    monkeypatch.setattr(bench_cpu, "RECORDS_BYTES", 2**20)
+    monkeypatch.setattr(bench_cpu, "DRAM_PROBE_BYTES", 2**22)
+    monkeypatch.setattr(bench_cpu, "REPEATS", 1)
+    assert main(["bench", "--cpu-experts", "--threads", "1,2", "--json"]) == 0
+    result = json.loads(capsys.readouterr().out)
+    assert (result["hidden"], result["intermediate"], result["tokens"]) == (64, 32, 1)
+    assert [row["threads"] for row in result["runs"]] == [1, 2]
+    for row in result["runs"]:
+        assert row["dram_bytes_per_s"] > 0 and row["expert_bytes_per_s"] > 0 and row["tokens_per_s_bound"] > 0
+        assert row["ratio"] == pytest.approx(row["expert_bytes_per_s"] / row["dram_bytes_per_s"])
+    assert main(["bench", "--cpu-experts", "--threads", "1"]) == 0
+    assert "DRAM GB/s" in capsys.readouterr().out
+    assert main(["bench", "--cpu-experts", "--threads", "0"]) == 2
+    assert "--threads must be" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("dtype", [torch.float8_e4m3fn, torch.float8_e5m2, torch.float16, torch.bfloat16])
+def test_every_finite_code_decodes_exactly(dtype):
+    """Weights whose bits run through the codes of their dtype, subnormals included (NaN and infinity left out)."""
+    bits = torch.arange(2 ** (8 * torch.empty((), dtype=dtype).element_size()), dtype=torch.int32)
+    codes = (bits.to(torch.uint8) if bits.numel() == 256 else bits.to(torch.int16)).view(dtype)
+    codes = codes[codes.float().isfinite() & (codes.float().abs() < 1e4)]
+    hidden, intermediate = 64, 32
+    codes = codes[torch.randperm(codes.numel(), generator=torch.Generator().manual_seed(9))]
+    per_expert = 3 * hidden * intermediate
+    codes = codes.repeat(-(-per_expert // codes.numel()))[:per_expert].reshape(3, -1)
+
+    def weight(values, rows, cols):
+        tensors = {"weight": values.reshape(rows, cols)}
+        if dtype in (torch.float8_e4m3fn, torch.float8_e5m2):
+            tensors["weight_scale"] = torch.tensor(0.5)
+        return StoredWeight(detect_format("w", tensors)[0], tensors, (rows, cols), "w")
+
+    expert = {"gate_up": weight(codes[:2], 2 * intermediate, hidden), "down": weight(codes[2], hidden, intermediate)}
+    layout = RecordLayout.of(expert)
+    records = torch.empty(1, layout.record_bytes, dtype=torch.uint8)
+    layout.write(records[0], expert)
+    x = torch.randn(2, hidden, generator=torch.Generator().manual_seed(10)) * 1e-3
+    ids, weights, on_cpu = torch.zeros(2, 1, dtype=torch.long), torch.ones(2, 1), torch.ones(2, 1, dtype=torch.bool)
+    got = CpuExpertKernel(layout).run(records, x, ids, weights, on_cpu)
+    assert relative_error(got, reference(layout, records, x, ids, weights, on_cpu)) < EXACT

@@ -1,0 +1,122 @@
+"""The graphed decode step's cuts (engine/runtime/decode_graphs.py), run eagerly on the CPU: the same segments
+and host actions a CUDA graph replays must give the plain forward's logits, state and cache traffic."""
+import pytest
+import torch
+
+import engine
+from engine.errors import ContextOverflowError
+from engine.runtime.decode_graphs import DecodeSteps, _merge
+
+LAYOUTS = [("qwen3_5_moe", "nvfp4", False), ("qwen3_5_moe", "bf16", True), ("qwen3_moe", "fp8_block", False)]
+
+
+@pytest.mark.parametrize("layout", LAYOUTS, ids=lambda l: "-".join(map(str, l)))
+@pytest.mark.parametrize("layers_of_slots", [1, 2])
+def test_segmented_steps_equal_the_plain_forward(tiny_checkpoint, layout, layers_of_slots):
+    folder = tiny_checkpoint(*layout)
+    plain = engine.load_model(folder, expert_cache_slots=8 * layers_of_slots)
+    segmented = engine.load_model(folder, expert_cache_slots=8 * layers_of_slots)
+    steps = DecodeSteps(segmented, use_graphs=False)
+    prompt = torch.randint(2, 320, (23,), generator=torch.Generator().manual_seed(5))
+    states = plain.new_state(40), segmented.new_state(40)
+    plain.forward(prompt, states[0])
+    segmented.forward(prompt, states[1])
+    token = 7
+    for _ in range(6):
+        expected = plain.forward([token], states[0])
+        got = steps.step(token, states[1])
+        assert torch.allclose(got, expected, rtol=0, atol=1e-5 * float(expected.abs().max()))
+        assert states[1].position == states[0].position
+        token = int(expected.argmax())
+    for mine, theirs in zip(states[1].layers, states[0].layers):  # KV caches and recurrent states alike
+        if hasattr(mine, "keys"):
+            assert mine.length == theirs.length
+            assert torch.allclose(mine.keys[:mine.length], theirs.keys[:theirs.length], atol=1e-5)
+        else:
+            assert torch.allclose(mine.recurrent, theirs.recurrent, atol=1e-5)
+    a, b = plain.expert_executor.stats(), segmented.expert_executor.stats()
+    assert (a["expert_cache_hits"], a["expert_cache_misses"]) == (b["expert_cache_hits"], b["expert_cache_misses"])
+
+
+def test_a_step_on_another_state_makes_its_own_actions(tiny_checkpoint):
+    """Actions (and, on CUDA, graphs) belong to the state they were made for: switching states and back must not
+    mix their tensors up."""
+    model = engine.load_model(tiny_checkpoint("qwen3_5_moe", "nvfp4"), expert_cache_slots=8)
+    reference = engine.load_model(tiny_checkpoint("qwen3_5_moe", "nvfp4"), expert_cache_slots=8)
+    steps = DecodeSteps(model, use_graphs=False)
+    first, second = model.new_state(20), model.new_state(20)
+    ref_first, ref_second = reference.new_state(20), reference.new_state(20)
+    for token, (state, ref_state) in zip([3, 9, 4, 11], [(first, ref_first), (second, ref_second)] * 2):
+        got = steps.step(token, state)
+        expected = reference.forward([token], ref_state)
+        assert torch.allclose(got, expected, rtol=0, atol=1e-5 * float(expected.abs().max()))
+    assert first.position == second.position == 2
+
+
+def test_a_full_state_is_refused_before_anything_runs(tiny_checkpoint):
+    model = engine.load_model(tiny_checkpoint("qwen3_5_moe", "nvfp4"), expert_cache_slots=8)
+    steps = DecodeSteps(model, use_graphs=False)
+    state = model.new_state(3)
+    model.forward([1, 2, 3], state)
+    with pytest.raises(ContextOverflowError):
+        steps.step(4, state)
+    assert state.position == 3
+
+
+def test_cuts_fall_only_at_host_actions(tiny_checkpoint):
+    """Each MoE layer has three host actions (ids sent, fetch, and none else), each attention layer one more
+    (attend); everything between them is one segment, so one graph."""
+    model = engine.load_model(tiny_checkpoint("qwen3_5_moe", "nvfp4"), expert_cache_slots=8)
+    steps = DecodeSteps(model, use_graphs=False)
+    actions = _merge(steps._walk(model.new_state(4)))
+    kinds = [kind for kind, _ in actions]
+    assert all(a != "segment" or b != "segment" for a, b in zip(kinds, kinds[1:]))
+    layers = model.config.num_hidden_layers
+    attention = model.config.layer_types.count("full_attention")
+    assert kinds.count("fetch") == kinds.count("ids_sent") == layers
+    assert kinds.count("attend") == attention
+    assert kinds.count("segment") == 2 * layers + attention + 1
+
+
+def test_actions_go_when_their_state_goes(tiny_checkpoint):
+    """The actions (on CUDA, the graphs) hold the state's recurrent tensors; a dropped state must not keep them."""
+    model = engine.load_model(tiny_checkpoint("qwen3_5_moe", "nvfp4"), expert_cache_slots=8)
+    steps = DecodeSteps(model, use_graphs=False)
+    state = model.new_state(8)
+    steps.step(3, state)
+    assert steps._actions
+    del state
+    assert not steps._actions and not steps.buf
+
+
+@pytest.mark.parametrize("backend", ["cpu", "hybrid"])
+def test_misses_computed_on_the_cpu_give_the_same_step(tiny_checkpoint, backend):
+    """The cpu and hybrid backends: some (cpu: all) misses of a step are computed by the CPU expert kernel from
+    the host records and added back as one row, the GPU share keeps its slots."""
+    from engine.experts.split import Calibration
+    from engine.kernels.cpu_experts import CpuExpertKernel
+    folder = tiny_checkpoint("qwen3_5_moe", "nvfp4")
+    plain = engine.load_model(folder, expert_cache_slots=8)
+    split = engine.load_model(folder, expert_cache_slots=8)
+    executor = split.expert_executor
+    executor.cpu_kernel = CpuExpertKernel(executor.cache.layout)  # on a CUDA device prepare() makes these
+    executor.backend, executor.calibration = backend, Calibration(1e9, 1e9, 0.0, 1)  # hybrid: half the misses
+    steps = DecodeSteps(split, use_graphs=False)
+    states = plain.new_state(30), split.new_state(30)
+    prompt = torch.randint(2, 320, (9,), generator=torch.Generator().manual_seed(12))
+    plain.forward(prompt, states[0])
+    split.forward(prompt, states[1])
+    before = executor.stats()
+    token = 4
+    for _ in range(5):
+        expected = plain.forward([token], states[0])
+        got = steps.step(token, states[1])
+        assert torch.allclose(got, expected, rtol=0, atol=1e-5 * float(expected.abs().max()))
+        token = int(expected.argmax())
+    stats = executor.stats()
+    assert stats["expert_backend"] == backend and stats["cpu_expert_calls"] > 0
+    copied = stats["expert_bytes_copied"] - before["expert_bytes_copied"]
+    if backend == "cpu":  # every miss on the CPU: decode copies nothing into the cache
+        assert copied == 0 and stats["expert_cache_misses"] == before["expert_cache_misses"]
+    else:
+        assert copied > 0 and 0 < stats["cpu_expert_share"] < 1

@@ -1,0 +1,60 @@
+"""The offload/cpu/hybrid split of a decode step's misses, and the per-machine calibration file."""
+import pytest
+
+from engine.experts import split
+from engine.experts.split import Calibration, cpu_share, resolve
+
+RECORD = 1_000_000  # bytes of one expert record
+
+
+def test_backends_that_do_not_split():
+    calibration = Calibration(50e9, 20e9, 0.0, 16)
+    assert cpu_share(8, "offload", calibration, RECORD) == 0
+    assert cpu_share(8, "gpu", calibration, RECORD) == 0
+    assert cpu_share(8, "cpu", None, RECORD) == 8
+    assert cpu_share(0, "hybrid", calibration, RECORD) == 0
+
+
+@pytest.mark.parametrize("pcie, cpu, call, misses, expected", [
+    (50e9, 50e9, 0.0, 8, 4),  # equal paths: half each
+    (50e9, 25e9, 0.0, 9, 3),  # the CPU at half the speed takes a third
+    (10e9, 40e9, 0.0, 10, 8),  # a laptop's narrow link: the CPU takes most
+    (50e9, 1e9, 0.0, 8, 0),  # a CPU far slower than one copy takes none
+    (50e9, 50e9, 60e-6, 8, 2),  # a call's own cost: the CPU takes fewer (ties go to the copies)
+    (50e9, 50e9, 200e-6, 8, 0),  # a call costing more than the copies it saves: none
+])
+def test_hybrid_balances_the_two_finishing_times(pcie, cpu, call, misses, expected):
+    calibration = Calibration(pcie, cpu, call, 4)
+    m = cpu_share(misses, "hybrid", calibration, RECORD)
+    assert m == expected
+
+    def finish(k):
+        return max((misses - k) * RECORD / pcie, call + k * RECORD / cpu if k else 0.0)
+    assert all(finish(m) <= finish(other) for other in range(misses + 1))
+
+
+def test_auto_takes_hybrid_only_when_the_cpu_would_help():
+    assert resolve("auto", Calibration(50e9, 30e9, 0.0, 16), RECORD) == "hybrid"
+    assert resolve("auto", Calibration(50e9, 1e9, 0.0, 16), RECORD) == "offload"
+    assert resolve("auto", Calibration(50e9, 30e9, 1e-3, 16), RECORD) == "offload"  # calls too dear
+    assert resolve("auto", None, RECORD) == "offload"
+    assert resolve("cpu", None, RECORD) == "cpu"
+
+
+def test_calibration_is_measured_once_per_machine(tmp_path, monkeypatch):
+    monkeypatch.setenv("MOEDESK_MODELS_DIR", str(tmp_path / "models"))
+    measured = []
+
+    def measure():
+        measured.append(1)
+        return Calibration(40e9, 20e9, 1e-5, 8)
+
+    first = split.cached_calibration("machine a", measure)
+    again = split.cached_calibration("machine a", measure)
+    other = split.cached_calibration("machine b", measure)
+    assert first == again == other == Calibration(40e9, 20e9, 1e-5, 8)
+    assert len(measured) == 2  # machine a once, machine b once
+    assert split.calibration_file() == tmp_path / "calibration.json"
+    split.calibration_file().write_text("not json", encoding="utf-8")
+    assert split.cached_calibration("machine a", measure) == first  # a damaged file is measured again
+    assert len(measured) == 3

@@ -1,0 +1,62 @@
+"""Compiles every Triton kernel to PTX for the GPU generations named on the command line, without a GPU, and
+prints one JSON line per (kernel, capability): run by tests/test_triton_compile.py in a process of its own,
+since the rest of the suite runs Triton's interpreter, where kernels are Python functions."""
+import json
+import sys
+
+import triton
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+
+from engine.kernels import triton_gdn, triton_linear, triton_norm
+
+
+def _signature(kernel, pointers: dict, constexprs: dict, floats=()) -> dict:
+    return {name: "constexpr" if name in constexprs else pointers.get(name) or ("fp32" if name in floats else "i32")
+            for name in kernel.arg_names}
+
+
+def _linear_case(fmt, gemv, grouped):
+    pointers = {"x_ptr": "*bf16", "w_ptr": "*u8", "s_ptr": "*u8", "r_ptr": "*fp32", "out_ptr": "*fp32",
+                "table_ptr": "*i32"}
+    constexprs = dict(zip(triton_linear._CONSTEXPR_NAMES,
+                          (fmt, grouped, 1 if gemv else 16, 32, 128, True, triton.language.float16, "tf32", True, False,
+                           0, 1, True)))
+    return triton_linear._linear_kernel, pointers, constexprs, ()
+
+
+CASES = {
+    "rms_norm": (triton_norm._rms_norm_kernel, {"x_ptr": "*bf16", "w_ptr": "*bf16", "out_ptr": "*bf16"},
+                 {"BLOCK": 2048}, ("eps", "offset")),
+    "gdn delta": (triton_gdn._delta_kernel,
+                  {name: "*bf16" for name in ("qkv_ptr", "b_ptr", "a_ptr", "conv_state_ptr", "conv_weight_ptr",
+                                              "a_log_ptr", "dt_bias_ptr", "o_ptr")} | {"state_ptr": "*fp32"},
+                  {"BLOCK_DK": 128, "BLOCK_DV": 32, "BLOCK_K": 4}, ("q_scale",)),
+    "gdn gate norm": (triton_gdn._gate_norm_kernel,
+                      {name: "*bf16" for name in ("o_ptr", "z_ptr", "norm_weight_ptr", "out_ptr", "qkv_ptr",
+                                                  "conv_state_ptr")},
+                      {"BLOCK_DV": 128, "BLOCK_C": 256, "BLOCK_K": 4}, ("eps",)),
+    "nvfp4 gemv grouped": _linear_case(triton_linear._F_NVFP4, True, True),
+    "nvfp4 tiles": _linear_case(triton_linear._F_NVFP4, False, False),
+    "fp8 gemv": _linear_case(triton_linear._F_FP8, True, False),
+    "fp8 block tiles": _linear_case(triton_linear._F_FP8_BLOCK, False, False),
+}
+
+
+
+def main(capabilities):
+    for case, (kernel, pointers, constexprs, floats) in CASES.items():
+        for capability in capabilities:
+            source = ASTSource(fn=kernel, signature=_signature(kernel, pointers, constexprs, floats),
+                               constexprs=constexprs)
+            try:
+                ptx = triton.compile(source, target=GPUTarget("cuda", capability, 32)).asm["ptx"]
+                result = {"ptx_target": f".target sm_{capability}" in ptx,
+                          "hopper_only": "wgmma" in ptx or "cp.async.bulk" in ptx}
+            except Exception as error:  # reported, so the test names the kernel that failed
+                result = {"error": f"{type(error).__name__}: {error}"[:2000]}
+            print(json.dumps({"case": case, "capability": capability, **result}), flush=True)
+
+
+if __name__ == "__main__":
+    main([int(c) for c in sys.argv[1:]])
