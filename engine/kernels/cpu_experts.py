@@ -168,7 +168,8 @@ if numba is not None:
         above4 = builder.select(builder.icmp_unsigned(">", magnitude, c(4)), magnitude, c(4))
         above6 = builder.select(builder.icmp_unsigned(">", magnitude, c(6)), magnitude, c(6))
         # 2|v| of codes 0..7 is 0,1,2,3,4,6,8,12: k + max(k-4, 0) + 2 max(k-6, 0)
-        twice = builder.add(builder.add(magnitude, builder.sub(above4, c(4))), builder.shl(builder.sub(above6, c(6)), c(1)))
+        twice = builder.add(builder.add(magnitude, builder.sub(above4, c(4))),
+                            builder.shl(builder.sub(above6, c(6)), c(1)))
         negative = builder.sub(c(0), builder.lshr(code, c(3)))
         return builder.sub(builder.xor(twice, negative), negative)
 
@@ -212,7 +213,8 @@ if numba is not None:
         else:
             normal = builder.select(builder.icmp_unsigned("==", magnitude, c(magnitude_mask)), c(0x7FC00000), normal)
         subnormal = builder.fmul(builder.uitofp(magnitude, F32), ir.Constant(F32, subnormal_scale))
-        value = builder.select(builder.icmp_unsigned("<", magnitude, c(subnormal_below)), builder.bitcast(subnormal, I32),
+        value = builder.select(builder.icmp_unsigned("<", magnitude, c(subnormal_below)),
+                               builder.bitcast(subnormal, I32),
                                normal)
         sign = builder.shl(builder.lshr(bits, c(magnitude_mask.bit_length())), c(31))
         return builder.bitcast(builder.or_(value, sign), F32)
@@ -299,7 +301,8 @@ if numba is not None:
 
     @numba.njit(nogil=True, cache=True)
     def _nvfp4_rows(record, meta, first, last, inputs, picks, result):
-        """result[q, r] for rows first..last-1 and inputs[picks[q]] (laid out block-lane: x[16 b + k] at k*blocks + b)."""
+        """result[q, r] for rows first..last-1 and inputs[picks[q]] (laid out block-lane: x[16 b + k] at
+        k*blocks + b)."""
         in_features = meta[M_IN]
         width, blocks = in_features // 2, in_features // NVFP4_GROUP
         low, high = np.empty(width, np.int8), np.empty(width, np.int8)

@@ -543,7 +543,8 @@ def slot_linear_capturable(weight: StoredWeight) -> bool:
     return _stacked_operands(weight) is not None
 
 
-def slot_linear(x: torch.Tensor, weight: StoredWeight, slots: torch.Tensor, *, splits: int | None = None) -> torch.Tensor:
+def slot_linear(x: torch.Tensor, weight: StoredWeight, slots: torch.Tensor, *,
+                splits: int | None = None) -> torch.Tensor:
     """Row r of x [M, K] (a zero row stride is fine) times slot slots[r] of the stacked weight [S, N, K], by the
     GEMV path; the tile table is made on the device from `slots`, so nothing here reads them on the host."""
     ops = _stacked_operands(weight)

@@ -45,14 +45,14 @@ class DecodeSteps:
         self.slots = torch.zeros(k, dtype=torch.int32, device=device)
         # The CPU's share (cpu and hybrid backends): rows it computes get no weight on the GPU, and its summed
         # output comes back as one row
-        self.cpu_share = getattr(self.executor, "cpu_kernel", None) is not None
+        self.with_cpu_share = getattr(self.executor, "cpu_kernel", None) is not None
         self.gpu_rows = torch.ones(k, dtype=torch.float32, device=device)
         self.cpu_routed = torch.zeros(1, c.hidden_size, dtype=torch.float32, device=device)
         self._cpu_routed_dirty = False
         self._gpu_rows_sent = [1.0] * k
         cuda = device.type == "cuda"
         # Host ends of the per-layer exchanges, page-locked so the copies are asynchronous and capturable
-        self._ids_host = torch.zeros(c.num_experts_per_tok, dtype=torch.long, pin_memory=cuda)
+        self._ids_host = torch.zeros(k, dtype=torch.long, pin_memory=cuda)
         self._slots_host = torch.zeros_like(self.slots, device="cpu", pin_memory=cuda)
         self._embedding_host = torch.zeros_like(self.embedding, device="cpu", pin_memory=cuda)
         self._y_host = torch.zeros_like(self.embedding, device="cpu", pin_memory=cuda)
@@ -124,7 +124,7 @@ class DecodeSteps:
                 self.buf["attention"] = torch.zeros(1, m.heads, m.head_dim, dtype=self.model.dtype,
                                                     device=self.model.device)
                 break
-        torch.cuda.empty_cache()  # the graphs' pool is private: hand it what the allocator holds unused (the plan counts it)
+        torch.cuda.empty_cache()  # the graphs' pool is private: it takes what the allocator holds unused (planned)
         pool = torch.cuda.graph_pool_handle()
         try:
             for index, (kind, payload) in enumerate(self._actions):
@@ -180,7 +180,7 @@ class DecodeSteps:
             ids, buf["weights"] = mlp.route(buf["y"])
             buf["ids"] = ids.reshape(-1)
             if self._stream is not None:
-                if self.cpu_share:  # the CPU's inputs first: the host waits for the ids, the last copy
+                if self.with_cpu_share:  # the CPU's inputs first: the host waits for the ids, the last copy
                     self._y_host.copy_(buf["y"], non_blocking=True)
                     self._weights_host.copy_(buf["weights"].reshape(-1), non_blocking=True)
                 self._ids_host.copy_(buf["ids"], non_blocking=True)
@@ -192,10 +192,10 @@ class DecodeSteps:
             y, k = buf["y"], mlp.top_k
             routed = self.executor.slot_swiglu(y.expand(k, y.shape[-1]), self.slots, mlp.experts.intermediate)
             weights = buf["weights"].reshape(k, 1)
-            if self.cpu_share:
+            if self.with_cpu_share:
                 weights = weights * self.gpu_rows.reshape(k, 1)
             out = (routed * weights.to(routed.dtype)).sum(0, keepdim=True)
-            if self.cpu_share:
+            if self.with_cpu_share:
                 out = out + self.cpu_routed.to(out.dtype)
             if mlp.shared_expert is not None:
                 out = out + buf["shared"]
@@ -227,7 +227,7 @@ class DecodeSteps:
         self._slots_host.copy_(torch.tensor(slots, dtype=torch.int32))
         self.slots.copy_(self._slots_host, non_blocking=True)
         self._release = slots
-        if self.cpu_share:
+        if self.with_cpu_share:
             self._compute_cpu_share(layer_index, ids, y, weights, on_cpu)
 
     def _compute_cpu_share(self, layer_index: int, ids, y, weights, on_cpu: list[bool]) -> None:
