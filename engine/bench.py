@@ -7,12 +7,14 @@ are a pessimistic floor for real models; every result says so.
 
 from __future__ import annotations
 
+import gc
 import sys
 import time
 from pathlib import Path
 
 import torch
 
+from engine.bench_hf import hf_offload_row
 from engine.checkpoint import Checkpoint, TensorShard
 from engine.layers.source import WeightSource
 from engine.loader import expert_executor
@@ -27,6 +29,8 @@ ROUTING_NOTE = ("random weights: the router spreads tokens evenly over the exper
                 "are a pessimistic floor for a real model")
 DEFAULT_PREFILL_CHUNK = 512  # without a plan (CPU runs)
 BANDWIDTH_PROBE_BYTES = 256 * 2**20
+HF_BASELINE_TOKENS = 128  # the baseline's prompt at most (its decode takes seconds a token)
+HF_GPU_SHARE = 0.75  # of the capped allocator, what accelerate may place weights in (the rest: activations)
 
 
 def build_random_model(name: str, device: str, dtype: torch.dtype, expert_cache_slots: int | None,
@@ -151,10 +155,11 @@ def _decode_bound(decode: dict, bandwidth: float) -> dict:
 
 
 def run_bench(name: str, device: str, prompt_lengths: list[int], decode_tokens: int, plan: MemoryPlan | None,
-              seed: int = 0, backends: list[str] | None = None) -> dict:
+              seed: int = 0, backends: list[str] | None = None, hf_baseline: bool = False) -> dict:
     """On CUDA with a plan, the process is held to the plan's budget (engine/runtime/vram.py) for the whole
     run, and each prompt length reports its measured peak against it. `backends` (CUDA): decode with each
-    expert backend in turn after every prefill."""
+    expert backend in turn after every prefill. `hf_baseline`: then the same shape through transformers +
+    accelerate under the same cap (engine/bench_hf.py), on the shortest prompt, up to HF_BASELINE_TOKENS."""
     synthetic = SYNTHETIC_MODELS[name]
     slots = plan.expert_slots if plan is not None else None
     chunk = plan.prefill_chunk_tokens if plan is not None else DEFAULT_PREFILL_CHUNK
@@ -206,6 +211,15 @@ def run_bench(name: str, device: str, prompt_lengths: list[int], decode_tokens: 
                 row.update(_bounds(row, bandwidth, expert_bytes))
             torch.cuda.empty_cache()
         result["runs"].append(row)
+    if hf_baseline:
+        del model  # its expert records and weights make room for the other model
+        gc.collect()
+        if device == "cuda":
+            torch.cuda.empty_cache()
+        cap = result.get("vram_cap", {}).get("allocator_limit_bytes")
+        prompt = min(min(prompt_lengths), HF_BASELINE_TOKENS)
+        result["baseline"] = hf_offload_row(name, device, int(cap * HF_GPU_SHARE) if cap else None, prompt,
+                                            min(decode_tokens, 3), seed)
     if device != "cuda":
         result.update(_host_peak_memory())
     return result
@@ -239,6 +253,11 @@ def format_result(result: dict) -> str:
             lines.append("         decode by expert backend: " + ", ".join(
                 f"{backend} {d['decode_tokens_per_s']:.1f} tok/s (CPU {d.get('decode_cpu_expert_share', 0):.0%})"
                 for backend, d in row["decode_by_backend"].items()))
+    baseline = result.get("baseline")
+    if baseline is not None:
+        lines.append(f"baseline, {baseline['baseline']}: " + (baseline.get("skipped") or (
+            f"{baseline['prompt_tokens']}-token prompt, prefill {baseline['prefill_tokens_per_s']:.1f} tok/s, "
+            f"decode {baseline['decode_tokens_per_s']:.2f} tok/s")))
     peaks = [row["peak_process_bytes"] for row in result["runs"] if "peak_process_bytes" in row]
     if peaks:
         lines.append(f"peak GPU memory of the process: {max(peaks) / 2**30:.2f} GiB")

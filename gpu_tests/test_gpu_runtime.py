@@ -69,6 +69,28 @@ def test_gpu_greedy_tokens_equal_the_cpu_reference_in_float32(tiny_checkpoint, l
     assert tokens["cuda"] == tokens["cpu"]
 
 
+@pytest.mark.parametrize("backend", ["cpu", "hybrid"])
+def test_decode_with_the_cpu_computing_misses_matches_the_cpu_reference(tiny_checkpoint, backend):
+    """The cpu and hybrid expert backends inside captured decode graphs: the CPU's share goes up as one row."""
+    folder = tiny_checkpoint("qwen3_5_moe", "nvfp4", False)
+    model = engine.load_model(folder, device="cuda", expert_cache_slots=8, expert_backend=backend)
+    cpu_model = engine.load_model(folder)
+    if backend == "hybrid":  # whatever this machine measured, give the CPU half of each step's misses
+        from engine.experts.split import Calibration
+        model.expert_executor.calibration = Calibration(1e9, 1e9, 0.0, 1)
+    ids = torch.randint(2, 320, (30,), generator=torch.Generator().manual_seed(9))
+    state, cpu_state = model.new_state(80), cpu_model.new_state(80)
+    model.forward(ids, state)
+    cpu_model.forward(ids, cpu_state)
+    token = 5
+    for _ in range(12):
+        got, expected = model.forward([token], state), cpu_model.forward([token], cpu_state)
+        assert relative_error(got, expected) <= FP32_TOLERANCE
+        token = int(expected.argmax())
+    stats = model.expert_executor.stats()
+    assert stats["expert_backend"] == backend and stats["cpu_expert_calls"] > 0 and model.decode_steps._graphs
+
+
 def test_expert_formats_without_a_slot_kernel_decode_without_graphs(tiny_checkpoint):
     """FP8-block experts have no Triton kernel that reads its slots on the device: no capture is tried."""
     model = engine.load_model(tiny_checkpoint("qwen3_moe", "fp8_block", False), device="cuda", expert_cache_slots=8)

@@ -38,6 +38,18 @@ def test_a_preset_plans_the_expert_cache_and_chunk(capsys):
     assert 0.0 <= row["decode_expert_cache_hit_rate"] <= 1.0
 
 
+def test_the_transformers_accelerate_baseline_row(capsys):
+    """The side-by-side row: the same shape through transformers (+ accelerate on a GPU), measured after ours."""
+    code, out, err = bench(["--prompt-tokens", "40", "--decode-tokens", "2", "--hf-baseline", "--json"], capsys)
+    assert code == 0, err
+    baseline = json.loads(out)["baseline"]
+    assert baseline["baseline"].startswith("transformers + accelerate, float32")
+    assert baseline["prompt_tokens"] == 40 and baseline["decode_tokens"] == 2
+    assert baseline["prefill_tokens_per_s"] > 0 and baseline["decode_tokens_per_s"] > 0
+    code, out, _ = bench(["--prompt-tokens", "20", "--decode-tokens", "1", "--hf-baseline"], capsys)
+    assert code == 0 and "baseline, transformers + accelerate" in out and "decode" in out
+
+
 def test_table_output(capsys):
     code, out, _ = bench(["--prompt-tokens", "20", "--decode-tokens", "2"], capsys)
     assert code == 0 and "prefill tok/s" in out and "pessimistic" in out

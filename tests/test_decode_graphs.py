@@ -120,3 +120,10 @@ def test_misses_computed_on_the_cpu_give_the_same_step(tiny_checkpoint, backend)
         assert copied == 0 and stats["expert_cache_misses"] == before["expert_cache_misses"]
     else:
         assert copied > 0 and 0 < stats["cpu_expert_share"] < 1
+    executor.backend = "offload"  # switched at run time (the benchmark does): the steps are remade without a share
+    for _ in range(2):
+        expected = plain.forward([token], states[0])
+        got = steps.step(token, states[1])
+        assert torch.allclose(got, expected, rtol=0, atol=1e-5 * float(expected.abs().max()))
+        token = int(expected.argmax())
+    assert not steps.with_cpu_share and executor.stats()["cpu_expert_calls"] == stats["cpu_expert_calls"]

@@ -44,8 +44,8 @@ class DecodeSteps:
         k = c.num_experts_per_tok
         self.slots = torch.zeros(k, dtype=torch.int32, device=device)
         # The CPU's share (cpu and hybrid backends): rows it computes get no weight on the GPU, and its summed
-        # output comes back as one row
-        self.with_cpu_share = getattr(self.executor, "cpu_kernel", None) is not None
+        # output comes back as one row. Graphs are made with it or without it, for the backend of the moment.
+        self.with_cpu_share = self._cpu_share_wanted()
         self.gpu_rows = torch.ones(k, dtype=torch.float32, device=device)
         self.cpu_routed = torch.zeros(1, c.hidden_size, dtype=torch.float32, device=device)
         self._cpu_routed_dirty = False
@@ -82,7 +82,13 @@ class DecodeSteps:
             return self.model._run(torch.tensor([token]), state, all_logits=False)[-1]
         return self._step(token, state).clone()  # the graphs' output is overwritten by the next step
 
+    def _cpu_share_wanted(self) -> bool:
+        return getattr(self.executor, "cpu_kernel", None) is not None and self.executor.backend in ("cpu", "hybrid")
+
     def _step(self, token: int, state) -> torch.Tensor:
+        if self._cpu_share_wanted() != self.with_cpu_share:  # the backend changed: offload's graphs carry no share
+            self.with_cpu_share = not self.with_cpu_share
+            self._forget()
         if self._state is None or self._state() is not state:
             self._prepare(state)
         self.positions.fill_(state.position)

@@ -1,0 +1,71 @@
+"""Where a decode step's time goes: the 4gb plan under its cap, full-size random weights, the offload backend.
+
+Prints the graph capture's time and memory, the steady step time, a torch.profiler table of GPU time, and the
+GPU's busy time per step (and how much of it is expert copies). From the repository root on a CUDA machine:
+
+    python3 tools/gpu/decode_profile.py
+"""
+
+import time
+
+import torch
+from torch.profiler import ProfilerActivity, profile
+
+from engine import bench
+from engine.runtime.vram import cap_process_memory, gpu_runtime_reserve_bytes, measured_peak
+
+MODEL = "qwen3.6-35b-a3b-nvfp4"
+STEPS = 32
+
+
+def memory() -> tuple[int, int]:
+    """(allocator reserved, process memory outside the allocator) now."""
+    free, total = torch.cuda.mem_get_info()
+    reserved = torch.cuda.memory_reserved()
+    return reserved, total - free - reserved
+
+
+def main() -> None:
+    plan = bench.plan_for(MODEL, "4gb", None, gpu_runtime_reserve_bytes())
+    torch.cuda.empty_cache()
+    cap_process_memory(plan.budget_bytes)
+    model = bench.build_random_model(MODEL, "cuda", torch.bfloat16, plan.expert_slots)
+    print("graphed decode:", model.decode_steps is not None, flush=True)
+    state = model.new_state(plan.kv_tokens)
+    model.forward(torch.randint(0, 1000, (128,)), state)
+    token = int(model.forward([5], state).argmax())  # the first step runs the plain forward: kernels compile
+    torch.cuda.empty_cache()
+    torch.cuda.synchronize()
+    before = memory()
+    started = time.perf_counter()
+    token = int(model.forward([token], state).argmax())  # captures the graphs, then replays them
+    torch.cuda.synchronize()
+    after = memory()
+    graphs = len(model.decode_steps._graphs)
+    print(f"capture and first replay {time.perf_counter() - started:.3f} s, {graphs} graphs, "
+          f"pool {(after[0] - before[0]) / 2**20:.1f} MiB, "
+          f"outside the allocator {(after[1] - before[1]) / 2**20:.1f} MiB")
+    for _ in range(4):
+        token = int(model.forward([token], state).argmax())
+    torch.cuda.synchronize()
+    started = time.perf_counter()
+    for _ in range(STEPS):
+        token = int(model.forward([token], state).argmax())
+    torch.cuda.synchronize()
+    step = (time.perf_counter() - started) / STEPS
+    print(f"decode step {step * 1e3:.2f} ms, {1 / step:.1f} tok/s", flush=True)
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as profiled:
+        for _ in range(4):
+            token = int(model.forward([token], state).argmax())
+        torch.cuda.synchronize()
+    events = profiled.key_averages()
+    print(events.table(sort_by="self_cuda_time_total", row_limit=22, max_name_column_width=70))
+    gpu = [e for e in events if e.device_type.name == "CUDA"]
+    busy = sum(e.self_device_time_total for e in gpu) / 4
+    copies = sum(e.self_device_time_total for e in gpu if "Memcpy" in e.key) / 4
+    print(f"GPU busy per step {busy / 1e3:.2f} ms, of which copies {copies / 1e3:.2f} ms")
+    print(measured_peak())
+
+
+if __name__ == "__main__":
+    main()
