@@ -94,41 +94,41 @@ def test_triton_step_matches_the_reference(shape, dtype):
 
 def test_a_zero_state_and_extreme_gates():
     """A fresh sequence (zero states), with gates where softplus switches to the identity and sigmoid saturates."""
-    key_heads, value_heads, key_dim, value_dim, kernel_size = SHAPES["odd-dims"]
+    _, value_heads, _, value_dim, _ = SHAPES["odd-dims"]
     gen = torch.Generator().manual_seed(3)
     params = {name: t.to(DEVICE) for name, t in _parameters(gen, *SHAPES["odd-dims"]).items()}
     channels = params["conv_weight"].shape[0]
     qkv, z, b, a = _projections(gen, channels, value_heads, value_dim, torch.float32)
     b.copy_(torch.tensor([-30.0, 30.0, 0.0, 5.0]))
     a.copy_(torch.tensor([40.0, -40.0, 19.0, 21.0]))
-    results = []
-    for step in (reference.gated_deltanet, triton_gdn.gated_deltanet):
-        conv = torch.zeros(channels, kernel_size - 1, device=DEVICE)
-        rec = torch.zeros(value_heads, key_dim, value_dim, device=DEVICE)
-        out = step(qkv, z, b, a, conv, params["conv_weight"], rec, params["a_log"], params["dt_bias"],
-                   params["norm_weight"], 1e-6, key_heads, value_heads, key_dim, value_dim)
-        results.append((out, conv, rec))
-    for got, expected in zip(*results):
+    for got, expected in zip(*_both_steps(qkv, z, b, a, params, SHAPES["odd-dims"], torch.zeros)):
         assert _close(got, expected, 1e-5)
 
 
 def test_more_than_one_token_goes_to_the_reference():
-    key_heads, value_heads, key_dim, value_dim, kernel_size = SHAPES["tiny"]
+    _, value_heads, _, value_dim, _ = SHAPES["tiny"]
     gen = torch.Generator().manual_seed(4)
     params = {name: t.to(DEVICE) for name, t in _parameters(gen, *SHAPES["tiny"]).items()}
     channels = params["conv_weight"].shape[0]
     qkv = torch.randn(3, channels, generator=gen).to(DEVICE)
     z = torch.randn(3, value_heads * value_dim, generator=gen).to(DEVICE)
     b, a = torch.randn(2, 3, value_heads, generator=gen).to(DEVICE)
+    for got, expected in zip(*_both_steps(qkv, z, b, a, params, SHAPES["tiny"], torch.ones)):
+        assert torch.equal(got, expected)
+
+
+def _both_steps(qkv, z, b, a, params, shape, fill):
+    """(out, conv state, recurrent state) after the reference step and after the Triton step, each from states
+    made by `fill` (torch.zeros or torch.ones)."""
+    key_heads, value_heads, key_dim, value_dim, kernel_size = shape
     results = []
     for step in (reference.gated_deltanet, triton_gdn.gated_deltanet):
-        conv = torch.ones(channels, kernel_size - 1, device=DEVICE)
-        rec = torch.ones(value_heads, key_dim, value_dim, device=DEVICE)
+        conv = fill(params["conv_weight"].shape[0], kernel_size - 1, device=DEVICE)
+        rec = fill(value_heads, key_dim, value_dim, device=DEVICE)
         out = step(qkv, z, b, a, conv, params["conv_weight"], rec, params["a_log"], params["dt_bias"],
                    params["norm_weight"], 1e-6, key_heads, value_heads, key_dim, value_dim)
         results.append((out, conv, rec))
-    for got, expected in zip(*results):
-        assert torch.equal(got, expected)
+    return results
 
 
 def _randomise(state, gen):
