@@ -114,7 +114,16 @@ def run_cpu_bench(thread_counts: list[int], tokens: int = 1) -> dict:
     gate_up = layout.matrices["gate_up"].shape
     return {"format": NVFP4, "hidden": gate_up[1], "intermediate": gate_up[0] // 2, "tokens": tokens,
             "ring_bytes": records[1].numel(), "bound_for": f"{LAYERS} layers x {EXPERTS_PER_TOKEN} experts a token",
-            "runs": rows}
+            "compiled_for": compiled_for(), "runs": rows}
+
+
+def compiled_for() -> dict:
+    """The CPU that numba's LLVM compiles the kernels for, and its vector extensions: a VM that hides the host's
+    model or AVX-512 gets slower code with no error."""
+    from llvmlite import binding
+    features = binding.get_host_cpu_features()
+    return {"cpu": binding.get_host_cpu_name(), "numba_cpu_name": numba.config.CPU_NAME,
+            "vector_features": sorted(name for name, on in features.items() if on and name.startswith(("avx", "sse4")))}
 
 
 def format_table(result: dict) -> str:
@@ -125,6 +134,8 @@ def format_table(result: dict) -> str:
         lines.append(f"{row['threads']:>7}  {row['dram_bytes_per_s'] / 1e9:>9.1f}  {row['expert_bytes_per_s'] / 1e9:>11.2f}"
                      f"  {row['ratio']:>5.2f}  {row['tokens_per_s_bound']:>14.1f}")
     lines.append(f"tokens/s bound: {result['bound_for']}, every expert on the CPU")
+    target = result["compiled_for"]
+    lines.append(f"compiled for {target['cpu']}: {' '.join(target['vector_features']) or 'no AVX'}")
     return "\n".join(lines)
 
 

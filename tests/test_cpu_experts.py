@@ -185,8 +185,10 @@ def test_cli_bench_cpu_experts_reports_each_thread_count(monkeypatch, capsys):
     for row in result["runs"]:
         assert row["dram_bytes_per_s"] > 0 and row["expert_bytes_per_s"] > 0 and row["tokens_per_s_bound"] > 0
         assert row["ratio"] == pytest.approx(row["expert_bytes_per_s"] / row["dram_bytes_per_s"])
+    assert result["compiled_for"]["cpu"] and isinstance(result["compiled_for"]["vector_features"], list)
     assert main(["bench", "--cpu-experts", "--threads", "1"]) == 0
-    assert "DRAM GB/s" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "DRAM GB/s" in out and f"compiled for {result['compiled_for']['cpu']}" in out
     assert main(["bench", "--cpu-experts", "--threads", "0"]) == 2
     assert "--threads must be" in capsys.readouterr().err
 
