@@ -27,7 +27,8 @@ from engine import kernels
 from engine.experts.bank import ExpertBank, run_expert
 from engine.experts.cache import ExpertCache
 from engine.experts.packed import PackedExperts, pack_banks
-from engine.experts.split import BACKENDS, cached_calibration, calibrate, cpu_share, machine_key, resolve
+from engine.experts.split import (BACKENDS, CALIBRATION_RECORDS, cached_calibration, calibrate, cpu_share, machine_key,
+                                  resolve)
 from engine.kernels.groups import ExpertGroups
 
 
@@ -94,7 +95,7 @@ class CachedExpertExecutor:
         if self.requested_backend == "cpu":
             return
         layers = list(self.packed.values())
-        records = [layers[i % len(layers)].records[i // len(layers)] for i in range(16)]
+        records = [layers[i % len(layers)].records[i // len(layers)] for i in range(CALIBRATION_RECORDS)]
         key = machine_key(self.device, layout.record_bytes, cpu_experts.threads())
         self.calibration = cached_calibration(key, lambda: calibrate(self.device, records, self._cpu_seconds))
 

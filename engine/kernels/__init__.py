@@ -31,14 +31,6 @@ def rms_norm(x, weight, eps, offset=0.0):
     return _kernel("rms_norm", x)(x, weight, eps, offset)
 
 
-def causal_conv1d(x, conv_state, weight):
-    return _kernel("causal_conv1d", x)(x, conv_state, weight)
-
-
-def gated_delta_rule(q, k, v, g, beta, state):
-    return _kernel("gated_delta_rule", q)(q, k, v, g, beta, state)
-
-
 def gated_deltanet(qkv, z, b, a, conv_state, conv_weight, recurrent, a_log, dt_bias, norm_weight, eps, key_heads,
                     value_heads, key_dim, value_dim):
     """A Gated DeltaNet layer between its projections (reference.gated_deltanet): conv, delta rule and gated norm,

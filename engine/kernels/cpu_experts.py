@@ -219,23 +219,18 @@ if numba is not None:
         sign = builder.shl(builder.lshr(bits, c(magnitude_mask.bit_length())), c(31))
         return builder.bitcast(builder.or_(value, sign), F32)
 
-    @intrinsic
-    def _e4m3(typingctx, byte):
-        def codegen(context, builder, signature, args):
-            return _minifloat(builder, builder.zext(args[0], I32), 0x7F, 20, 120, 8, 2.0 ** -9, "e4m3")
-        return types.float32(types.uint8), codegen
+    def _minifloat_intrinsic(code_type, *layout):
+        """An intrinsic giving the float32 of one small float of `code_type` (`layout`: _minifloat's arguments)."""
+        @intrinsic
+        def decode(typingctx, code):
+            def codegen(context, builder, signature, args):
+                return _minifloat(builder, builder.zext(args[0], I32), *layout)
+            return types.float32(code_type), codegen
+        return decode
 
-    @intrinsic
-    def _e5m2(typingctx, byte):
-        def codegen(context, builder, signature, args):
-            return _minifloat(builder, builder.zext(args[0], I32), 0x7F, 21, 112, 4, 2.0 ** -16, "ieee")
-        return types.float32(types.uint8), codegen
-
-    @intrinsic
-    def _f16(typingctx, half):
-        def codegen(context, builder, signature, args):
-            return _minifloat(builder, builder.zext(args[0], I32), 0x7FFF, 13, 112, 0x400, 2.0 ** -24, "ieee")
-        return types.float32(types.uint16), codegen
+    _e4m3 = _minifloat_intrinsic(types.uint8, 0x7F, 20, 120, 8, 2.0 ** -9, "e4m3")
+    _e5m2 = _minifloat_intrinsic(types.uint8, 0x7F, 21, 112, 4, 2.0 ** -16, "ieee")
+    _f16 = _minifloat_intrinsic(types.uint16, 0x7FFF, 13, 112, 0x400, 2.0 ** -24, "ieee")
 
     @intrinsic
     def _bf16(typingctx, half):

@@ -206,10 +206,9 @@ class DecodeSteps:
             if mlp.shared_expert is not None:
                 out = out + buf["shared"]
             buf["x"] = buf["h"] + out
-        if mlp.shared_expert is None:  # nothing to run while the host waits (and no empty graph)
-            return [("segment", route), ("ids_sent", layer.index), ("fetch", layer.index), ("segment", finish)]
-        return [("segment", route), ("ids_sent", layer.index), ("segment", shared), ("fetch", layer.index),
-                ("segment", finish)]
+        # the shared expert runs while the host waits for the ids; without one, no (empty) graph there
+        beside = [("segment", shared)] if mlp.shared_expert is not None else []
+        return [("segment", route), ("ids_sent", layer.index), *beside, ("fetch", layer.index), ("segment", finish)]
 
     def _attend(self, layer_index: int, state, inputs: dict) -> None:
         mixer = self.model.layers[layer_index].mixer
