@@ -31,6 +31,7 @@ class ExpertCache:
         self.slots, self.experts_per_layer, self.layout = slots, experts_per_layer, layout
         self.pool = torch.empty((slots, layout.record_bytes), dtype=torch.uint8, device=self.device)
         self.weights = layout.view(self.pool)  # stacked [slots, out, in] views: what the kernels read
+        self._slot_rows = list(self.pool.unbind(0))  # one view per slot, made once: a decode step copies into them
         self.blocks = slots // experts_per_layer  # whole layers the pool can hold
         self._slot_of: OrderedDict[tuple[int, int], int] = OrderedDict()  # (layer, expert) -> slot, oldest first
         self._key_in: dict[int, tuple[int, int]] = {}  # slot -> (layer, expert)
@@ -63,13 +64,17 @@ class ExpertCache:
                 self._touch_block(slot)
                 found[expert] = slot
         self.hits += len(found)
+        copies = []
         for expert in experts:
             if expert not in found:
                 slot = self._take_slot()
-                self._copy(packed.records[expert:expert + 1], slot, slot + 1, packed.pinned)
                 self._assign(slot, (layer, expert))
                 found[expert] = slot
-                self.misses += 1
+                copies.append((self._slot_rows[slot], packed.rows[expert], slot))
+        self.misses += len(copies)
+        if copies:  # one stream switch and one ready event for the layer's misses: a decode step's host path
+            self._copy([(target, source) for target, source, _ in copies],
+                       {self._block(slot) for _, _, slot in copies}, packed.pinned)
         return [found[e] for e in experts]
 
     def stream_layer(self, layer: int, packed: PackedExperts, count_as_lookups: bool = True) -> int:
@@ -91,7 +96,8 @@ class ExpertCache:
                     del self._key_in[elsewhere]
                     self._free.append(elsewhere)
             self._free = [s for s in self._free if not first <= s < first + experts]
-            self._copy(packed.records, first, first + experts, packed.pinned)
+            self._copy([(self.pool[first:first + experts], packed.records)],
+                       {self._block(first), self._block(first + experts - 1)}, packed.pinned)
             for e in range(experts):
                 self._assign(first + e, (layer, e))
             self._block_of_layer[layer] = block
@@ -159,16 +165,19 @@ class ExpertCache:
         self._key_in[slot] = key
         self._touch_block(slot)
 
-    def _copy(self, records: torch.Tensor, first: int, end: int, pinned: bool) -> None:
-        self.bytes_copied += records.numel()
+    def _copy(self, copies: list[tuple[torch.Tensor, torch.Tensor]], blocks: set[int], pinned: bool) -> None:
+        """(slot rows, host records) copies into `blocks`, on the copy stream once their last readers are done."""
+        self.bytes_copied += sum(source.numel() for _, source in copies)
         if self._copy_stream is None:
-            self.pool[first:end].copy_(records)
+            for target, source in copies:
+                target.copy_(source)
             return
         with torch.cuda.stream(self._copy_stream):
-            for block in {self._block(first), self._block(end - 1)}:
+            for block in blocks:
                 released = self._released.get(block)
                 if released is not None:
                     self._copy_stream.wait_event(released)
-            self.pool[first:end].copy_(records, non_blocking=pinned)
+            for target, source in copies:
+                target.copy_(source, non_blocking=pinned)
             self._ready = torch.cuda.Event()
             self._ready.record(self._copy_stream)

@@ -11,6 +11,8 @@ asynchronous copies, and pageable beyond it; how many bytes went each way is rep
 
 from __future__ import annotations
 
+import functools
+
 import os
 import sys
 from dataclasses import dataclass
@@ -94,6 +96,11 @@ class PackedExperts:
     def __init__(self, layer: int, records: torch.Tensor, layout: RecordLayout):
         self.layer, self.records, self.layout = layer, records, layout
         self.pinned = records.is_pinned()
+
+    @functools.cached_property
+    def rows(self) -> list[torch.Tensor]:
+        """One view per expert's record, made once: slicing on every decode-step miss costs host time."""
+        return list(self.records.unbind(0))
 
     @property
     def nbytes(self) -> int:

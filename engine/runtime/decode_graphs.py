@@ -54,6 +54,7 @@ class DecodeSteps:
         # Host ends of the per-layer exchanges, page-locked so the copies are asynchronous and capturable
         self._ids_host = torch.zeros(k, dtype=torch.long, pin_memory=cuda)
         self._slots_host = torch.zeros_like(self.slots, device="cpu", pin_memory=cuda)
+        self._slots_staging = self._slots_host.numpy()  # written through numpy: a torch.tensor a layer costs more
         self._embedding_host = torch.zeros_like(self.embedding, device="cpu", pin_memory=cuda)
         self._y_host = torch.zeros_like(self.embedding, device="cpu", pin_memory=cuda)
         self._weights_host = torch.zeros(k, dtype=torch.float32, pin_memory=cuda)
@@ -229,7 +230,7 @@ class DecodeSteps:
         else:
             ids, y, weights = inputs["ids"], inputs["y"], inputs["weights"].reshape(-1)
         slots, on_cpu = self.executor.fetch_for_step(layer_index, ids.tolist())  # the copies start here
-        self._slots_host.copy_(torch.tensor(slots, dtype=torch.int32))
+        self._slots_staging[:] = slots  # the last layer's copy from it is done: the ids' event came after it
         self.slots.copy_(self._slots_host, non_blocking=True)
         self._release = slots
         if self.with_cpu_share:

@@ -64,7 +64,43 @@ def main() -> None:
     busy = sum(e.self_device_time_total for e in gpu) / 4
     copies = sum(e.self_device_time_total for e in gpu if "Memcpy" in e.key) / 4
     print(f"GPU busy per step {busy / 1e3:.2f} ms, of which copies {copies / 1e3:.2f} ms")
+    host_breakdown(model, state, token)
     print(measured_peak())
+
+
+class _Timed:
+    """Wraps a callable, adding its wall time to a total."""
+
+    def __init__(self, fn, totals: dict, name: str):
+        self.fn, self.totals, self.name = fn, totals, name
+
+    def __call__(self, *args, **kwargs):
+        started = time.perf_counter()
+        try:
+            return self.fn(*args, **kwargs)
+        finally:
+            self.totals[self.name] = self.totals.get(self.name, 0.0) + time.perf_counter() - started
+
+
+def host_breakdown(model, state, token: int) -> None:
+    """Host time per step in each host action, the wait for the router's ids, and graph replays."""
+    steps, totals = model.decode_steps, {}
+    steps._fetch = _Timed(steps._fetch, totals, "fetch (incl. ids wait)")
+    steps._attend = _Timed(steps._attend, totals, "attend")
+    event = steps._ids_ready
+    event.synchronize = _Timed(event.synchronize, totals, "ids wait")
+    steps.executor.fetch_for_step = _Timed(steps.executor.fetch_for_step, totals, "fetch_for_step")
+    for graph in steps._graphs:
+        graph.replay = _Timed(graph.replay, totals, "graph replays")
+    torch.cuda.synchronize()
+    started = time.perf_counter()
+    for _ in range(STEPS):
+        token = int(model.forward([token], state).argmax())
+    torch.cuda.synchronize()
+    step = (time.perf_counter() - started) / STEPS
+    print(f"host breakdown, step {step * 1e3:.2f} ms:")
+    for name, total in totals.items():
+        print(f"  {name:26s} {total / STEPS * 1e3:7.2f} ms")
 
 
 if __name__ == "__main__":
