@@ -123,7 +123,8 @@ def compiled_for() -> dict:
     from llvmlite import binding
     features = binding.get_host_cpu_features()
     return {"cpu": binding.get_host_cpu_name(), "numba_cpu_name": numba.config.CPU_NAME,
-            "vector_features": sorted(name for name, on in features.items() if on and name.startswith(("avx", "sse4")))}
+            "vector_features": sorted(name for name, on in features.items() if on and name.startswith(("avx", "sse4"))),
+            "prefer_512_bit": "-prefer-256-bit" in (numba.config.CPU_FEATURES or "")}
 
 
 def format_table(result: dict) -> str:
@@ -135,7 +136,8 @@ def format_table(result: dict) -> str:
                      f"  {row['ratio']:>5.2f}  {row['tokens_per_s_bound']:>14.1f}")
     lines.append(f"tokens/s bound: {result['bound_for']}, every expert on the CPU")
     target = result["compiled_for"]
-    lines.append(f"compiled for {target['cpu']}: {' '.join(target['vector_features']) or 'no AVX'}")
+    width = ", 512-bit vectors preferred" if target.get("prefer_512_bit") else ""
+    lines.append(f"compiled for {target['cpu']}{width}: {' '.join(target['vector_features']) or 'no AVX'}")
     return "\n".join(lines)
 
 

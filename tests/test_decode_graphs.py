@@ -12,13 +12,14 @@ LAYOUTS = [("qwen3_5_moe", "nvfp4", False), ("qwen3_5_moe", "bf16", True), ("qwe
 
 @pytest.mark.parametrize("layout", LAYOUTS, ids=lambda l: "-".join(map(str, l)))
 @pytest.mark.parametrize("layers_of_slots", [1, 2])
-def test_segmented_steps_equal_the_plain_forward(tiny_checkpoint, layout, layers_of_slots):
+@pytest.mark.parametrize("kv_tokens", [40, None])  # attention inside the segment, or eager on a growing cache
+def test_segmented_steps_equal_the_plain_forward(tiny_checkpoint, layout, layers_of_slots, kv_tokens):
     folder = tiny_checkpoint(*layout)
     plain = engine.load_model(folder, expert_cache_slots=8 * layers_of_slots)
     segmented = engine.load_model(folder, expert_cache_slots=8 * layers_of_slots)
     steps = DecodeSteps(segmented, use_graphs=False)
     prompt = torch.randint(2, 320, (23,), generator=torch.Generator().manual_seed(5))
-    states = plain.new_state(40), segmented.new_state(40)
+    states = plain.new_state(kv_tokens), segmented.new_state(kv_tokens)
     plain.forward(prompt, states[0])
     segmented.forward(prompt, states[1])
     token = 7
@@ -63,19 +64,21 @@ def test_a_full_state_is_refused_before_anything_runs(tiny_checkpoint):
     assert state.position == 3
 
 
-def test_cuts_fall_only_at_host_actions(tiny_checkpoint):
-    """Each MoE layer has three host actions (ids sent, fetch, and none else), each attention layer one more
-    (attend); everything between them is one segment, so one graph."""
+@pytest.mark.parametrize("kv_tokens", [4, None])
+def test_cuts_fall_only_at_host_actions(tiny_checkpoint, kv_tokens):
+    """Each MoE layer has two host actions (ids sent, fetch); an attention layer has one more (attend) only when
+    its cache grows (None): a preallocated one is written and read at the position on the device. Everything
+    between host actions is one segment, so one graph."""
     model = engine.load_model(tiny_checkpoint("qwen3_5_moe", "nvfp4"), expert_cache_slots=8)
     steps = DecodeSteps(model, use_graphs=False)
-    actions = _merge(steps._walk(model.new_state(4)))
+    actions = _merge(steps._walk(model.new_state(kv_tokens)))
     kinds = [kind for kind, _ in actions]
     assert all(a != "segment" or b != "segment" for a, b in zip(kinds, kinds[1:]))
     layers = model.config.num_hidden_layers
-    attention = model.config.layer_types.count("full_attention")
+    eager_attention = model.config.layer_types.count("full_attention") if kv_tokens is None else 0
     assert kinds.count("fetch") == kinds.count("ids_sent") == layers
-    assert kinds.count("attend") == attention
-    assert kinds.count("segment") == 2 * layers + attention + 1
+    assert kinds.count("attend") == eager_attention
+    assert kinds.count("segment") == 2 * layers + eager_attention + 1
 
 
 def test_actions_go_when_their_state_goes(tiny_checkpoint):

@@ -8,7 +8,7 @@ import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 
-from engine.kernels import triton_gdn, triton_linear, triton_norm
+from engine.kernels import triton_attention, triton_gdn, triton_linear, triton_norm
 
 
 def _signature(kernel, pointers: dict, constexprs: dict, floats=()) -> dict:
@@ -36,6 +36,13 @@ CASES = {
                       {name: "*bf16" for name in ("o_ptr", "z_ptr", "norm_weight_ptr", "out_ptr", "qkv_ptr",
                                                   "conv_state_ptr")},
                       {"BLOCK_DV": 128, "BLOCK_C": 256, "BLOCK_K": 4}, ("eps",)),
+    "decode attention": (triton_attention._split_kernel,
+                         {"q_ptr": "*bf16", "k_ptr": "*bf16", "v_ptr": "*bf16", "position_ptr": "*i64",
+                          "acc_ptr": "*fp32", "m_ptr": "*fp32", "l_ptr": "*fp32"},
+                         {"GROUP": 8, "GROUP_PAD": 16, "D": 256, "DV": 256, "BLOCK_N": 16, "SPLITS": 32}, ("scale",)),
+    "decode attention merge": (triton_attention._merge_kernel,
+                               {"acc_ptr": "*fp32", "m_ptr": "*fp32", "l_ptr": "*fp32", "out_ptr": "*bf16"},
+                               {"DV": 256, "SPLITS": 32}, ()),
     "nvfp4 gemv grouped": _linear_case(triton_linear._F_NVFP4, True, True),
     "nvfp4 tiles": _linear_case(triton_linear._F_NVFP4, False, False),
     "fp8 gemv": _linear_case(triton_linear._F_FP8, True, False),

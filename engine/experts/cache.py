@@ -16,6 +16,7 @@ the traffic. Hits, misses and bytes copied are counted for the app's gauges.
 
 from __future__ import annotations
 
+import contextlib
 from collections import OrderedDict
 
 import torch
@@ -64,17 +65,15 @@ class ExpertCache:
                 self._touch_block(slot)
                 found[expert] = slot
         self.hits += len(found)
-        copies = []
-        for expert in experts:
-            if expert not in found:
-                slot = self._take_slot()
-                self._assign(slot, (layer, expert))
-                found[expert] = slot
-                copies.append((self._slot_rows[slot], packed.rows[expert], slot))
-        self.misses += len(copies)
-        if copies:  # one stream switch and one ready event for the layer's misses: a decode step's host path
-            self._copy([(target, source) for target, source, _ in copies],
-                       {self._block(slot) for _, _, slot in copies}, packed.pinned)
+        misses = [e for e in experts if e not in found]
+        self.misses += len(misses)
+        if misses:
+            with self._copying(packed.pinned) as copy:
+                for expert in misses:  # each copy leaves as soon as its slot is known: the link idles less
+                    slot = self._take_slot()
+                    self._assign(slot, (layer, expert))
+                    found[expert] = slot
+                    copy(self._slot_rows[slot], packed.rows[expert], self._block(slot))
         return [found[e] for e in experts]
 
     def stream_layer(self, layer: int, packed: PackedExperts, count_as_lookups: bool = True) -> int:
@@ -96,8 +95,8 @@ class ExpertCache:
                     del self._key_in[elsewhere]
                     self._free.append(elsewhere)
             self._free = [s for s in self._free if not first <= s < first + experts]
-            self._copy([(self.pool[first:first + experts], packed.records)],
-                       {self._block(first), self._block(first + experts - 1)}, packed.pinned)
+            with self._copying(packed.pinned) as copy:
+                copy(self.pool[first:first + experts], packed.records, block)
             for e in range(experts):
                 self._assign(first + e, (layer, e))
             self._block_of_layer[layer] = block
@@ -165,19 +164,27 @@ class ExpertCache:
         self._key_in[slot] = key
         self._touch_block(slot)
 
-    def _copy(self, copies: list[tuple[torch.Tensor, torch.Tensor]], blocks: set[int], pinned: bool) -> None:
-        """(slot rows, host records) copies into `blocks`, on the copy stream once their last readers are done."""
-        self.bytes_copied += sum(source.numel() for _, source in copies)
+    @contextlib.contextmanager
+    def _copying(self, pinned: bool):
+        """A function copy(slot rows, host records, their block) that issues each copy on the copy stream once the
+        block's last readers are done; one stream switch and one ready event for all of them."""
         if self._copy_stream is None:
-            for target, source in copies:
+            def copy(target, source, block):
+                self.bytes_copied += source.numel()
                 target.copy_(source)
+            yield copy
             return
-        with torch.cuda.stream(self._copy_stream):
-            for block in blocks:
+        waited = set()
+
+        def copy(target, source, block):
+            if block not in waited:
+                waited.add(block)
                 released = self._released.get(block)
                 if released is not None:
                     self._copy_stream.wait_event(released)
-            for target, source in copies:
-                target.copy_(source, non_blocking=pinned)
+            self.bytes_copied += source.numel()
+            target.copy_(source, non_blocking=pinned)
+        with torch.cuda.stream(self._copy_stream):
+            yield copy
             self._ready = torch.cuda.Event()
             self._ready.record(self._copy_stream)

@@ -44,6 +44,19 @@ def causal_attention(q, k, v, scale):
     return _kernel("causal_attention", q)(q, k, v, scale)
 
 
+def decode_attention(q, keys, values, position, scale):
+    """One token's attention (reference.decode_attention): q [1, Hq, D] at `position`, a device int tensor [1]
+    the CUDA kernel reads on the device (capturable), against rows 0..position of preallocated KV caches."""
+    return _kernel("decode_attention", q)(q, keys, values, position, scale)
+
+
+def decode_attention_capturable(q, keys, values) -> bool:
+    """Whether decode_attention on q's device runs without reading `position` on the host (the reference
+    reads it)."""
+    check = _BY_DEVICE.get(q.device.type, {}).get("decode_attention_capturable")
+    return bool(check and check(q, keys, values))
+
+
 def grouped_linear(x, weight, groups):
     """Rows of x [M, K] sorted into `groups` (engine/kernels/groups.py), each times its own expert of the
     stacked weight [S, N, K]: out[rows of g] = x[rows of g] @ weight[slot of g]^T; [M, N] in x's dtype."""
@@ -69,9 +82,10 @@ def _register_cuda_kernels() -> None:
     from engine.kernels import sdpa_attention
     register("cuda", sdpa_attention, ["causal_attention"])
     try:
-        from engine.kernels import triton_gdn, triton_linear, triton_norm
+        from engine.kernels import triton_attention, triton_gdn, triton_linear, triton_norm
     except ImportError:
         return
+    register("cuda", triton_attention, ["decode_attention", "decode_attention_capturable"])
     register("cuda", triton_gdn, ["gated_deltanet"])
     register("cuda", triton_norm, ["rms_norm"])
     register("cuda", triton_linear, ["linear", "grouped_linear", "slot_linear", "slot_linear_capturable"])

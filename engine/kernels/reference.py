@@ -120,6 +120,14 @@ def _delta_chunk(q, k, v, g, beta, s):
     return o, s
 
 
+def decode_attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, position: torch.Tensor,
+                     scale: float) -> torch.Tensor:
+    """q [1, Hq, D] of the token at `position` (int tensor [1]), whose key and value are already in rows
+    0..position of the caches keys [capacity, Hkv, D] and values [capacity, Hkv, Dv]; [1, Hq, Dv]."""
+    length = int(position.reshape(-1)[0]) + 1
+    return causal_attention(q, keys[:length], values[:length], scale)
+
+
 def causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float) -> torch.Tensor:
     """q [T, Hq, D] are the last T positions of k, v [S, Hkv, D]; grouped-query; returns [T, Hq, D]."""
     new, total = q.shape[0], k.shape[0]

@@ -35,6 +35,12 @@ class KVCache:
         self.length = end
         return self.keys[:end], self.values[:end]
 
+    def write_at(self, position: torch.Tensor, keys: torch.Tensor, values: torch.Tensor) -> None:
+        """One token's key and value into row `position` (a device tensor: nothing read on the host). The
+        caller moves `length` on."""
+        self.keys.index_copy_(0, position, keys)
+        self.values.index_copy_(0, position, values)
+
     def snapshot(self) -> int:
         return self.length
 
@@ -76,8 +82,16 @@ class Attention:
         q, k, v, gate = self.project(x, positions)
         return self.output(self.attend(q, k, v, cache), gate)
 
+    def decode_step(self, x: torch.Tensor, positions: torch.Tensor, cache: KVCache) -> torch.Tensor:
+        """One token at positions[0] (a device tensor) into a preallocated cache, nothing read on the host, so
+        a graphed decode step captures it whole; the caller moves cache.length on."""
+        q, k, v, gate = self.project(x, positions)
+        cache.write_at(positions, k, v)
+        return self.output(kernels.decode_attention(q, cache.keys, cache.values, positions, self.scale), gate)
+
     # The three phases are separate because a graphed decode step (engine/runtime/decode_graphs.py) captures
-    # the first and last, whose shapes never change, and runs the middle one, whose KV length grows, eagerly.
+    # the first and last, whose shapes never change, and runs the middle one, whose KV length grows, eagerly
+    # where attention cannot read the length on the device (no kernel for the device, or a growing cache).
     def project(self, x: torch.Tensor, positions: torch.Tensor):
         """(q [T, H, D] and k [T, Hkv, D] normed and rotated, v [T, Hkv, D], the output gate or None)."""
         tokens = x.shape[0]

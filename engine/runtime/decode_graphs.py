@@ -5,7 +5,9 @@ time each, the host set the speed, not the GPU or the expert copies (H200, 4gb p
 it GPU work). Here a step is a few graphs per layer, cut only where the host must act:
 - after each MoE router: the host reads the chosen experts, has the expert cache fetch the misses
   (engine/experts/), and copies their slots to the device, where the next graph's expert kernels read them;
-- around each attention layer's KV append and attention, whose length grows every step (run eagerly).
+- around each attention layer's KV append and attention, whose length grows every step (run eagerly), only
+  where attention cannot read that length on the device: a cache that grows, or no kernel for the device
+  (engine/kernels/triton_attention.py is CUDA's).
 
 Graphs hold the addresses of the tensors they were captured with, so they belong to one sequence state and
 are captured again for another. Capture never runs kernels for the first time: the first step of all runs
@@ -23,6 +25,7 @@ from collections.abc import Callable
 
 import torch
 
+from engine import kernels
 from engine.errors import ContextOverflowError
 from engine.layers.attention import Attention
 
@@ -65,6 +68,7 @@ class DecodeSteps:
         self._embedding_sent = torch.cuda.Event() if cuda else None
         self.buf: dict[str, torch.Tensor] = {}  # segment inputs and outputs; static while graphs replay
         self._actions: list[Action] = []
+        self._kv_moved: list = []
         self._graphs: list = []
         self._held: dict[int, dict] = {}  # per host action: the graph outputs it reads, as they were captured
         self._state = None  # weak reference to the state the actions (and graphs) were made for
@@ -111,6 +115,8 @@ class DecodeSteps:
                     self._release = None
             else:
                 getattr(self, "_" + kind)(payload, state, self._held.get(index, self.buf))
+        for cache in self._kv_moved:
+            cache.length = state.position + 1
         state.position += 1
         return self.buf["logits"][0]
 
@@ -149,9 +155,11 @@ class DecodeSteps:
 
     def _forget(self) -> None:
         self._actions, self._graphs, self.buf, self._held, self._state = [], [], {}, {}, None
+        self._kv_moved = []
 
     def _walk(self, state) -> list[Action]:
         """Device work as ("segment", fn) pieces (merged later between host actions), host work as names."""
+        self._kv_moved = []  # caches the graphs write at the position: their lengths move on on the host
         actions: list[Action] = [("segment", lambda: self.buf.__setitem__("x", self.embedding))]
         for layer, layer_state in zip(self.model.layers, state.layers):
             actions += self._mixer_actions(layer, layer_state)
@@ -167,6 +175,12 @@ class DecodeSteps:
             def mix():
                 buf["h"] = buf["x"] + mixer(layer.input_norm(buf["x"]), self.positions, layer_state)
             return [("segment", mix)]
+        if self._attention_in_graph(mixer, layer_state):
+            self._kv_moved.append(layer_state)
+
+            def attend():
+                buf["h"] = buf["x"] + mixer.decode_step(layer.input_norm(buf["x"]), self.positions, layer_state)
+            return [("segment", attend)]
 
         def project():
             buf["q"], buf["k"], buf["v"], buf["gate"] = mixer.project(layer.input_norm(buf["x"]), self.positions)
@@ -210,6 +224,14 @@ class DecodeSteps:
         # the shared expert runs while the host waits for the ids; without one, no (empty) graph there
         beside = [("segment", shared)] if mlp.shared_expert is not None else []
         return [("segment", route), ("ids_sent", layer.index), *beside, ("fetch", layer.index), ("segment", finish)]
+
+    def _attention_in_graph(self, mixer: Attention, cache) -> bool:
+        """Attention runs inside the step's graphs when its cache is preallocated and the device has a kernel that
+        reads the length on the device (eagerly, as the same segment, when graphs are off)."""
+        if cache.limit is None:
+            return False
+        query = torch.empty(1, mixer.heads, mixer.head_dim, dtype=cache.keys.dtype, device=cache.keys.device)
+        return not self.use_graphs or kernels.decode_attention_capturable(query, cache.keys, cache.values)
 
     def _attend(self, layer_index: int, state, inputs: dict) -> None:
         mixer = self.model.layers[layer_index].mixer
