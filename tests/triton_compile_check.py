@@ -8,7 +8,7 @@ import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 
-from engine.kernels import triton_attention, triton_gdn, triton_linear, triton_norm
+from engine.kernels import triton_attention, triton_gather, triton_gdn, triton_linear, triton_norm
 
 
 def _signature(kernel, pointers: dict, constexprs: dict, floats=()) -> dict:
@@ -43,6 +43,8 @@ CASES = {
     "decode attention merge": (triton_attention._merge_kernel,
                                {"acc_ptr": "*fp32", "m_ptr": "*fp32", "l_ptr": "*fp32", "out_ptr": "*bf16"},
                                {"DV": 256, "SPLITS": 32}, ()),
+    "gather records": (triton_gather._gather_kernel, {"records_ptr": "*i32", "pool_ptr": "*i32", "table_ptr": "*i32"},
+                       {"BLOCK": triton_gather.BLOCK}, ()),
     "nvfp4 gemv grouped": _linear_case(triton_linear._F_NVFP4, True, True),
     "nvfp4 tiles": _linear_case(triton_linear._F_NVFP4, False, False),
     "fp8 gemv": _linear_case(triton_linear._F_FP8, True, False),

@@ -53,8 +53,10 @@ class ExpertCache:
     def holds(self, layer: int, expert: int) -> bool:
         return (layer, expert) in self._slot_of
 
-    def fetch(self, layer: int, experts: list[int], packed: PackedExperts) -> list[int]:
-        """Slots holding `experts` of `layer` (at most `slots` of them), copying the misses in."""
+    def fetch(self, layer: int, experts: list[int], packed: PackedExperts,
+              deferred: list[tuple[int, int]] | None = None) -> list[int]:
+        """Slots holding `experts` of `layer` (at most `slots` of them), copying the misses in; with `deferred`,
+        the misses' (expert, slot) pairs go there instead, for the caller to copy before anything reads them."""
         if len(experts) > self.slots:
             raise ValueError(f"{len(experts)} experts asked of a cache of {self.slots} slots")
         found = {}
@@ -67,7 +69,14 @@ class ExpertCache:
         self.hits += len(found)
         misses = [e for e in experts if e not in found]
         self.misses += len(misses)
-        if misses:
+        if misses and deferred is not None:
+            for expert in misses:
+                slot = self._take_slot()
+                self._assign(slot, (layer, expert))
+                found[expert] = slot
+                deferred.append((expert, slot))
+            self.bytes_copied += len(misses) * self.layout.record_bytes
+        elif misses:
             with self._copying(packed.pinned) as copy:
                 for expert in misses:  # each copy leaves as soon as its slot is known: the link idles less
                     slot = self._take_slot()

@@ -151,18 +151,28 @@ class CachedExpertExecutor:
         return self.device.type == "cuda" and all(kernels.slot_linear_capturable(w, self.device)
                                                   for w in self.cache.weights.values())
 
-    def fetch_for_step(self, layer: int, experts: list[int]) -> tuple[list[int], list[bool]]:
+    def copies_in_graph(self, layer: int) -> bool:
+        """Whether a decode step can copy `layer`'s misses with `gather_misses` inside its graph (the records are
+        pinned and the device has the kernel)."""
+        return kernels.gather_records_capturable(self.packed[layer].records, self.cache.pool)
+
+    def gather_misses(self, layer: int, table: torch.Tensor) -> None:
+        """The copies `fetch_for_step` deferred, from a device table [top_k, 2] of (expert or -1, slot)."""
+        kernels.gather_records(self.packed[layer].records, self.cache.pool, table)
+
+    def fetch_for_step(self, layer: int, experts: list[int],
+                       deferred: list[tuple[int, int]] | None = None) -> tuple[list[int], list[bool]]:
         """(cache slot, on the CPU) of each of one token's chosen experts. The backend picks which misses the CPU
-        computes (`compute_on_cpu`); the rest are copied in, and the current stream waits for the copies.
-        Compute that reads the slots must be followed by `cache.release`. A CPU expert's slot is any slot:
-        the step gives its row no weight."""
+        computes (`compute_on_cpu`); the rest are copied in, and the current stream waits for the copies, or,
+        with `deferred`, their (expert, slot) pairs go there for `gather_misses`. Compute that reads the slots
+        must be followed by `cache.release`. A CPU expert's slot is any slot: the step gives its row no weight."""
         misses = [e for e in experts if not self.cache.holds(layer, e)]
         share = cpu_share(len(misses), self.backend, self.calibration, self.cache.layout.record_bytes)
         on_cpu_experts = set(misses[len(misses) - share:])
         on_gpu = [e for e in experts if e not in on_cpu_experts]
         self.expert_calls += len(on_gpu)
         self.cpu_expert_calls += len(on_cpu_experts)
-        slot_of = dict(zip(on_gpu, self._slots(layer, on_gpu, streaming=False))) if on_gpu else {}
+        slot_of = dict(zip(on_gpu, self.cache.fetch(layer, on_gpu, self.packed[layer], deferred))) if on_gpu else {}
         self.cache.wait_ready()
         spare = next(iter(slot_of.values()), 0)
         return [slot_of.get(e, spare) for e in experts], [e in on_cpu_experts for e in experts]

@@ -57,6 +57,18 @@ def decode_attention_capturable(q, keys, values) -> bool:
     return bool(check and check(q, keys, values))
 
 
+def gather_records(records, pool, table) -> None:
+    """Expert records into cache slots: pool[table[r, 1]] = records[table[r, 0]] for the rows of the device table
+    [n, 2] whose source is not -1. On CUDA a kernel reads pinned host records in place (capturable)."""
+    _kernel("gather_records", pool)(records, pool, table)
+
+
+def gather_records_capturable(records, pool) -> bool:
+    """Whether gather_records into `pool` runs without the host reading the table (the reference reads it)."""
+    check = _BY_DEVICE.get(pool.device.type, {}).get("gather_records_capturable")
+    return bool(check and check(records, pool))
+
+
 def grouped_linear(x, weight, groups):
     """Rows of x [M, K] sorted into `groups` (engine/kernels/groups.py), each times its own expert of the
     stacked weight [S, N, K]: out[rows of g] = x[rows of g] @ weight[slot of g]^T; [M, N] in x's dtype."""
@@ -82,9 +94,10 @@ def _register_cuda_kernels() -> None:
     from engine.kernels import sdpa_attention
     register("cuda", sdpa_attention, ["causal_attention"])
     try:
-        from engine.kernels import triton_attention, triton_gdn, triton_linear, triton_norm
+        from engine.kernels import triton_attention, triton_gather, triton_gdn, triton_linear, triton_norm
     except ImportError:
         return
+    register("cuda", triton_gather, ["gather_records", "gather_records_capturable"])
     register("cuda", triton_attention, ["decode_attention", "decode_attention_capturable"])
     register("cuda", triton_gdn, ["gated_deltanet"])
     register("cuda", triton_norm, ["rms_norm"])

@@ -120,6 +120,13 @@ def _delta_chunk(q, k, v, g, beta, s):
     return o, s
 
 
+def gather_records(records: torch.Tensor, pool: torch.Tensor, table: torch.Tensor) -> None:
+    """pool[table[r, 1]] = records[table[r, 0]] for each row r of table [n, 2] whose source is not -1."""
+    for source, target in table.tolist():
+        if source >= 0:
+            pool[target].copy_(records[source])
+
+
 def decode_attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, position: torch.Tensor,
                      scale: float) -> torch.Tensor:
     """q [1, Hq, D] of the token at `position` (int tensor [1]), whose key and value are already in rows

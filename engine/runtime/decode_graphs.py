@@ -45,7 +45,10 @@ class DecodeSteps:
         self.positions = torch.zeros(1, dtype=torch.long, device=device)
         self.embedding = torch.zeros(1, c.hidden_size, dtype=model.dtype, device=device)
         k = c.num_experts_per_tok
-        self.slots = torch.zeros(k, dtype=torch.int32, device=device)
+        # What the host sends after each router, as one copy: the chosen experts' slots, then the misses' copy
+        # table [(expert or -1, slot)] that the step's gather kernel reads (layers whose misses it copies)
+        self._exchange = torch.zeros(3 * k, dtype=torch.int32, device=device)
+        self.slots, self.copy_table = self._exchange[:k], self._exchange[k:].view(k, 2)
         # The CPU's share (cpu and hybrid backends): rows it computes get no weight on the GPU, and its summed
         # output comes back as one row. Graphs are made with it or without it, for the backend of the moment.
         self.with_cpu_share = self._cpu_share_wanted()
@@ -56,8 +59,8 @@ class DecodeSteps:
         cuda = device.type == "cuda"
         # Host ends of the per-layer exchanges, page-locked so the copies are asynchronous and capturable
         self._ids_host = torch.zeros(k, dtype=torch.long, pin_memory=cuda)
-        self._slots_host = torch.zeros_like(self.slots, device="cpu", pin_memory=cuda)
-        self._slots_staging = self._slots_host.numpy()  # written through numpy: a torch.tensor a layer costs more
+        self._exchange_host = torch.zeros_like(self._exchange, device="cpu", pin_memory=cuda)
+        self._exchange_staging = self._exchange_host.numpy()  # written through numpy: cheaper than torch.tensor
         self._embedding_host = torch.zeros_like(self.embedding, device="cpu", pin_memory=cuda)
         self._y_host = torch.zeros_like(self.embedding, device="cpu", pin_memory=cuda)
         self._weights_host = torch.zeros(k, dtype=torch.float32, pin_memory=cuda)
@@ -69,7 +72,9 @@ class DecodeSteps:
         self.buf: dict[str, torch.Tensor] = {}  # segment inputs and outputs; static while graphs replay
         self._actions: list[Action] = []
         self._kv_moved: list = []
+        self._gathered: set[int] = set()  # layers whose misses the gather kernel copies inside the step
         self._graphs: list = []
+        self._captured = False  # whether the actions were captured as graphs (the first step runs them eagerly)
         self._held: dict[int, dict] = {}  # per host action: the graph outputs it reads, as they were captured
         self._state = None  # weak reference to the state the actions (and graphs) were made for
         self._warm = not use_graphs
@@ -82,10 +87,9 @@ class DecodeSteps:
             raise ContextOverflowError(state.position + 1, state.max_tokens)
         if self._stream is None:
             return self._step(token, state)
-        if not self._warm:  # kernels compile and load outside any capture
-            self._warm = True
-            return self.model._run(torch.tensor([token]), state, all_logits=False)[-1]
-        return self._step(token, state).clone()  # the graphs' output is overwritten by the next step
+        logits = self._step(token, state).clone()
+        self._warm = True  # the first step ran the segments eagerly: kernels compile and load outside any capture
+        return logits  # the graphs' output is overwritten by the next step
 
     def _cpu_share_wanted(self) -> bool:
         return getattr(self.executor, "cpu_kernel", None) is not None and self.executor.backend in ("cpu", "hybrid")
@@ -94,8 +98,9 @@ class DecodeSteps:
         if self._cpu_share_wanted() != self.with_cpu_share:  # the backend changed: offload's graphs carry no share
             self.with_cpu_share = not self.with_cpu_share
             self._forget()
-        if self._state is None or self._state() is not state:
-            self._prepare(state)
+        capture = self.use_graphs and self._warm
+        if self._state is None or self._state() is not state or self._captured != capture:
+            self._prepare(state, capture)
         self.positions.fill_(state.position)
         if self._embedding_sent is not None:
             self._embedding_sent.synchronize()  # the last step's copy has left the staging row
@@ -106,7 +111,7 @@ class DecodeSteps:
         graphs = iter(self._graphs)
         for index, (kind, payload) in enumerate(self._actions):
             if kind == "segment":
-                if self.use_graphs:
+                if self._captured:
                     next(graphs).replay()
                 else:
                     payload()
@@ -122,13 +127,13 @@ class DecodeSteps:
 
     # ---- the step's actions ------------------------------------------------------------------------------
 
-    def _prepare(self, state) -> None:
-        """The actions of a step on `state`, captured as graphs when graphs are on."""
+    def _prepare(self, state, capture: bool) -> None:
+        """The actions of a step on `state`, captured as graphs with `capture`."""
         self._forget()  # the last state's graphs and tensors go first, so their memory serves the new ones
         self._actions = _merge(self._walk(state))
         # The actions hold the state's recurrent tensors: when the state goes, they go with it.
         self._state = weakref.ref(state, lambda _: self._forget())
-        if not self.use_graphs:
+        if not capture:
             return
         self.buf["attention"] = None  # made below, before capture, so every graph reads the same tensor
         for layer in self.model.layers:
@@ -148,6 +153,7 @@ class DecodeSteps:
                 with torch.cuda.graph(graph, pool=pool, stream=self._stream, capture_error_mode="thread_local"):
                     payload()
                 self._graphs.append(graph)
+            self._captured = True
         except Exception as error:  # out of memory included: the plain forward still fits
             self._forget()
             torch.cuda.empty_cache()
@@ -155,11 +161,11 @@ class DecodeSteps:
 
     def _forget(self) -> None:
         self._actions, self._graphs, self.buf, self._held, self._state = [], [], {}, {}, None
-        self._kv_moved = []
+        self._kv_moved, self._gathered, self._captured = [], set(), False
 
     def _walk(self, state) -> list[Action]:
         """Device work as ("segment", fn) pieces (merged later between host actions), host work as names."""
-        self._kv_moved = []  # caches the graphs write at the position: their lengths move on on the host
+        self._kv_moved, self._gathered, self._captured = [], set(), False  # caches the graphs write at the position: their lengths move on on the host
         actions: list[Action] = [("segment", lambda: self.buf.__setitem__("x", self.embedding))]
         for layer, layer_state in zip(self.model.layers, state.layers):
             actions += self._mixer_actions(layer, layer_state)
@@ -209,7 +215,13 @@ class DecodeSteps:
         def shared():
             buf["shared"] = mlp.shared(buf["y"])
 
+        gather = not self.use_graphs or self.executor.copies_in_graph(layer.index)
+        if gather:
+            self._gathered.add(layer.index)
+
         def finish():
+            if gather:
+                self.executor.gather_misses(layer.index, self.copy_table)
             y, k = buf["y"], mlp.top_k
             routed = self.executor.slot_swiglu(y.expand(k, y.shape[-1]), self.slots, mlp.experts.intermediate)
             weights = buf["weights"].reshape(k, 1)
@@ -236,7 +248,7 @@ class DecodeSteps:
     def _attend(self, layer_index: int, state, inputs: dict) -> None:
         mixer = self.model.layers[layer_index].mixer
         out = mixer.attend(inputs["q"], inputs["k"], inputs["v"], state.layers[layer_index])
-        if self.use_graphs:
+        if self._captured:
             self.buf["attention"].copy_(out)
         else:
             self.buf["attention"] = out
@@ -251,9 +263,16 @@ class DecodeSteps:
             ids, y, weights = self._ids_host, self._y_host, self._weights_host
         else:
             ids, y, weights = inputs["ids"], inputs["y"], inputs["weights"].reshape(-1)
-        slots, on_cpu = self.executor.fetch_for_step(layer_index, ids.tolist())  # the copies start here
-        self._slots_staging[:] = slots  # the last layer's copy from it is done: the ids' event came after it
-        self.slots.copy_(self._slots_host, non_blocking=True)
+        deferred = [] if layer_index in self._gathered else None
+        slots, on_cpu = self.executor.fetch_for_step(layer_index, ids.tolist(), deferred)  # copies start here
+        k = len(slots)  # the last layer's copy from the staging row is done: the ids' event came after it
+        staging = self._exchange_staging
+        staging[:k] = slots
+        if deferred is not None:
+            staging[k:] = -1
+            for row, (expert, slot) in enumerate(deferred):
+                staging[k + 2 * row], staging[k + 2 * row + 1] = expert, slot
+        self._exchange.copy_(self._exchange_host, non_blocking=True)
         self._release = slots
         if self.with_cpu_share:
             self._compute_cpu_share(layer_index, ids, y, weights, on_cpu)
