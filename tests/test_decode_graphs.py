@@ -29,6 +29,9 @@ def test_segmented_steps_equal_the_plain_forward(tiny_checkpoint, layout, layers
         assert torch.allclose(got, expected, rtol=0, atol=1e-5 * float(expected.abs().max()))
         assert states[1].position == states[0].position
         token = int(expected.argmax())
+        if _ == 3:  # a prompt chunk between steps: the host takes the slot table back, then hands it over again
+            plain.forward(prompt[:5], states[0])
+            segmented.forward(prompt[:5], states[1])
     for mine, theirs in zip(states[1].layers, states[0].layers):  # KV caches and recurrent states alike
         if hasattr(mine, "keys"):
             assert mine.length == theirs.length
@@ -66,19 +69,19 @@ def test_a_full_state_is_refused_before_anything_runs(tiny_checkpoint):
 
 @pytest.mark.parametrize("kv_tokens", [4, None])
 def test_cuts_fall_only_at_host_actions(tiny_checkpoint, kv_tokens):
-    """Each MoE layer has two host actions (ids sent, fetch); an attention layer has one more (attend) only when
-    its cache grows (None): a preallocated one is written and read at the position on the device. Everything
-    between host actions is one segment, so one graph."""
+    """Offload: the slots are chosen and the misses copied on the device, so a MoE layer has no host action; an
+    attention layer has one (attend) only when its cache grows (None): a preallocated one is written and read at
+    the position on the device. Everything between host actions is one segment, so one graph."""
     model = engine.load_model(tiny_checkpoint("qwen3_5_moe", "nvfp4"), expert_cache_slots=8)
     steps = DecodeSteps(model, use_graphs=False)
     actions = _merge(steps._walk(model.new_state(kv_tokens)))
     kinds = [kind for kind, _ in actions]
     assert all(a != "segment" or b != "segment" for a, b in zip(kinds, kinds[1:]))
-    layers = model.config.num_hidden_layers
     eager_attention = model.config.layer_types.count("full_attention") if kv_tokens is None else 0
-    assert kinds.count("fetch") == kinds.count("ids_sent") == layers
+    assert steps._slots_on_device == model.config.num_hidden_layers
+    assert kinds.count("fetch") == kinds.count("ids_sent") == 0
     assert kinds.count("attend") == eager_attention
-    assert kinds.count("segment") == 2 * layers + eager_attention + 1
+    assert kinds.count("segment") == eager_attention + 1
 
 
 def test_actions_go_when_their_state_goes(tiny_checkpoint):

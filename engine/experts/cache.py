@@ -45,12 +45,16 @@ class ExpertCache:
         self._released = {} if cuda else None  # block (or -1: slots outside blocks) -> event after its last read
         self._ready = None  # event after the latest copy
         self.hits = self.misses = self.bytes_copied = 0
+        self._device_table: dict[str, torch.Tensor] | None = None  # the slot table decode steps update on the device
+        self._device_owned = False  # while True, the device table is the truth and the host's bookkeeping stale
+        self._handed_at = -1  # the device table's clock when the host handed it over
 
     @property
     def nbytes(self) -> int:
         return self.pool.numel()
 
     def holds(self, layer: int, expert: int) -> bool:
+        self.take_back()
         return (layer, expert) in self._slot_of
 
     def fetch(self, layer: int, experts: list[int], packed: PackedExperts,
@@ -59,6 +63,7 @@ class ExpertCache:
         the misses' (expert, slot) pairs go there instead, for the caller to copy before anything reads them."""
         if len(experts) > self.slots:
             raise ValueError(f"{len(experts)} experts asked of a cache of {self.slots} slots")
+        self.take_back()
         found = {}
         for expert in experts:  # hits first, so the misses below cannot evict them
             slot = self._slot_of.get((layer, expert))
@@ -90,6 +95,7 @@ class ExpertCache:
         `count_as_lookups=False` for a prefetch: its lookups count as misses when the layer is used."""
         if not self.blocks:
             raise ValueError("the expert cache is smaller than one layer of experts: it cannot stream layers")
+        self.take_back()
         experts = self.experts_per_layer
         block = self._block_of_layer.get(layer)
         copied_for_this_use = block is None or layer in self._prefetched
@@ -135,11 +141,70 @@ class ExpertCache:
             torch.cuda.current_stream(self.device).wait_event(self._ready)
 
     def stats(self) -> dict:
-        lookups = self.hits + self.misses
-        return {"expert_cache_slots": self.slots, "expert_cache_hits": self.hits,
-                "expert_cache_misses": self.misses, "expert_bytes_copied": self.bytes_copied,
+        hits, misses = self.hits, self.misses
+        if self._device_owned:  # counted on the device since it took the table
+            device_hits, device_misses = self._device_table["counts"].tolist()
+            hits, misses = hits + device_hits, misses + device_misses
+        copied = self.bytes_copied + (misses - self.misses) * self.layout.record_bytes
+        lookups = hits + misses
+        return {"expert_cache_slots": self.slots, "expert_cache_hits": hits,
+                "expert_cache_misses": misses, "expert_bytes_copied": copied,
                 "expert_cache_bytes": self.nbytes,
-                "expert_cache_hit_rate": self.hits / lookups if lookups else 0.0}
+                "expert_cache_hit_rate": hits / lookups if lookups else 0.0}
+
+    # ---- the slot table on the device: decode steps that choose slots inside their graphs ----------
+
+    def hand_to_device(self) -> dict[str, torch.Tensor]:
+        """The slot table for kernels.assign_slots (keys, ages, clock, counts: device tensors, the same ones every
+        time), filled from the host's bookkeeping when the host held it. Host lookups take it back first."""
+        if self._device_table is None:
+            self._device_table = {
+                "keys": torch.full((self.slots,), -1, dtype=torch.int32, device=self.device),
+                "ages": torch.full((self.slots,), -1, dtype=torch.int32, device=self.device),
+                "clock": torch.zeros(1, dtype=torch.int32, device=self.device),
+                "counts": torch.zeros(2, dtype=torch.int64, device=self.device)}
+        if not self._device_owned:
+            keys = torch.full((self.slots,), -1, dtype=torch.int32)
+            ages = torch.full((self.slots,), -1, dtype=torch.int32)
+            for rank, ((layer, expert), slot) in enumerate(self._slot_of.items()):  # oldest first
+                keys[slot], ages[slot] = layer * self.experts_per_layer + expert, rank
+            table = self._device_table
+            table["keys"].copy_(keys)
+            table["ages"].copy_(ages)
+            table["clock"].fill_(len(self._slot_of) - 1)
+            table["counts"].zero_()
+            self._handed_at = len(self._slot_of) - 1  # ticks after it are the device's touches
+            self._device_owned = True
+        return self._device_table
+
+    def take_back(self) -> None:
+        """The host's bookkeeping again from the device table, and its hit and miss counts (synchronises)."""
+        if not self._device_owned:
+            return
+        table, experts = self._device_table, self.experts_per_layer
+        keys, ages = table["keys"].tolist(), table["ages"].tolist()
+        hits, misses = table["counts"].tolist()
+        self.hits, self.misses = self.hits + hits, self.misses + misses
+        self.bytes_copied += misses * self.layout.record_bytes
+        held = sorted((age, slot, key) for slot, (key, age) in enumerate(zip(keys, ages)) if key >= 0)
+        self._slot_of = OrderedDict(((key // experts, key % experts), slot) for _, slot, key in held)
+        self._key_in = {slot: key for key, slot in self._slot_of.items()}
+        self._free = [slot for slot in range(self.slots - 1, -1, -1) if keys[slot] < 0]
+        # blocks still holding their layer whole; blocks the device touched become the most recent, in tick order
+        for layer, block in list(self._block_of_layer.items()):
+            first = block * experts
+            if keys[first:first + experts] != list(range(layer * experts, (layer + 1) * experts)):
+                del self._block_of_layer[layer]
+                self._prefetched.discard(layer)
+        touched = {b: max(ages[b * experts:(b + 1) * experts]) for b in range(self.blocks)}
+        for block in sorted((b for b in touched if touched[b] > self._handed_at), key=touched.get):
+            self._block_use.move_to_end(block)
+        if self._released is not None:  # copies the host issues next wait for the steps' gathers and reads
+            event = torch.cuda.Event()
+            event.record()
+            for block in [*range(self.blocks), -1]:
+                self._released[block] = event
+        self._device_owned = False
 
     # ---- bookkeeping ----------------------------------------------------------------------
 

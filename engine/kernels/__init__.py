@@ -57,6 +57,17 @@ def decode_attention_capturable(q, keys, values) -> bool:
     return bool(check and check(q, keys, values))
 
 
+def assign_slots(ids, key_base, keys, ages, clock, slots, table, counts) -> None:
+    """The expert cache's LRU slot choice for one token's experts, on the device (reference.assign_slots)."""
+    _kernel("assign_slots", keys)(ids, key_base, keys, ages, clock, slots, table, counts)
+
+
+def assign_slots_capturable(keys) -> bool:
+    """Whether assign_slots runs on the device without the host reading the table (the reference reads it)."""
+    check = _BY_DEVICE.get(keys.device.type, {}).get("assign_slots_capturable")
+    return bool(check and check(keys))
+
+
 def gather_records(records, pool, table) -> None:
     """Expert records into cache slots: pool[table[r, 1]] = records[table[r, 0]] for the rows of the device table
     [n, 2] whose source is not -1. On CUDA a kernel reads pinned host records in place (capturable)."""
@@ -94,9 +105,10 @@ def _register_cuda_kernels() -> None:
     from engine.kernels import sdpa_attention
     register("cuda", sdpa_attention, ["causal_attention"])
     try:
-        from engine.kernels import triton_attention, triton_gather, triton_gdn, triton_linear, triton_norm
+        from engine.kernels import triton_attention, triton_gather, triton_gdn, triton_linear, triton_norm, triton_slots
     except ImportError:
         return
+    register("cuda", triton_slots, ["assign_slots", "assign_slots_capturable"])
     register("cuda", triton_gather, ["gather_records", "gather_records_capturable"])
     register("cuda", triton_attention, ["decode_attention", "decode_attention_capturable"])
     register("cuda", triton_gdn, ["gated_deltanet"])

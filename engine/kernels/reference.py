@@ -120,6 +120,35 @@ def _delta_chunk(q, k, v, g, beta, s):
     return o, s
 
 
+def assign_slots(ids: torch.Tensor, key_base: int, keys: torch.Tensor, ages: torch.Tensor, clock: torch.Tensor,
+                 slots: torch.Tensor, table: torch.Tensor, counts: torch.Tensor) -> None:
+    """Least-recently-used cache slots for one token's chosen experts `ids` [k] of one layer (key = key_base +
+    expert), updating the slot table in place: keys [S] (int32, -1 free), ages [S] (int32 last-use tick, -1
+    free), clock [1] (the last tick). Cached experts are hits, touched in order; then each miss takes the slot of
+    the oldest tick (lowest index among equals) and gets a row (expert, slot) of the copy table [k, 2], whose other
+    rows are -1. slots [k] receives every expert's slot; counts [2] (int64) adds (hits, misses)."""
+    chosen = [key_base + int(e) for e in ids.tolist()]
+    tick = int(clock[0])
+    table.fill_(-1)
+    hits = 0
+    for j, key in enumerate(chosen):
+        match = (keys == key).nonzero()
+        if len(match):
+            tick += 1
+            slot = int(match[0, 0])
+            ages[slot], slots[j] = tick, slot
+            hits += 1
+    for j, key in enumerate(chosen):
+        if not (keys == key).any():
+            tick += 1
+            victim = int(torch.argmin(ages))  # the first of equal minima
+            keys[victim], ages[victim], slots[j] = key, tick, victim
+            table[j, 0], table[j, 1] = key - key_base, victim
+    clock[0] = tick
+    counts[0] += hits
+    counts[1] += len(chosen) - hits
+
+
 def gather_records(records: torch.Tensor, pool: torch.Tensor, table: torch.Tensor) -> None:
     """pool[table[r, 1]] = records[table[r, 0]] for each row r of table [n, 2] whose source is not -1."""
     for source, target in table.tolist():

@@ -72,6 +72,7 @@ class DecodeSteps:
         self.buf: dict[str, torch.Tensor] = {}  # segment inputs and outputs; static while graphs replay
         self._actions: list[Action] = []
         self._kv_moved: list = []
+        self._slots_on_device = 0
         self._gathered: set[int] = set()  # layers whose misses the gather kernel copies inside the step
         self._graphs: list = []
         self._captured = False  # whether the actions were captured as graphs (the first step runs them eagerly)
@@ -101,6 +102,9 @@ class DecodeSteps:
         capture = self.use_graphs and self._warm
         if self._state is None or self._state() is not state or self._captured != capture:
             self._prepare(state, capture)
+        if self._slots_on_device:  # the device's slot table is the truth again (the host may have used the cache)
+            self.executor.cache.hand_to_device()
+            self.executor.expert_calls += self._slots_on_device * len(self.slots)
         self.positions.fill_(state.position)
         if self._embedding_sent is not None:
             self._embedding_sent.synchronize()  # the last step's copy has left the staging row
@@ -161,11 +165,13 @@ class DecodeSteps:
 
     def _forget(self) -> None:
         self._actions, self._graphs, self.buf, self._held, self._state = [], [], {}, {}, None
-        self._kv_moved, self._gathered, self._captured = [], set(), False
+        self._kv_moved, self._gathered, self._captured, self._slots_on_device = [], set(), False, 0
 
     def _walk(self, state) -> list[Action]:
         """Device work as ("segment", fn) pieces (merged later between host actions), host work as names."""
-        self._kv_moved, self._gathered, self._captured = [], set(), False  # caches the graphs write at the position: their lengths move on on the host
+        # what the walk finds: caches written at the device position (their lengths move on on the host), layers
+        # whose misses the gather kernel copies, how many MoE layers choose their slots on the device
+        self._kv_moved, self._gathered, self._slots_on_device = [], set(), 0
         actions: list[Action] = [("segment", lambda: self.buf.__setitem__("x", self.embedding))]
         for layer, layer_state in zip(self.model.layers, state.layers):
             actions += self._mixer_actions(layer, layer_state)
@@ -202,11 +208,22 @@ class DecodeSteps:
                 buf["x"] = buf["h"] + mlp(layer.post_attention_norm(buf["h"]))
             return [("segment", dense)]
 
+        gather = not self.use_graphs or self.executor.copies_in_graph(layer.index)
+        if gather:
+            self._gathered.add(layer.index)
+        cache = self.executor.cache
+        table = cache.hand_to_device() if gather and not self.with_cpu_share else None
+        on_device = table is not None and (not self.use_graphs or kernels.assign_slots_capturable(table["keys"]))
+        self._slots_on_device += on_device
+
         def route():
             buf["y"] = layer.post_attention_norm(buf["h"])
             ids, buf["weights"] = mlp.route(buf["y"])
             buf["ids"] = ids.reshape(-1)
-            if self._stream is not None:
+            if on_device:  # the slots, and the copy table of the misses, chosen on the device: no host action
+                kernels.assign_slots(buf["ids"], layer.index * cache.experts_per_layer, table["keys"], table["ages"],
+                                     table["clock"], self.slots, self.copy_table, table["counts"])
+            elif self._stream is not None:
                 if self.with_cpu_share:  # the CPU's inputs first: the host waits for the ids, the last copy
                     self._y_host.copy_(buf["y"], non_blocking=True)
                     self._weights_host.copy_(buf["weights"].reshape(-1), non_blocking=True)
@@ -214,10 +231,6 @@ class DecodeSteps:
 
         def shared():
             buf["shared"] = mlp.shared(buf["y"])
-
-        gather = not self.use_graphs or self.executor.copies_in_graph(layer.index)
-        if gather:
-            self._gathered.add(layer.index)
 
         def finish():
             if gather:
@@ -235,6 +248,8 @@ class DecodeSteps:
             buf["x"] = buf["h"] + out
         # the shared expert runs while the host waits for the ids; without one, no (empty) graph there
         beside = [("segment", shared)] if mlp.shared_expert is not None else []
+        if on_device:
+            return [("segment", route), *beside, ("segment", finish)]
         return [("segment", route), ("ids_sent", layer.index), *beside, ("fetch", layer.index), ("segment", finish)]
 
     def _attention_in_graph(self, mixer: Attention, cache) -> bool:

@@ -1,0 +1,43 @@
+"""The device's LRU slot choice (engine/kernels/triton_slots.py) against the reference, in Triton's CPU
+interpreter (CI; conftest.py sets it) or on CUDA: a run of tokens over several layers through a table smaller
+than their experts, so hits, free slots and evictions all happen; every output and the table must match."""
+import pytest
+import torch
+
+pytest.importorskip("triton", reason="Triton ships for Linux; the Windows app runs the reference kernels")
+
+from engine.kernels import reference, triton_slots  # noqa: E402
+
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def _table(slots):
+    return {"keys": torch.full((slots,), -1, dtype=torch.int32), "ages": torch.full((slots,), -1, dtype=torch.int32),
+            "clock": torch.tensor([-1], dtype=torch.int32), "counts": torch.zeros(2, dtype=torch.int64)}
+
+
+@pytest.mark.parametrize("slots", [9, 13])  # over one token's 8 lookups: hits and evictions both
+def test_slot_choice_matches_the_reference(slots):
+    gen = torch.Generator().manual_seed(slots)
+    experts, top_k, layers = 6, 4, 2
+    mine = {name: t.to(DEVICE) for name, t in _table(slots).items()}
+    theirs = _table(slots)
+    for step in range(12):
+        for layer in range(layers):
+            ids = torch.randperm(experts, generator=gen)[:top_k]
+            got_slots, got_copies = torch.zeros(top_k, dtype=torch.int32, device=DEVICE), torch.zeros(
+                top_k, 2, dtype=torch.int32, device=DEVICE)
+            slots_ref, copies_ref = torch.zeros(top_k, dtype=torch.int32), torch.zeros(top_k, 2, dtype=torch.int32)
+            triton_slots.assign_slots(ids.to(DEVICE), layer * experts, mine["keys"], mine["ages"], mine["clock"],
+                                      got_slots, got_copies, mine["counts"])
+            reference.assign_slots(ids, layer * experts, theirs["keys"], theirs["ages"], theirs["clock"], slots_ref,
+                                   copies_ref, theirs["counts"])
+            assert torch.equal(got_slots.cpu(), slots_ref) and torch.equal(got_copies.cpu(), copies_ref)
+            for name in theirs:
+                assert torch.equal(mine[name].cpu(), theirs[name]), name
+            # every chosen expert is in its slot now, and the copy table lists exactly the misses
+            assert torch.equal(theirs["keys"][slots_ref.long()], (ids + layer * experts).to(torch.int32))
+            listed = copies_ref[copies_ref[:, 0] >= 0]
+            assert len(set(listed[:, 1].tolist())) == len(listed)
+    hits, misses = theirs["counts"].tolist()
+    assert hits > 0 and misses > 0 and hits + misses == 12 * layers * top_k
