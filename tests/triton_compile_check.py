@@ -8,7 +8,7 @@ import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 
-from engine.kernels import triton_attention, triton_gather, triton_gdn, triton_linear, triton_norm, triton_slots
+from engine.kernels import triton_attention, triton_gather, triton_gdn, triton_linear, triton_norm, triton_router, triton_slots
 
 
 def _signature(kernel, pointers: dict, constexprs: dict, floats=()) -> dict:
@@ -48,6 +48,8 @@ CASES = {
     "assign slots": (triton_slots._assign_kernel,
                      {"ids_ptr": "*i64", "keys_ptr": "*i32", "ages_ptr": "*i32", "clock_ptr": "*i32", "slots_ptr": "*i32",
                       "table_ptr": "*i32", "counts_ptr": "*i64"}, {"K": 8, "BLOCK": 256}, ()),
+    "router top-k": (triton_router._router_kernel, {"logits_ptr": "*bf16", "ids_ptr": "*i64", "weights_ptr": "*fp32"},
+                     {"K": 8, "K_PAD": 8, "BLOCK": 256, "NORMALISE": True}, ()),
     "nvfp4 gemv grouped": _linear_case(triton_linear._F_NVFP4, True, True),
     "nvfp4 tiles": _linear_case(triton_linear._F_NVFP4, False, False),
     "fp8 gemv": _linear_case(triton_linear._F_FP8, True, False),

@@ -57,6 +57,12 @@ def decode_attention_capturable(q, keys, values) -> bool:
     return bool(check and check(q, keys, values))
 
 
+def router_topk(logits, top_k, normalise):
+    """An MoE router's choice from its logits [T, E]: (ids [T, k] int64, weights [T, k] float32) of the k most
+    probable experts, renormalised to sum to one when `normalise` (reference.router_topk)."""
+    return _kernel("router_topk", logits)(logits, top_k, normalise)
+
+
 def assign_slots(ids, key_base, keys, ages, clock, slots, table, counts) -> None:
     """The expert cache's LRU slot choice for one token's experts, on the device (reference.assign_slots)."""
     _kernel("assign_slots", keys)(ids, key_base, keys, ages, clock, slots, table, counts)
@@ -105,9 +111,10 @@ def _register_cuda_kernels() -> None:
     from engine.kernels import sdpa_attention
     register("cuda", sdpa_attention, ["causal_attention"])
     try:
-        from engine.kernels import triton_attention, triton_gather, triton_gdn, triton_linear, triton_norm, triton_slots
+        from engine.kernels import triton_attention, triton_gather, triton_gdn, triton_linear, triton_norm, triton_router, triton_slots
     except ImportError:
         return
+    register("cuda", triton_router, ["router_topk"])
     register("cuda", triton_slots, ["assign_slots", "assign_slots_capturable"])
     register("cuda", triton_gather, ["gather_records", "gather_records_capturable"])
     register("cuda", triton_attention, ["decode_attention", "decode_attention_capturable"])

@@ -120,6 +120,15 @@ def _delta_chunk(q, k, v, g, beta, s):
     return o, s
 
 
+def router_topk(logits: torch.Tensor, top_k: int, normalise: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """(expert ids [T, k], weights [T, k] float32): the k most probable experts of softmax(logits) in float32,
+    most probable first, their probabilities divided by their sum when `normalise`."""
+    weights, ids = logits.float().softmax(dim=-1).topk(top_k, dim=-1)
+    if normalise:
+        weights = weights / weights.sum(dim=-1, keepdim=True)
+    return ids, weights
+
+
 def assign_slots(ids: torch.Tensor, key_base: int, keys: torch.Tensor, ages: torch.Tensor, clock: torch.Tensor,
                  slots: torch.Tensor, table: torch.Tensor, counts: torch.Tensor) -> None:
     """Least-recently-used cache slots for one token's chosen experts `ids` [k] of one layer (key = key_base +

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import torch
 
+from engine import kernels
 from engine.experts.bank import ExpertBank
 from engine.layers.linear import Linear
 from engine.layers.mlp import SwiGLU
@@ -27,11 +28,7 @@ class SparseMoe:
 
     def route(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """(expert ids [T, k], weights [T, k] float32) of each token."""
-        probs = self.router(x).float().softmax(dim=-1)
-        weights, ids = probs.topk(self.top_k, dim=-1)
-        if self.normalise_top_k:
-            weights = weights / weights.sum(dim=-1, keepdim=True)
-        return ids, weights
+        return kernels.router_topk(self.router(x), self.top_k, self.normalise_top_k)
 
     def shared(self, x: torch.Tensor) -> torch.Tensor | None:
         """The gated shared expert's output, or None for a model without one."""

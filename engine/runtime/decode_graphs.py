@@ -67,6 +67,7 @@ class DecodeSteps:
         self._gpu_rows_host = torch.ones(k, dtype=torch.float32, pin_memory=cuda)
         self._cpu_routed_host = torch.zeros(1, c.hidden_size, dtype=torch.float32, pin_memory=cuda)
         self._stream = model.stream  # the model's compute stream, current while a step runs
+        self._side = torch.cuda.Stream(device) if cuda else None  # copies beside compute, inside the graphs
         self._ids_ready = torch.cuda.Event() if cuda else None
         self._embedding_sent = torch.cuda.Event() if cuda else None
         self.buf: dict[str, torch.Tensor] = {}  # segment inputs and outputs; static while graphs replay
@@ -232,8 +233,21 @@ class DecodeSteps:
         def shared():
             buf["shared"] = mlp.shared(buf["y"])
 
+        def gather_beside_shared():
+            """The misses' copies on a side stream (a parallel branch of the graph) while the shared expert runs."""
+            if self._side is None:
+                self.executor.gather_misses(layer.index, self.copy_table)
+                shared()
+                return
+            main = torch.cuda.current_stream()
+            self._side.wait_stream(main)
+            with torch.cuda.stream(self._side):
+                self.executor.gather_misses(layer.index, self.copy_table)
+            shared()
+            main.wait_stream(self._side)
+
         def finish():
-            if gather:
+            if gather and not on_device:
                 self.executor.gather_misses(layer.index, self.copy_table)
             y, k = buf["y"], mlp.top_k
             routed = self.executor.slot_swiglu(y.expand(k, y.shape[-1]), self.slots, mlp.experts.intermediate)
@@ -249,7 +263,7 @@ class DecodeSteps:
         # the shared expert runs while the host waits for the ids; without one, no (empty) graph there
         beside = [("segment", shared)] if mlp.shared_expert is not None else []
         if on_device:
-            return [("segment", route), *beside, ("segment", finish)]
+            return [("segment", route), ("segment", gather_beside_shared), ("segment", finish)]
         return [("segment", route), ("ids_sent", layer.index), *beside, ("fetch", layer.index), ("segment", finish)]
 
     def _attention_in_graph(self, mixer: Attention, cache) -> bool:
