@@ -1,4 +1,6 @@
 """The offload/cpu/hybrid split of a decode step's misses, and the per-machine calibration file."""
+import json
+
 import pytest
 
 from engine.experts import split
@@ -58,3 +60,33 @@ def test_calibration_is_measured_once_per_machine(tmp_path, monkeypatch):
     split.calibration_file().write_text("not json", encoding="utf-8")
     assert split.cached_calibration("machine a", measure) == first  # a damaged file is measured again
     assert len(measured) == 3
+
+
+def test_an_implausible_calibration_is_neither_kept_nor_trusted_from_the_file(tmp_path, monkeypatch):
+    """A measurement on a busy machine (the H200 machine once gave 1.8e15 B/s and 6.5 ms a call) is used for the
+    run it was made in but not saved, and one found in the file is measured again."""
+    monkeypatch.setenv("MOEDESK_MODELS_DIR", str(tmp_path / "models"))
+    busy, sane = Calibration(47e9, 1.8e15, 0.0065, 16), Calibration(47e9, 28e9, 5e-4, 16)
+    assert not busy.plausible() and sane.plausible()
+    results = [busy, sane]
+    assert split.cached_calibration("machine", lambda: results.pop(0)) == busy
+    assert split.cached_calibration("machine", lambda: results.pop(0)) == sane  # nothing saved: measured again
+    assert split.cached_calibration("machine", lambda: pytest.fail("measured a third time")) == sane
+    split.calibration_file().write_text(json.dumps({"machine": busy.to_dict()}), encoding="utf-8")
+    assert split.cached_calibration("machine", lambda: sane) == sane
+
+
+def test_calibration_measures_the_cpu_again_when_the_figures_cannot_be_real():
+    """The CPU's time per call and per expert come from calls of 1 and of 8 experts; a run where 8 cost no more
+    than 1 (a busy machine) is measured again."""
+    measured = []
+
+    def cpu_seconds(calls, per_call):
+        measured.append(per_call)
+        if len(measured) <= 7:  # the warm-up, then a first attempt on a busy machine: 10 ms whatever the work
+            return calls * 0.010
+        return calls * (0.001 if per_call == 1 else 0.0008 * 8 + 0.0002)  # then 0.2 ms a call, 0.8 ms an expert
+    calibration = split.calibrate_cpu(47e9, 1_769_472, cpu_seconds)  # one NVFP4 expert of Qwen3.6
+    assert calibration.plausible() and len(measured) == 13
+    assert calibration.cpu_bytes_per_s == pytest.approx(1_769_472 / 0.0008)
+    assert calibration.cpu_call_seconds == pytest.approx(0.0002)

@@ -34,6 +34,12 @@ class Calibration:
     def to_dict(self) -> dict:
         return asdict(self)
 
+    def plausible(self) -> bool:
+        """Whether the figures can be real: a busy machine during the measurement can make the CPU's per-expert
+        time vanish into the noise (seen on the H200 machine: 1.8e15 B/s and 6.5 ms a call)."""
+        return (1e8 <= self.pcie_bytes_per_s <= 1e12 and 1e7 <= self.cpu_bytes_per_s <= 1e12
+                and 0.0 <= self.cpu_call_seconds <= 0.05)
+
 
 def cpu_share(misses: int, backend: str, calibration: Calibration | None, record_bytes: int) -> int:
     """How many of a step's `misses` (records of `record_bytes`) the CPU computes: none (offload), all (cpu), or
@@ -76,7 +82,6 @@ def calibrate(device: torch.device, records: list[torch.Tensor], cpu_seconds) ->
     """Measure both paths now: `records` are host expert records (uint8 [record_bytes] each, from several
     layers so the CPU reads them from RAM); `cpu_seconds(calls, per_call)` computes `calls` calls of
     `per_call` experts on the CPU."""
-    from engine.kernels import cpu_experts
     record_bytes = records[0].numel()
     target = torch.empty(record_bytes, dtype=torch.uint8, device=device)
     pinned = [r if r.is_pinned() else r.pin_memory() for r in records[:CALIBRATION_RECORDS]]
@@ -86,13 +91,24 @@ def calibrate(device: torch.device, records: list[torch.Tensor], cpu_seconds) ->
     for record in pinned:
         target.copy_(record, non_blocking=True)
     torch.cuda.synchronize(device)
-    pcie = len(pinned) * record_bytes / (time.perf_counter() - started)
-    cpu_seconds(1, 1)  # compiles on first use (cached on disk after)
-    # Calls of one expert and of four: the difference is the experts, the rest is the cost of a call
-    single = min(cpu_seconds(4, 1) for _ in range(3)) / 4
-    four = min(cpu_seconds(4, 4) for _ in range(3)) / 4
-    per_expert = max((four - single) / 3, 1e-9)
-    return Calibration(pcie, record_bytes / per_expert, max(single - per_expert, 0.0), cpu_experts.threads())
+    return calibrate_cpu(len(pinned) * record_bytes / (time.perf_counter() - started), record_bytes, cpu_seconds)
+
+
+def calibrate_cpu(pcie_bytes_per_s: float, record_bytes: int, cpu_seconds) -> Calibration:
+    """The CPU's side of the calibration: calls of one expert and of a token's misses, the difference is the
+    experts, the rest is the cost of a call. A measurement that cannot be real (the machine was busy) is taken
+    again, twice at most."""
+    from engine.kernels import cpu_experts
+    cpu_seconds(2, TOKEN_MISSES)  # compiles on first use (cached on disk after) and wakes every thread
+    for _ in range(3):
+        single = min(cpu_seconds(4, 1) for _ in range(3)) / 4
+        full = min(cpu_seconds(4, TOKEN_MISSES) for _ in range(3)) / 4
+        per_expert = max((full - single) / (TOKEN_MISSES - 1), 1e-9)
+        calibration = Calibration(pcie_bytes_per_s, record_bytes / per_expert, max(single - per_expert, 0.0),
+                                  cpu_experts.threads())
+        if calibration.plausible():
+            break
+    return calibration
 
 
 def cached_calibration(key: str, measure) -> Calibration:
@@ -104,10 +120,14 @@ def cached_calibration(key: str, measure) -> Calibration:
         saved = {}
     if isinstance(saved.get(key), dict):
         try:
-            return Calibration(**saved[key])
+            calibration = Calibration(**saved[key])
         except TypeError:
-            pass  # an older layout: measure again
+            calibration = None  # an older layout: measure again
+        if calibration is not None and calibration.plausible():
+            return calibration
     calibration = measure()
+    if not calibration.plausible():
+        return calibration  # used for this run only: the next load measures again
     saved[key] = calibration.to_dict()
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
