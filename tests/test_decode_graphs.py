@@ -133,3 +133,29 @@ def test_misses_computed_on_the_cpu_give_the_same_step(tiny_checkpoint, backend)
         assert torch.allclose(got, expected, rtol=0, atol=1e-5 * float(expected.abs().max()))
         token = int(expected.argmax())
     assert not steps.with_cpu_share and executor.stats()["cpu_expert_calls"] == stats["cpu_expert_calls"]
+
+
+def test_a_layer_the_host_copies_keeps_every_slot_choice_on_the_host(tiny_checkpoint, monkeypatch):
+    """Records beyond the pin budget are copied by the host, which then chooses their slots; the device table
+    and the host's bookkeeping cannot both be the truth in one step, so no layer chooses on the device."""
+    folder = tiny_checkpoint("qwen3_5_moe", "nvfp4")
+    plain = engine.load_model(folder, expert_cache_slots=8)
+    mixed = engine.load_model(folder, expert_cache_slots=8)
+    first_moe = next(layer.index for layer in mixed.layers if hasattr(layer.mlp, "route"))
+    monkeypatch.setattr(mixed.expert_executor, "copies_by_kernel", lambda layer: layer != first_moe)
+    steps = DecodeSteps(mixed, use_graphs=False)
+    states = plain.new_state(30), mixed.new_state(30)
+    prompt = torch.randint(2, 320, (9,), generator=torch.Generator().manual_seed(3))
+    plain.forward(prompt, states[0])
+    mixed.forward(prompt, states[1])
+    token = 5
+    for _ in range(4):
+        expected = plain.forward([token], states[0])
+        got = steps.step(token, states[1])
+        assert torch.allclose(got, expected, rtol=0, atol=1e-5 * float(expected.abs().max()))
+        token = int(expected.argmax())
+    kinds = [kind for kind, _ in steps._actions]
+    assert steps._slots_on_device == 0 and kinds.count("fetch") == mixed.config.num_hidden_layers
+    assert first_moe not in steps._gathered and len(steps._gathered) == mixed.config.num_hidden_layers - 1
+    a, b = plain.expert_executor.stats(), mixed.expert_executor.stats()
+    assert (a["expert_cache_hits"], a["expert_cache_misses"]) == (b["expert_cache_hits"], b["expert_cache_misses"])

@@ -151,9 +151,12 @@ class CachedExpertExecutor:
         return self.device.type == "cuda" and all(kernels.slot_linear_capturable(w, self.device)
                                                   for w in self.cache.weights.values())
 
-    def copies_in_graph(self, layer: int) -> bool:
-        """Whether a decode step can copy `layer`'s misses with `gather_misses` inside its graph (the records are
-        pinned and the device has the kernel)."""
+    def copies_by_kernel(self, layer: int) -> bool:
+        """Whether a decode step copies `layer`'s misses with `gather_misses` (on CUDA a kernel inside the step's
+        graph, for pinned records) rather than with copies the host issues. Off CUDA the step runs eagerly and
+        the reference gather is as good as host copies."""
+        if self.device.type != "cuda":
+            return True
         return kernels.gather_records_capturable(self.packed[layer].records, self.cache.pool)
 
     def gather_misses(self, layer: int, table: torch.Tensor) -> None:

@@ -74,6 +74,7 @@ class DecodeSteps:
         self._actions: list[Action] = []
         self._kv_moved: list = []
         self._slots_on_device = 0
+        self._slot_table: dict | None = None  # the expert cache's slot table, when the device chooses slots
         self._gathered: set[int] = set()  # layers whose misses the gather kernel copies inside the step
         self._graphs: list = []
         self._captured = False  # whether the actions were captured as graphs (the first step runs them eagerly)
@@ -167,12 +168,21 @@ class DecodeSteps:
     def _forget(self) -> None:
         self._actions, self._graphs, self.buf, self._held, self._state = [], [], {}, {}, None
         self._kv_moved, self._gathered, self._captured, self._slots_on_device = [], set(), False, 0
+        self._slot_table = None
 
     def _walk(self, state) -> list[Action]:
         """Device work as ("segment", fn) pieces (merged later between host actions), host work as names."""
         # what the walk finds: caches written at the device position (their lengths move on on the host), layers
         # whose misses the gather kernel copies, how many MoE layers choose their slots on the device
-        self._kv_moved, self._gathered, self._slots_on_device = [], set(), 0
+        moe = [layer.index for layer in self.model.layers if hasattr(layer.mlp, "route")]
+        self._kv_moved, self._slots_on_device = [], 0
+        self._gathered = {index for index in moe if self.executor.copies_by_kernel(index)}
+        # The device chooses slots only for all MoE layers or none: its table and the host's bookkeeping cannot
+        # both be the truth within a step (a pageable layer keeps the host's copies, and so the host's choice)
+        table = self.executor.cache.hand_to_device() if moe and not self.with_cpu_share \
+            and len(self._gathered) == len(moe) else None
+        self._slot_table = table if table is not None and (
+            self._stream is None or kernels.assign_slots_capturable(table["keys"])) else None
         actions: list[Action] = [("segment", lambda: self.buf.__setitem__("x", self.embedding))]
         for layer, layer_state in zip(self.model.layers, state.layers):
             actions += self._mixer_actions(layer, layer_state)
@@ -209,12 +219,9 @@ class DecodeSteps:
                 buf["x"] = buf["h"] + mlp(layer.post_attention_norm(buf["h"]))
             return [("segment", dense)]
 
-        gather = not self.use_graphs or self.executor.copies_in_graph(layer.index)
-        if gather:
-            self._gathered.add(layer.index)
-        cache = self.executor.cache
-        table = cache.hand_to_device() if gather and not self.with_cpu_share else None
-        on_device = table is not None and (not self.use_graphs or kernels.assign_slots_capturable(table["keys"]))
+        gather = layer.index in self._gathered
+        cache, table = self.executor.cache, self._slot_table
+        on_device = table is not None
         self._slots_on_device += on_device
 
         def route():
