@@ -7,6 +7,17 @@ import engine
 from engine.errors import ContextOverflowError
 from engine.runtime.decode_graphs import DecodeSteps, _merge
 
+def _step_alongside(plain, steps, states, token: int, count: int) -> int:
+    """`count` greedy steps of the plain forward and of `steps` side by side, their logits equal each time."""
+    for _ in range(count):
+        expected = plain.forward([token], states[0])
+        got = steps.step(token, states[1])
+        assert torch.allclose(got, expected, rtol=0, atol=1e-5 * float(expected.abs().max()))
+        assert states[1].position == states[0].position
+        token = int(expected.argmax())
+    return token
+
+
 LAYOUTS = [("qwen3_5_moe", "nvfp4", False), ("qwen3_5_moe", "bf16", True), ("qwen3_moe", "fp8_block", False)]
 
 
@@ -22,16 +33,10 @@ def test_segmented_steps_equal_the_plain_forward(tiny_checkpoint, layout, layers
     states = plain.new_state(kv_tokens), segmented.new_state(kv_tokens)
     plain.forward(prompt, states[0])
     segmented.forward(prompt, states[1])
-    token = 7
-    for _ in range(6):
-        expected = plain.forward([token], states[0])
-        got = steps.step(token, states[1])
-        assert torch.allclose(got, expected, rtol=0, atol=1e-5 * float(expected.abs().max()))
-        assert states[1].position == states[0].position
-        token = int(expected.argmax())
-        if _ == 3:  # a prompt chunk between steps: the host takes the slot table back, then hands it over again
-            plain.forward(prompt[:5], states[0])
-            segmented.forward(prompt[:5], states[1])
+    token = _step_alongside(plain, steps, states, 7, 4)
+    plain.forward(prompt[:5], states[0])  # a prompt chunk between steps: the host takes the slot table back,
+    segmented.forward(prompt[:5], states[1])  # then the next step hands it over again
+    _step_alongside(plain, steps, states, token, 2)
     for mine, theirs in zip(states[1].layers, states[0].layers):  # KV caches and recurrent states alike
         if hasattr(mine, "keys"):
             assert mine.length == theirs.length
@@ -113,12 +118,7 @@ def test_misses_computed_on_the_cpu_give_the_same_step(tiny_checkpoint, backend)
     plain.forward(prompt, states[0])
     split.forward(prompt, states[1])
     before = executor.stats()
-    token = 4
-    for _ in range(5):
-        expected = plain.forward([token], states[0])
-        got = steps.step(token, states[1])
-        assert torch.allclose(got, expected, rtol=0, atol=1e-5 * float(expected.abs().max()))
-        token = int(expected.argmax())
+    token = _step_alongside(plain, steps, states, 4, 5)
     stats = executor.stats()
     assert stats["expert_backend"] == backend and stats["cpu_expert_calls"] > 0
     copied = stats["expert_bytes_copied"] - before["expert_bytes_copied"]
@@ -127,11 +127,7 @@ def test_misses_computed_on_the_cpu_give_the_same_step(tiny_checkpoint, backend)
     else:
         assert copied > 0 and 0 < stats["cpu_expert_share"] < 1
     executor.backend = "offload"  # switched at run time (the benchmark does): the steps are remade without a share
-    for _ in range(2):
-        expected = plain.forward([token], states[0])
-        got = steps.step(token, states[1])
-        assert torch.allclose(got, expected, rtol=0, atol=1e-5 * float(expected.abs().max()))
-        token = int(expected.argmax())
+    _step_alongside(plain, steps, states, token, 2)
     assert not steps.with_cpu_share and executor.stats()["cpu_expert_calls"] == stats["cpu_expert_calls"]
 
 
@@ -148,12 +144,7 @@ def test_a_layer_the_host_copies_keeps_every_slot_choice_on_the_host(tiny_checkp
     prompt = torch.randint(2, 320, (9,), generator=torch.Generator().manual_seed(3))
     plain.forward(prompt, states[0])
     mixed.forward(prompt, states[1])
-    token = 5
-    for _ in range(4):
-        expected = plain.forward([token], states[0])
-        got = steps.step(token, states[1])
-        assert torch.allclose(got, expected, rtol=0, atol=1e-5 * float(expected.abs().max()))
-        token = int(expected.argmax())
+    _step_alongside(plain, steps, states, 5, 4)
     kinds = [kind for kind, _ in steps._actions]
     assert steps._slots_on_device == 0 and kinds.count("fetch") == mixed.config.num_hidden_layers
     assert first_moe not in steps._gathered and len(steps._gathered) == mixed.config.num_hidden_layers - 1

@@ -47,12 +47,7 @@ def main() -> None:
           f"outside the allocator {(after[1] - before[1]) / 2**20:.1f} MiB")
     for _ in range(4):
         token = int(model.forward([token], state).argmax())
-    torch.cuda.synchronize()
-    started = time.perf_counter()
-    for _ in range(STEPS):
-        token = int(model.forward([token], state).argmax())
-    torch.cuda.synchronize()
-    step = (time.perf_counter() - started) / STEPS
+    step, token = timed_steps(model, state, token)
     print(f"decode step {step * 1e3:.2f} ms, {1 / step:.1f} tok/s", flush=True)
     with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as profiled:
         for _ in range(4):
@@ -66,6 +61,16 @@ def main() -> None:
     print(f"GPU busy per step {busy / 1e3:.2f} ms, of which copies {copies / 1e3:.2f} ms")
     host_breakdown(model, state, token)
     print(measured_peak())
+
+
+def timed_steps(model, state, token: int) -> tuple[float, int]:
+    """Seconds per decode step over STEPS greedy steps, and the last token."""
+    torch.cuda.synchronize()
+    started = time.perf_counter()
+    for _ in range(STEPS):
+        token = int(model.forward([token], state).argmax())
+    torch.cuda.synchronize()
+    return (time.perf_counter() - started) / STEPS, token
 
 
 class _Timed:
@@ -92,12 +97,7 @@ def host_breakdown(model, state, token: int) -> None:
     steps.executor.fetch_for_step = _Timed(steps.executor.fetch_for_step, totals, "fetch_for_step")
     for graph in steps._graphs:
         graph.replay = _Timed(graph.replay, totals, "graph replays")
-    torch.cuda.synchronize()
-    started = time.perf_counter()
-    for _ in range(STEPS):
-        token = int(model.forward([token], state).argmax())
-    torch.cuda.synchronize()
-    step = (time.perf_counter() - started) / STEPS
+    step, token = timed_steps(model, state, token)
     print(f"host breakdown, step {step * 1e3:.2f} ms:")
     for name, total in totals.items():
         print(f"  {name:26s} {total / STEPS * 1e3:7.2f} ms")
