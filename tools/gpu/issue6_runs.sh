@@ -8,7 +8,7 @@ OUT=${OUT:-gpu-results}
 mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | tee "$OUT/gpu.txt"
-timeout 200 python3 -m pytest -q -p no:cacheprovider --durations=5 gpu_tests > "$OUT/gpu_tests.txt" 2>&1
+timeout 300 python3 -m pytest -q -p no:cacheprovider --durations=5 gpu_tests tests/test_triton_*.py > "$OUT/gpu_tests.txt" 2>&1
 echo "gpu_tests rc=$?"; tail -15 "$OUT/gpu_tests.txt"
 timeout 150 python3 tools/gpu/decode_profile.py > "$OUT/decode_profile.txt" 2>&1
 echo "decode profile rc=$?"; grep -E "graph|decode step|GPU busy" "$OUT/decode_profile.txt"
