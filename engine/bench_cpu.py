@@ -39,7 +39,7 @@ def dram_read_bandwidth(threads: int, nbytes: int | None = None, repeats: int | 
     _need_numba()
     nbytes, repeats = nbytes or DRAM_PROBE_BYTES, repeats or REPEATS
     words = np.ones(nbytes // 8, dtype=np.uint64)  # written once, so every page is really there
-    cpu_experts.numba.set_num_threads(threads)
+    cpu_experts.numba_threads(threads)
     _read_all(words)
     return nbytes / min(_timed(_read_all, words) for _ in range(repeats))
 

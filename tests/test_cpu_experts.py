@@ -229,3 +229,24 @@ def test_kernels_are_compiled_for_512_bit_vectors_where_the_cpu_has_them():
     features = cpu_experts.numba.config.CPU_FEATURES
     assert features.endswith(",-prefer-256-bit") and "+64bit" in features
     assert bench_cpu.compiled_for()["prefer_512_bit"]
+
+
+@pytest.mark.skipif(cpu_experts.numba is None, reason="numba is what the thread settings are for")
+def test_a_call_asks_the_system_for_cores_once_and_numba_for_threads_only_on_change(monkeypatch):
+    """Asking psutil for the physical cores on every call cost 150 us, and numba.set_num_threads 19 us, on a call
+    that should cost little more than its experts (hybrid decode makes one a layer)."""
+    psutil = pytest.importorskip("psutil")
+    asked, set_to = [], []
+    monkeypatch.setattr(psutil, "cpu_count", lambda logical=True: asked.append(logical) or 2)
+    monkeypatch.setattr(cpu_experts.numba, "set_num_threads", set_to.append)
+    monkeypatch.setattr(cpu_experts._launching, "threads", None, raising=False)
+    cpu_experts.default_threads.cache_clear()
+    monkeypatch.setattr(cpu_experts, "_threads", None)
+    try:
+        assert [cpu_experts.threads() for _ in range(3)] == [min(2, cpu_experts.numba.config.NUMBA_NUM_THREADS)] * 3
+        assert asked == [False]
+        for n in (1, 1, 2, 2, 1):
+            cpu_experts.numba_threads(n)
+        assert set_to == [1, 2, 1]
+    finally:
+        cpu_experts.default_threads.cache_clear()

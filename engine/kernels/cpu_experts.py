@@ -17,6 +17,7 @@ PyTorch version with the same interface computes the same numbers, slower.
 
 from __future__ import annotations
 
+import functools
 import os
 import platform
 import threading
@@ -63,10 +64,13 @@ META_FIELDS = 14
 
 _threads: int | None = None
 _launch = threading.Lock()  # numba's default thread pool takes one parallel launch at a time
+_launching = threading.local()  # the thread count numba was last given on this calling thread
 
 
+@functools.cache
 def default_threads() -> int:
-    """Physical cores (hyper-threads share one core's vector units), within numba's pool."""
+    """Physical cores (hyper-threads share one core's vector units), within numba's pool. Asked once: psutil
+    reads the CPU topology from the system each time (150 us, once per expert call before it was cached)."""
     try:
         import psutil
         cores = psutil.cpu_count(logical=False)
@@ -88,6 +92,14 @@ def set_threads(n: int | None) -> None:
 
 def threads() -> int:
     return _threads or default_threads()
+
+
+def numba_threads(n: int) -> None:
+    """Give numba's pool `n` threads for launches from this thread (numba keeps it per calling thread); a call
+    costs 19 us, so only when it changes. Code that launches numba kernels sets threads through here."""
+    if getattr(_launching, "threads", None) != n:
+        numba.set_num_threads(n)
+        _launching.threads = n
 
 
 class CpuExpertKernel:
@@ -117,7 +129,7 @@ class CpuExpertKernel:
             return self._run_torch(records, x, ids, weights, chosen)
         out = np.zeros((x.shape[0], self.hidden), dtype=np.float32)
         with _launch:
-            numba.set_num_threads(threads())  # per calling thread in numba: set where the launch happens
+            numba_threads(threads())
             _experts(records.contiguous().numpy(), self._meta, x.numpy(), ids.numpy(), weights.numpy(),
                      chosen.numpy(), out)
         return torch.from_numpy(out)
