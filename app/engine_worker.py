@@ -123,8 +123,10 @@ class EngineWorker(QObject):
             return
         chosen = " (chosen by auto)" if requested == "auto" else ""
         measured = stats.get("calibration")
-        bandwidths = (f"; measured PCIe {measured['pcie_bytes_per_s'] / 1e9:.1f} GB/s, CPU "
-                      f"{measured['cpu_bytes_per_s'] / 1e9:.1f} GB/s with {measured['cpu_threads']} threads"
+        pageable = measured.get("pageable_bytes_per_s") if measured else None
+        bandwidths = (f"; measured PCIe {measured['pcie_bytes_per_s'] / 1e9:.1f} GB/s"
+                      + (f" ({pageable / 1e9:.1f} GB/s from unpinned RAM)" if pageable else "")
+                      + f", CPU {measured['cpu_bytes_per_s'] / 1e9:.1f} GB/s with {measured['cpu_threads']} threads"
                       if measured else "")
         self.log.emit("info", f"expert backend: {stats['expert_backend']}{chosen}{bandwidths}")
 

@@ -86,12 +86,13 @@ def test_a_gpu_backend_that_does_not_fit_is_refused_in_words(settings, folder, l
     assert len(seen["loaded"]) == 1 and worker.session is not None
 
 
-def test_the_measured_bandwidths_are_logged_once(settings, folder, loads, monkeypatch):
+@pytest.mark.parametrize("pageable, said", [(None, ""), (4.1e9, " (4.1 GB/s from unpinned RAM)")])
+def test_the_measured_bandwidths_are_logged_once(settings, folder, loads, monkeypatch, pageable, said):
     load_cached = placement.load_placed
 
     def load_calibrated(*args, **kwargs):  # what a GPU machine's calibration leaves in the executor
         model = load_cached(*args, **kwargs)
-        model.expert_executor.calibration = Calibration(12.5e9, 31.3e9, 2e-5, 8)
+        model.expert_executor.calibration = Calibration(12.5e9, 31.3e9, 2e-5, 8, pageable)
         model.expert_executor.backend = "hybrid"
         return model
 
@@ -99,7 +100,7 @@ def test_the_measured_bandwidths_are_logged_once(settings, folder, loads, monkey
     worker = EngineWorker()
     seen = recorded(worker)
     worker.load(str(folder), load_options(settings))
-    assert backend_lines(seen) == ["expert backend: hybrid (chosen by auto); measured PCIe 12.5 GB/s, "
+    assert backend_lines(seen) == [f"expert backend: hybrid (chosen by auto); measured PCIe 12.5 GB/s{said}, "
                                    "CPU 31.3 GB/s with 8 threads"]
 
 

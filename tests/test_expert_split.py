@@ -86,7 +86,24 @@ def test_calibration_measures_the_cpu_again_when_the_figures_cannot_be_real():
         if len(measured) <= 7:  # the warm-up, then a first attempt on a busy machine: 10 ms whatever the work
             return calls * 0.010
         return calls * (0.001 if per_call == 1 else 0.0008 * 8 + 0.0002)  # then 0.2 ms a call, 0.8 ms an expert
-    calibration = split.calibrate_cpu(47e9, 1_769_472, cpu_seconds)  # one NVFP4 expert of Qwen3.6
+    calibration = split.calibrate_cpu(47e9, 1_769_472, cpu_seconds, 15e9)  # one NVFP4 expert of Qwen3.6
     assert calibration.plausible() and len(measured) == 13
     assert calibration.cpu_bytes_per_s == pytest.approx(1_769_472 / 0.0008)
-    assert calibration.cpu_call_seconds == pytest.approx(0.0002)
+    assert calibration.cpu_call_seconds == pytest.approx(0.0002) and calibration.pageable_bytes_per_s == 15e9
+
+
+def test_misses_of_a_layer_beyond_the_pin_budget_go_more_to_the_cpu():
+    """Unpinned records cross PCIe 3-4x slower (15 against 54 GB/s on the H200 machine), so the split gives the
+    CPU more of such a layer's misses, and auto takes hybrid when some layers are unpinned even where pinned
+    copies alone would not make the CPU worth a call."""
+    calibration = Calibration(50e9, 10e9, 1e-4, 8, 15e9)
+    pinned, pageable = (cpu_share(8, "hybrid", calibration, RECORD, pinned=p) for p in (True, False))
+    assert pageable > pinned
+
+    def finish(k):  # the later of the CPU's call and the unpinned copies of the rest
+        return max((8 - k) * RECORD / 15e9, 1e-4 + k * RECORD / 10e9 if k else 0.0)
+    assert finish(pageable) == pytest.approx(min(finish(k) for k in range(9)))
+    dear_calls = Calibration(50e9, 10e9, 3e-4, 8, 15e9)
+    assert resolve("auto", dear_calls, RECORD) == "offload"
+    assert resolve("auto", dear_calls, RECORD, all_pinned=False) == "hybrid"
+    assert cpu_share(8, "hybrid", Calibration(50e9, 10e9, 1e-4, 8), RECORD, pinned=False) == pinned  # not measured

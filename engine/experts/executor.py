@@ -84,7 +84,8 @@ class CachedExpertExecutor:
                              f"but the cache holds {self.cache.blocks}; choose offload, cpu, hybrid or auto")
         if self.requested_backend in ("auto", "cpu", "hybrid") and self.device.type == "cuda":
             self._prepare_cpu(first.layout)
-        self.backend = resolve(self.requested_backend, self.calibration, first.layout.record_bytes)
+        self.backend = resolve(self.requested_backend, self.calibration, first.layout.record_bytes,
+                               all(packed.pinned for packed in self.packed.values()))
         if self.backend not in ("cpu", "hybrid"):
             self.cpu_kernel = None
 
@@ -170,7 +171,8 @@ class CachedExpertExecutor:
         with `deferred`, their (expert, slot) pairs go there for `gather_misses`. Compute that reads the slots
         must be followed by `cache.release`. A CPU expert's slot is any slot: the step gives its row no weight."""
         misses = [e for e in experts if not self.cache.holds(layer, e)]
-        share = cpu_share(len(misses), self.backend, self.calibration, self.cache.layout.record_bytes)
+        share = cpu_share(len(misses), self.backend, self.calibration, self.cache.layout.record_bytes,
+                          self.packed[layer].pinned)
         on_cpu_experts = set(misses[len(misses) - share:])
         on_gpu = [e for e in experts if e not in on_cpu_experts]
         self.expert_calls += len(on_gpu)

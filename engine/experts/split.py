@@ -30,6 +30,10 @@ class Calibration:
     cpu_bytes_per_s: float  # record bytes the CPU expert kernel gets through, one token per expert
     cpu_call_seconds: float  # what a call costs besides its experts (waking the threads, setting up)
     cpu_threads: int
+    pageable_bytes_per_s: float | None = None  # records beyond the pin budget (None: not measured, as pinned)
+
+    def copy_bytes_per_s(self, pinned: bool) -> float:
+        return self.pcie_bytes_per_s if pinned or not self.pageable_bytes_per_s else self.pageable_bytes_per_s
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -38,18 +42,20 @@ class Calibration:
         """Whether the figures can be real: a busy machine during the measurement can make the CPU's per-expert
         time vanish into the noise (seen on the H200 machine: 1.8e15 B/s and 6.5 ms a call)."""
         return (1e8 <= self.pcie_bytes_per_s <= 1e12 and 1e7 <= self.cpu_bytes_per_s <= 1e12
-                and 0.0 <= self.cpu_call_seconds <= 0.05)
+                and 0.0 <= self.cpu_call_seconds <= 0.05
+                and (self.pageable_bytes_per_s is None or 1e7 <= self.pageable_bytes_per_s <= 1e12))
 
 
-def cpu_share(misses: int, backend: str, calibration: Calibration | None, record_bytes: int) -> int:
-    """How many of a step's `misses` (records of `record_bytes`) the CPU computes: none (offload), all (cpu), or
-    (hybrid) the count that minimises the later of the two finishing times, the copies of the rest and the CPU's
-    call with its experts."""
+def cpu_share(misses: int, backend: str, calibration: Calibration | None, record_bytes: int,
+              pinned: bool = True) -> int:
+    """How many of a step's `misses` (records of `record_bytes`, `pinned` or beyond the pin budget) the CPU
+    computes: none (offload), all (cpu), or (hybrid) the count that minimises the later of the two finishing
+    times, the copies of the rest (at the pinned or the pageable bandwidth) and the CPU's call with its experts."""
     if misses == 0 or backend in ("offload", "gpu"):
         return 0
     if backend == "cpu":
         return misses
-    copy_seconds = record_bytes / calibration.pcie_bytes_per_s
+    copy_seconds = record_bytes / calibration.copy_bytes_per_s(pinned)
     cpu_seconds = record_bytes / calibration.cpu_bytes_per_s
 
     def finish(m: int) -> float:
@@ -58,12 +64,14 @@ def cpu_share(misses: int, backend: str, calibration: Calibration | None, record
     return min(range(misses + 1), key=lambda m: (finish(m), m))
 
 
-def resolve(backend: str, calibration: Calibration | None, record_bytes: int) -> str:
+def resolve(backend: str, calibration: Calibration | None, record_bytes: int, all_pinned: bool = True) -> str:
     """The backend `auto` stands for on this machine: hybrid when the CPU would take some of a token's misses
-    (TOKEN_MISSES of them), else offload; the others are themselves."""
+    (TOKEN_MISSES of them) from a pinned layer, or from a pageable one if some layers are (`all_pinned` False),
+    else offload; the others are themselves."""
     if backend != "auto":
         return backend
-    helps = calibration is not None and cpu_share(TOKEN_MISSES, "hybrid", calibration, record_bytes)
+    helps = calibration is not None and any(cpu_share(TOKEN_MISSES, "hybrid", calibration, record_bytes, pinned)
+                                            for pinned in {True, all_pinned})
     return "hybrid" if helps else "offload"
 
 
@@ -91,10 +99,18 @@ def calibrate(device: torch.device, records: list[torch.Tensor], cpu_seconds) ->
     for record in pinned:
         target.copy_(record, non_blocking=True)
     torch.cuda.synchronize(device)
-    return calibrate_cpu(len(pinned) * record_bytes / (time.perf_counter() - started), record_bytes, cpu_seconds)
+    pcie = len(pinned) * record_bytes / (time.perf_counter() - started)
+    pageable = [r.clone() for r in pinned]  # as records beyond the pin budget lie
+    started = time.perf_counter()
+    for record in pageable:
+        target.copy_(record, non_blocking=True)
+    torch.cuda.synchronize(device)
+    return calibrate_cpu(pcie, record_bytes, cpu_seconds,
+                         len(pageable) * record_bytes / (time.perf_counter() - started))
 
 
-def calibrate_cpu(pcie_bytes_per_s: float, record_bytes: int, cpu_seconds) -> Calibration:
+def calibrate_cpu(pcie_bytes_per_s: float, record_bytes: int, cpu_seconds,
+                  pageable_bytes_per_s: float | None = None) -> Calibration:
     """The CPU's side of the calibration: calls of one expert and of a token's misses, the difference is the
     experts, the rest is the cost of a call. A measurement that cannot be real (the machine was busy) is taken
     again, twice at most."""
@@ -105,7 +121,7 @@ def calibrate_cpu(pcie_bytes_per_s: float, record_bytes: int, cpu_seconds) -> Ca
         full = min(cpu_seconds(4, TOKEN_MISSES) for _ in range(3)) / 4
         per_expert = max((full - single) / (TOKEN_MISSES - 1), 1e-9)
         calibration = Calibration(pcie_bytes_per_s, record_bytes / per_expert, max(single - per_expert, 0.0),
-                                  cpu_experts.threads())
+                                  cpu_experts.threads(), pageable_bytes_per_s)
         if calibration.plausible():
             break
     return calibration
