@@ -1,10 +1,12 @@
-"""The offload/cpu/hybrid split of a decode step's misses, and the per-machine calibration file."""
+"""The offload/cpu/hybrid split of a decode step's misses and of prompt chunks, and the per-machine calibration
+file."""
 import json
 
 import pytest
+import torch
 
 from engine.experts import split
-from engine.experts.split import Calibration, cpu_share, resolve
+from engine.experts.split import Calibration, cpu_faster_for_chunk, cpu_share, resolve
 
 RECORD = 1_000_000  # bytes of one expert record
 
@@ -107,3 +109,32 @@ def test_misses_of_a_layer_beyond_the_pin_budget_go_more_to_the_cpu():
     assert resolve("auto", dear_calls, RECORD) == "offload"
     assert resolve("auto", dear_calls, RECORD, all_pinned=False) == "hybrid"
     assert cpu_share(8, "hybrid", Calibration(50e9, 10e9, 1e-4, 8), RECORD, pinned=False) == pinned  # not measured
+
+
+def test_a_short_chunk_goes_to_the_cpu_when_it_beats_the_copies():
+    calibration = Calibration(10e9, 20e9, 1e-4, 8)  # a narrow link (a laptop's): the CPU is the faster path
+    few = [2, 1, 0, 3]  # tokens per expert of a short chunk
+    assert cpu_faster_for_chunk(calibration, few, RECORD, 3 * RECORD, pinned=True)
+    assert not cpu_faster_for_chunk(calibration, few, RECORD, 0, pinned=True)  # already on the GPU
+    assert not cpu_faster_for_chunk(Calibration(50e9, 5e9, 1e-4, 8), few, RECORD, 3 * RECORD, pinned=True)
+    many = [64] * 4  # a long chunk: the multiply-adds of its tokens outweigh one copy of each expert
+    assert not cpu_faster_for_chunk(calibration, many, RECORD, 4 * RECORD, pinned=True)
+
+
+@pytest.mark.parametrize("cpu_bytes_per_s, on_cpu", [(1e12, True), (1e7, False)])
+def test_prompt_chunks_computed_on_the_cpu_give_the_same_logits(tiny_checkpoint, cpu_bytes_per_s, on_cpu):
+    """cpu and hybrid backends: a chunk whose experts the CPU computes sooner than they would be copied is computed
+    by the CPU expert kernel from the host records, with nothing copied; the logits are the GPU path's."""
+    import engine
+    from engine.kernels.cpu_experts import CpuExpertKernel
+    folder = tiny_checkpoint("qwen3_5_moe", "nvfp4")
+    plain, split_model = engine.load_model(folder, expert_cache_slots=8), engine.load_model(folder, expert_cache_slots=8)
+    executor = split_model.expert_executor
+    executor.cpu_kernel = CpuExpertKernel(executor.cache.layout)  # on a CUDA device prepare() makes these
+    executor.backend, executor.calibration = "hybrid", Calibration(1e9, cpu_bytes_per_s, 0.0, 1)
+    prompt = torch.randint(2, 320, (6,), generator=torch.Generator().manual_seed(8))
+    expected = plain.forward(prompt, plain.new_state(16))
+    got = split_model.forward(prompt, split_model.new_state(16))
+    assert torch.allclose(got, expected, rtol=0, atol=1e-5 * float(expected.abs().max()))
+    stats = executor.stats()
+    assert (stats["cpu_expert_calls"] > 0) == on_cpu and (stats["expert_bytes_copied"] == 0) == on_cpu

@@ -53,6 +53,11 @@ class ExpertCache:
     def nbytes(self) -> int:
         return self.pool.numel()
 
+    def holds_layer(self, layer: int) -> bool:
+        """Whether a block holds every expert of `layer`, so streaming it copies nothing."""
+        self.take_back()
+        return layer in self._block_of_layer
+
     def holds(self, layer: int, expert: int) -> bool:
         self.take_back()
         return (layer, expert) in self._slot_of

@@ -27,8 +27,8 @@ from engine import kernels
 from engine.experts.bank import ExpertBank, run_expert
 from engine.experts.cache import ExpertCache
 from engine.experts.packed import PackedExperts, pack_banks
-from engine.experts.split import (BACKENDS, CALIBRATION_RECORDS, cached_calibration, calibrate, cpu_share, machine_key,
-                                  resolve)
+from engine.experts.split import (BACKENDS, CALIBRATION_RECORDS, cached_calibration, calibrate, cpu_faster_for_chunk,
+                                  cpu_share, machine_key, resolve)
 from engine.kernels.groups import ExpertGroups
 
 
@@ -68,7 +68,7 @@ class CachedExpertExecutor:
         self.packed: dict[int, PackedExperts] = {}
         self._next_layer: dict[int, int] = {}
         self.host_report: dict = {}
-        self.cpu_kernel = None  # decode steps' CPU share (engine/kernels/cpu_experts.py), for cpu and hybrid
+        self.cpu_kernel = None  # the CPU's experts (engine/kernels/cpu_experts.py), for the cpu and hybrid backends
         self.calibration = None
         self.expert_calls = self.cpu_expert_calls = 0
 
@@ -93,8 +93,6 @@ class CachedExpertExecutor:
         from engine.kernels import cpu_experts
         cpu_experts.set_threads(self.cpu_threads)
         self.cpu_kernel = cpu_experts.CpuExpertKernel(layout)
-        if self.requested_backend == "cpu":
-            return
         layers = list(self.packed.values())
         records = [layers[i % len(layers)].records[i // len(layers)] for i in range(CALIBRATION_RECORDS)]
         key = machine_key(self.device, layout.record_bytes, cpu_experts.threads())
@@ -124,6 +122,10 @@ class CachedExpertExecutor:
         for e in experts:
             starts.append(starts[-1] + counts[e])
         streaming = self.cache.blocks > 0 and tokens * top_k >= bank.num_experts
+        if tokens > 1 and self._chunk_on_cpu(layer, counts, experts, streaming):
+            self.expert_calls -= len(experts)
+            self.cpu_expert_calls += len(experts)
+            return self._on_cpu(layer, x, expert_ids, expert_weights)
         # Experts in rounds the cache can hold at once (one round unless the cache is under a layer).
         rounds = []
         for first in range(0, len(experts), self.slots):
@@ -131,6 +133,25 @@ class CachedExpertExecutor:
             rounds.append((first, chosen, None if first else self._slots(layer, chosen, streaming)))
         return _CachedWork(self, layer, x, rows, order, token_of_row, expert_weights, starts, rounds, streaming,
                            bank.intermediate)
+
+    def _chunk_on_cpu(self, layer: int, counts: list[int], experts: list[int], streaming: bool) -> bool:
+        """Whether the CPU computes this prompt chunk's experts of `layer` (cpu and hybrid backends): when its
+        calibrated time beats copying what the GPU lacks, as for a short follow-up message on a narrow link."""
+        if self.backend not in ("cpu", "hybrid") or self.cpu_kernel is None or self.calibration is None:
+            return False
+        record_bytes = self.cache.layout.record_bytes
+        if streaming:
+            copies = 0 if self.cache.holds_layer(layer) else len(counts)
+        else:
+            copies = sum(not self.cache.holds(layer, e) for e in experts)
+        return cpu_faster_for_chunk(self.calibration, counts, record_bytes, copies * record_bytes,
+                                    self.packed[layer].pinned)
+
+    def _on_cpu(self, layer: int, x: torch.Tensor, expert_ids: torch.Tensor, expert_weights: torch.Tensor) -> Ready:
+        """A chunk's routed output computed by the CPU from the host records (exact), sent to x's device."""
+        out = self.cpu_kernel.run(self.packed[layer].records, x.float().cpu(), expert_ids.cpu(),
+                                  expert_weights.float().cpu(), torch.ones(expert_ids.shape, dtype=torch.bool))
+        return Ready(out.to(x.device, x.dtype))
 
     def _slots(self, layer: int, experts: list[int], streaming: bool) -> list[int]:
         """Cache slots holding `experts`, their copies issued on the copy stream."""

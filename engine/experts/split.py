@@ -64,6 +64,20 @@ def cpu_share(misses: int, backend: str, calibration: Calibration | None, record
     return min(range(misses + 1), key=lambda m: (finish(m), m))
 
 
+def cpu_faster_for_chunk(calibration: Calibration, tokens_per_expert: list[int], record_bytes: int,
+                         copy_bytes: int, pinned: bool) -> bool:
+    """Whether the CPU computes a prompt chunk's routed experts of one layer (`tokens_per_expert`: the tokens of
+    each expert present) sooner than `copy_bytes` cross PCIe to the GPU. The CPU decodes each expert's weights
+    once and multiplies them with its tokens four at a time (engine/kernels/cpu_experts.py): the calibrated
+    time per expert is for one token, and each further token is counted as a quarter of it, a conservative
+    figure (its multiply-adds are an eighth of the decoding's work)."""
+    if copy_bytes == 0:
+        return False  # the experts are on the GPU already
+    per_expert = record_bytes / calibration.cpu_bytes_per_s
+    cpu = calibration.cpu_call_seconds + sum(per_expert * (1 + (n - 1) / 4) for n in tokens_per_expert if n)
+    return cpu < copy_bytes / calibration.copy_bytes_per_s(pinned)
+
+
 def resolve(backend: str, calibration: Calibration | None, record_bytes: int, all_pinned: bool = True) -> str:
     """The backend `auto` stands for on this machine: hybrid when the CPU would take some of a token's misses
     (TOKEN_MISSES of them) from a pinned layer, or from a pageable one if some layers are (`all_pinned` False),
