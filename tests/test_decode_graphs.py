@@ -150,3 +150,27 @@ def test_a_layer_the_host_copies_keeps_every_slot_choice_on_the_host(tiny_checkp
     assert first_moe not in steps._gathered and len(steps._gathered) == mixed.config.num_hidden_layers - 1
     a, b = plain.expert_executor.stats(), mixed.expert_executor.stats()
     assert (a["expert_cache_hits"], a["expert_cache_misses"]) == (b["expert_cache_hits"], b["expert_cache_misses"])
+
+
+def test_the_device_clock_is_renumbered_before_it_runs_out(tiny_checkpoint, monkeypatch):
+    """The device slot table's ages are int32 ticks, one per lookup; long decoding with no prompt between would
+    run them out, so the table goes back to the host and returns with its ages renumbered, changing nothing."""
+    from engine.experts import cache as cache_module
+    folder = tiny_checkpoint("qwen3_5_moe", "nvfp4")
+    plain, segmented = engine.load_model(folder, expert_cache_slots=8), engine.load_model(folder, expert_cache_slots=8)
+    steps = DecodeSteps(segmented, use_graphs=False)
+    states = plain.new_state(40), segmented.new_state(40)
+    prompt = torch.randint(2, 320, (7,), generator=torch.Generator().manual_seed(4))
+    plain.forward(prompt, states[0])
+    segmented.forward(prompt, states[1])
+    cache = segmented.expert_executor.cache
+    step_lookups = segmented.config.num_hidden_layers * segmented.config.num_experts_per_tok
+    monkeypatch.setattr(cache_module, "DEVICE_TICKS", cache.slots + 3 * step_lookups)  # room for three steps
+    returns = []
+    take_back = cache.take_back
+    monkeypatch.setattr(cache, "take_back", lambda: returns.append(cache._device_owned) or take_back())
+    _step_alongside(plain, steps, states, 6, 7)
+    assert sum(returns) == 2  # after steps 3 and 6
+    assert int(cache._device_table["clock"]) < cache.slots + 3 * step_lookups
+    a, b = plain.expert_executor.stats(), segmented.expert_executor.stats()
+    assert (a["expert_cache_hits"], a["expert_cache_misses"]) == (b["expert_cache_hits"], b["expert_cache_misses"])

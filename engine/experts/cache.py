@@ -24,6 +24,9 @@ import torch
 from engine.experts.packed import PackedExperts, RecordLayout
 
 
+DEVICE_TICKS = 2**31 - 2**20  # the device table's int32 clock, with a margin
+
+
 class ExpertCache:
     def __init__(self, device: torch.device | str, slots: int, layout: RecordLayout, experts_per_layer: int):
         if slots < 1:
@@ -48,6 +51,7 @@ class ExpertCache:
         self._device_table: dict[str, torch.Tensor] | None = None  # the slot table decode steps update on the device
         self._device_owned = False  # while True, the device table is the truth and the host's bookkeeping stale
         self._handed_at = -1  # the device table's clock when the host handed it over
+        self._ticks_left = 0  # lookups the device's clock can still count
 
     @property
     def nbytes(self) -> int:
@@ -159,9 +163,14 @@ class ExpertCache:
 
     # ---- the slot table on the device: decode steps that choose slots inside their graphs ----------
 
-    def hand_to_device(self) -> dict[str, torch.Tensor]:
+    def hand_to_device(self, lookups: int = 0) -> dict[str, torch.Tensor]:
         """The slot table for kernels.assign_slots (keys, ages, clock, counts: device tensors, the same ones every
-        time), filled from the host's bookkeeping when the host held it. Host lookups take it back first."""
+        time), filled from the host's bookkeeping when the host held it, for `lookups` more lookups (a step's).
+        Host lookups take it back first. The device's clock is int32: before it could run out (a long stretch of
+        decoding with no prompt in between), the table goes back and forth once, which renumbers the ages."""
+        if self._device_owned and self._ticks_left < lookups:
+            self.take_back()
+        self._ticks_left -= lookups
         if self._device_table is None:
             self._device_table = {
                 "keys": torch.full((self.slots,), -1, dtype=torch.int32, device=self.device),
@@ -179,6 +188,7 @@ class ExpertCache:
             table["clock"].fill_(len(self._slot_of) - 1)
             table["counts"].zero_()
             self._handed_at = len(self._slot_of) - 1  # ticks after it are the device's touches
+            self._ticks_left = DEVICE_TICKS - len(self._slot_of) - lookups
             self._device_owned = True
         return self._device_table
 

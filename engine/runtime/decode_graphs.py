@@ -105,7 +105,7 @@ class DecodeSteps:
         if self._state is None or self._state() is not state or self._captured != capture:
             self._prepare(state, capture)
         if self._slots_on_device:  # the device's slot table is the truth again (the host may have used the cache)
-            self.executor.cache.hand_to_device()
+            self.executor.cache.hand_to_device(self._slots_on_device * len(self.slots))
             self.executor.expert_calls += self._slots_on_device * len(self.slots)
         self.positions.fill_(state.position)
         if self._embedding_sent is not None:
