@@ -91,6 +91,37 @@ def test_decode_with_the_cpu_computing_misses_matches_the_cpu_reference(tiny_che
     assert stats["expert_backend"] == backend and stats["cpu_expert_calls"] > 0 and model.decode_steps._graphs
 
 
+@pytest.mark.parametrize("kernel_works", [True, False])
+def test_decode_copies_by_kernel_or_by_the_host_as_the_load_time_probe_found(tiny_checkpoint, monkeypatch,
+                                                                             kernel_works):
+    """The gather kernel is tried once at load; if this machine's Triton refused pinned host memory, a warning says
+    so, the host copies the misses, and decode still equals the CPU reference."""
+    from engine import kernels
+    if not kernel_works:
+        def refuse(*args):
+            raise ValueError("Pointer argument (at 0) cannot be accessed from Triton (cpu tensor?)")
+        monkeypatch.setattr(kernels, "gather_records", refuse)
+    folder = tiny_checkpoint("qwen3_5_moe", "nvfp4", False)
+    if kernel_works:
+        model = engine.load_model(folder, device="cuda", expert_cache_slots=8, expert_backend="offload")
+    else:
+        with pytest.warns(RuntimeWarning, match="copies experts from the host"):
+            model = engine.load_model(folder, device="cuda", expert_cache_slots=8, expert_backend="offload")
+    executor = model.expert_executor
+    assert executor.copies_by_kernel(next(iter(executor.packed))) == kernel_works
+    cpu_model = engine.load_model(folder)
+    ids = torch.randint(2, 320, (12,), generator=torch.Generator().manual_seed(2))
+    state, cpu_state = model.new_state(40), cpu_model.new_state(40)
+    model.forward(ids, state)
+    cpu_model.forward(ids, cpu_state)
+    token = 3
+    for _ in range(6):
+        got, expected = model.forward([token], state), cpu_model.forward([token], cpu_state)
+        assert relative_error(got, expected) <= FP32_TOLERANCE
+        token = int(expected.argmax())
+    assert model.decode_steps._graphs and (model.decode_steps._slots_on_device > 0) == kernel_works
+
+
 def test_expert_formats_without_a_slot_kernel_decode_without_graphs(tiny_checkpoint):
     """FP8-block experts have no Triton kernel that reads its slots on the device: no capture is tried."""
     model = engine.load_model(tiny_checkpoint("qwen3_moe", "fp8_block", False), device="cuda", expert_cache_slots=8)

@@ -18,6 +18,7 @@ layer runs its shared expert in between, so that work hides the transfers.
 from __future__ import annotations
 
 import time
+import warnings
 from dataclasses import dataclass
 
 import torch
@@ -70,6 +71,7 @@ class CachedExpertExecutor:
         self.host_report: dict = {}
         self.cpu_kernel = None  # the CPU's experts (engine/kernels/cpu_experts.py), for the cpu and hybrid backends
         self.calibration = None
+        self._gather_works = False  # a decode step's misses copied by the gather kernel (probed in prepare)
         self.expert_calls = self.cpu_expert_calls = 0
 
     def prepare(self, banks: dict[int, ExpertBank]) -> None:
@@ -82,6 +84,7 @@ class CachedExpertExecutor:
         if self.requested_backend == "gpu" and self.cache.blocks < len(layers):
             raise ValueError(f"the gpu expert backend keeps every expert in VRAM: {len(layers)} layers of slots, "
                              f"but the cache holds {self.cache.blocks}; choose offload, cpu, hybrid or auto")
+        self._gather_works = self.device.type == "cuda" and self._probe_gather()
         if self.requested_backend in ("auto", "cpu", "hybrid") and self.device.type == "cuda":
             self._prepare_cpu(first.layout)
         self.backend = resolve(self.requested_backend, self.calibration, first.layout.record_bytes,
@@ -179,7 +182,23 @@ class CachedExpertExecutor:
         the reference gather is as good as host copies."""
         if self.device.type != "cuda":
             return True
-        return kernels.gather_records_capturable(self.packed[layer].records, self.cache.pool)
+        return self._gather_works and kernels.gather_records_capturable(self.packed[layer].records, self.cache.pool)
+
+    def _probe_gather(self) -> bool:
+        """Whether the gather kernel copies a pinned record right on this machine (its Triton must accept pinned
+        host memory as a kernel argument), tried once while the cache is still empty; if not, the host copies."""
+        packed = next((p for p in self.packed.values() if p.pinned), None)
+        if packed is None or not kernels.gather_records_capturable(packed.records, self.cache.pool):
+            return False
+        table = torch.tensor([[0, 0]], dtype=torch.int32, device=self.device)
+        try:
+            kernels.gather_records(packed.records, self.cache.pool, table)
+            works = torch.equal(self.cache.pool[0].cpu(), packed.records[0])
+        except Exception as error:  # a Triton that refuses host memory: the host's copies still work
+            warnings.warn(f"decode copies experts from the host, slower: the copy kernel failed ({type(error).__name__}: "
+                          f"{error})", RuntimeWarning, stacklevel=2)
+            return False
+        return works
 
     def gather_misses(self, layer: int, table: torch.Tensor) -> None:
         """The copies `fetch_for_step` deferred, from a device table [top_k, 2] of (expert or -1, slot)."""
