@@ -1,24 +1,41 @@
 #!/bin/bash
-# Every GPU measurement docs/BENCHMARKS.md reports for the GPU runtime and the expert backends, in one batch (the
-# device time is scarce): the GPU tests, the decode profile, the CPU expert kernel's scaling, then the full-size
-# benchmark at each preset under its cap with every expert backend, and the transformers + accelerate row last.
-# Run from the repository root on a CUDA machine; results go to $OUT (default ./gpu-results).
+# Every GPU measurement docs/BENCHMARKS.md reports for the GPU runtime and the expert backends, in parts that each
+# fit one 10-minute device call (the device time is scarce):
+#   tests   the GPU tests and the Triton kernel tests on CUDA, then the decode profile (about 4 minutes)
+#   4gb     the CPU expert kernel's scaling, then 4gb at 4,096 and 16,896 tokens with every backend (about 6)
+#   presets 8gb and 12gb at 4,096 tokens with every backend (about 4)
+#   hf      the transformers + accelerate row (builds the bf16 model: 70 GB of host RAM)
+# Run from the repository root on a CUDA machine, e.g. `bash tools/gpu/issue6_runs.sh tests 4gb`; results go to
+# $OUT (default ./gpu-results).
 set -u
 OUT=${OUT:-gpu-results}
 mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | tee "$OUT/gpu.txt"
-timeout 300 python3 -m pytest -q -p no:cacheprovider --durations=5 gpu_tests tests/test_triton_*.py > "$OUT/gpu_tests.txt" 2>&1
-echo "gpu_tests rc=$?"; tail -15 "$OUT/gpu_tests.txt"
-timeout 150 python3 tools/gpu/decode_profile.py > "$OUT/decode_profile.txt" 2>&1
-echo "decode profile rc=$?"; grep -E "graph|decode step|GPU busy" "$OUT/decode_profile.txt"
-timeout 150 python3 -m engine bench --cpu-experts --threads 1,4,8,16 | tee "$OUT/cpu_experts.txt"
+
 bench() {  # preset, prompt lengths, time limit, extra options
     timeout "$3" python3 -m engine bench --synthetic qwen3.6-35b-a3b-nvfp4 --preset "$1" --prompt-tokens "$2" \
-        --decode-tokens 32 --expert-backends offload,cpu,hybrid ${4:-} --json > "$OUT/bench_$1.json" 2> "$OUT/bench_$1.err"
+        --decode-tokens 32 ${4:---expert-backends offload,cpu,hybrid} --json > "$OUT/bench_$1.json" 2> "$OUT/bench_$1.err"
     echo "bench $1 rc=$?"; grep '^bench' "$OUT/bench_$1.err" | cut -c1-400
 }
-bench 4gb 4096,16896 200
-bench 8gb 4096 100
-bench 12gb 4096,32768 150
-bench 4gb 128 300 --hf-baseline  # the baseline builds the bf16 model (70 GB of host RAM) after ours
+
+for part in "$@"; do
+    case "$part" in
+        tests)
+            timeout 300 python3 -m pytest -q -p no:cacheprovider --durations=5 gpu_tests tests/test_triton_*.py \
+                > "$OUT/gpu_tests.txt" 2>&1
+            echo "gpu_tests rc=$?"; tail -15 "$OUT/gpu_tests.txt"
+            timeout 150 python3 tools/gpu/decode_profile.py > "$OUT/decode_profile.txt" 2>&1
+            echo "decode profile rc=$?"; grep -E "graph|decode step|GPU busy|  [a-z]" "$OUT/decode_profile.txt" ;;
+        4gb)
+            timeout 150 python3 -m engine bench --cpu-experts --threads 1,4,8,16 | tee "$OUT/cpu_experts.txt"
+            bench 4gb 4096,16896 330 ;;
+        presets)
+            bench 8gb 4096 120
+            bench 12gb 4096 120 ;;
+        hf)
+            bench 4gb 128 540 "--expert-backends offload --hf-baseline" ;;
+        *)
+            echo "unknown part $part: tests, 4gb, presets or hf"; exit 2 ;;
+    esac
+done
