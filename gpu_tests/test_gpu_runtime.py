@@ -69,6 +69,21 @@ def test_gpu_greedy_tokens_equal_the_cpu_reference_in_float32(tiny_checkpoint, l
     assert tokens["cuda"] == tokens["cpu"]
 
 
+def decode_matches_the_cpu(model, cpu_model, prompt_tokens: int, steps: int, seed: int) -> None:
+    """A random prompt, then greedy steps on the GPU model and the CPU reference side by side, logits within
+    FP32_TOLERANCE each step."""
+    ids = torch.randint(2, 320, (prompt_tokens,), generator=torch.Generator().manual_seed(seed))
+    room = prompt_tokens + steps + 8
+    state, cpu_state = model.new_state(room), cpu_model.new_state(room)
+    model.forward(ids, state)
+    cpu_model.forward(ids, cpu_state)
+    token = 5
+    for _ in range(steps):
+        got, expected = model.forward([token], state), cpu_model.forward([token], cpu_state)
+        assert relative_error(got, expected) <= FP32_TOLERANCE
+        token = int(expected.argmax())
+
+
 @pytest.mark.parametrize("backend", ["cpu", "hybrid"])
 def test_decode_with_the_cpu_computing_misses_matches_the_cpu_reference(tiny_checkpoint, backend):
     """The cpu and hybrid expert backends inside captured decode graphs: the CPU's share goes up as one row."""
@@ -78,15 +93,7 @@ def test_decode_with_the_cpu_computing_misses_matches_the_cpu_reference(tiny_che
     if backend == "hybrid":  # whatever this machine measured, give the CPU half of each step's misses
         from engine.experts.split import Calibration
         model.expert_executor.calibration = Calibration(1e9, 1e9, 0.0, 1)
-    ids = torch.randint(2, 320, (30,), generator=torch.Generator().manual_seed(9))
-    state, cpu_state = model.new_state(80), cpu_model.new_state(80)
-    model.forward(ids, state)
-    cpu_model.forward(ids, cpu_state)
-    token = 5
-    for _ in range(12):
-        got, expected = model.forward([token], state), cpu_model.forward([token], cpu_state)
-        assert relative_error(got, expected) <= FP32_TOLERANCE
-        token = int(expected.argmax())
+    decode_matches_the_cpu(model, cpu_model, prompt_tokens=30, steps=12, seed=9)
     stats = model.expert_executor.stats()
     assert stats["expert_backend"] == backend and stats["cpu_expert_calls"] > 0 and model.decode_steps._graphs
 
@@ -110,15 +117,7 @@ def test_decode_copies_by_kernel_or_by_the_host_as_the_load_time_probe_found(tin
     executor = model.expert_executor
     assert executor.copies_by_kernel(next(iter(executor.packed))) == kernel_works
     cpu_model = engine.load_model(folder)
-    ids = torch.randint(2, 320, (12,), generator=torch.Generator().manual_seed(2))
-    state, cpu_state = model.new_state(40), cpu_model.new_state(40)
-    model.forward(ids, state)
-    cpu_model.forward(ids, cpu_state)
-    token = 3
-    for _ in range(6):
-        got, expected = model.forward([token], state), cpu_model.forward([token], cpu_state)
-        assert relative_error(got, expected) <= FP32_TOLERANCE
-        token = int(expected.argmax())
+    decode_matches_the_cpu(model, cpu_model, prompt_tokens=12, steps=6, seed=2)
     assert model.decode_steps._graphs and (model.decode_steps._slots_on_device > 0) == kernel_works
 
 
