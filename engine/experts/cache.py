@@ -83,20 +83,16 @@ class ExpertCache:
         self.hits += len(found)
         misses = [e for e in experts if e not in found]
         self.misses += len(misses)
-        if misses and deferred is not None:
-            for expert in misses:
-                slot = self._take_slot()
-                self._assign(slot, (layer, expert))
-                found[expert] = slot
-                deferred.append((expert, slot))
+        for expert in misses:
+            found[expert] = self._take_slot()
+            self._assign(found[expert], (layer, expert))
+        if deferred is not None:
+            deferred.extend((expert, found[expert]) for expert in misses)
             self.bytes_copied += len(misses) * self.layout.record_bytes
         elif misses:
             with self._copying(packed.pinned) as copy:
-                for expert in misses:  # each copy leaves as soon as its slot is known: the link idles less
-                    slot = self._take_slot()
-                    self._assign(slot, (layer, expert))
-                    found[expert] = slot
-                    copy(self._slot_rows[slot], packed.rows[expert], self._block(slot))
+                for expert in misses:
+                    copy(self._slot_rows[found[expert]], packed.rows[expert], self._block(found[expert]))
         return [found[e] for e in experts]
 
     def stream_layer(self, layer: int, packed: PackedExperts, count_as_lookups: bool = True) -> int:

@@ -115,20 +115,19 @@ class CachedExpertExecutor:
     def start(self, bank: ExpertBank, layer: int, x, expert_ids, expert_weights) -> _CachedWork:
         tokens, top_k = expert_ids.shape
         flat = expert_ids.reshape(-1)
-        order = torch.argsort(flat, stable=True)  # assignments sorted by expert
         counts = torch.bincount(flat, minlength=bank.num_experts).tolist()  # the one host sync of a layer
         experts = [e for e, n in enumerate(counts) if n]
+        streaming = self.cache.blocks > 0 and tokens * top_k >= bank.num_experts
+        if tokens > 1 and self._chunk_on_cpu(layer, counts, experts, streaming):
+            self.cpu_expert_calls += len(experts)
+            return self._on_cpu(layer, x, expert_ids, expert_weights)
         self.expert_calls += len(experts)
+        order = torch.argsort(flat, stable=True)  # assignments sorted by expert
         token_of_row = order // top_k
         rows = x[token_of_row]
         starts = [0]
         for e in experts:
             starts.append(starts[-1] + counts[e])
-        streaming = self.cache.blocks > 0 and tokens * top_k >= bank.num_experts
-        if tokens > 1 and self._chunk_on_cpu(layer, counts, experts, streaming):
-            self.expert_calls -= len(experts)
-            self.cpu_expert_calls += len(experts)
-            return self._on_cpu(layer, x, expert_ids, expert_weights)
         # Experts in rounds the cache can hold at once (one round unless the cache is under a layer).
         rounds = []
         for first in range(0, len(experts), self.slots):

@@ -12,7 +12,6 @@ asynchronous copies, and pageable beyond it; how many bytes went each way is rep
 from __future__ import annotations
 
 import functools
-
 import os
 import sys
 from dataclasses import dataclass

@@ -108,19 +108,16 @@ def calibrate(device: torch.device, records: list[torch.Tensor], cpu_seconds) ->
     target = torch.empty(record_bytes, dtype=torch.uint8, device=device)
     pinned = [r if r.is_pinned() else r.pin_memory() for r in records[:CALIBRATION_RECORDS]]
     target.copy_(pinned[0], non_blocking=True)  # first touch
-    torch.cuda.synchronize(device)
-    started = time.perf_counter()
-    for record in pinned:
-        target.copy_(record, non_blocking=True)
-    torch.cuda.synchronize(device)
-    pcie = len(pinned) * record_bytes / (time.perf_counter() - started)
     pageable = [r.clone() for r in pinned]  # as records beyond the pin budget lie
-    started = time.perf_counter()
-    for record in pageable:
-        target.copy_(record, non_blocking=True)
-    torch.cuda.synchronize(device)
-    return calibrate_cpu(pcie, record_bytes, cpu_seconds,
-                         len(pageable) * record_bytes / (time.perf_counter() - started))
+
+    def copy_rate(sources: list[torch.Tensor]) -> float:
+        torch.cuda.synchronize(device)
+        started = time.perf_counter()
+        for record in sources:
+            target.copy_(record, non_blocking=True)
+        torch.cuda.synchronize(device)
+        return len(sources) * record_bytes / (time.perf_counter() - started)
+    return calibrate_cpu(copy_rate(pinned), record_bytes, cpu_seconds, copy_rate(pageable))
 
 
 def calibrate_cpu(pcie_bytes_per_s: float, record_bytes: int, cpu_seconds,

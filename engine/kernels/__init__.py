@@ -23,6 +23,13 @@ def _kernel(op: str, tensor):
     return _BY_DEVICE.get(tensor.device.type, {}).get(op) or getattr(reference, op)
 
 
+def _capturable(op: str, device, *args) -> bool:
+    """Whether `op` on `device` takes `args` without reading tensors on the host, so a CUDA graph can capture it:
+    the device's `<op>_capturable` check says so (the references read them)."""
+    check = _BY_DEVICE.get(torch.device(device).type, {}).get(f"{op}_capturable")
+    return bool(check and check(*args))
+
+
 def linear(x, weight):
     return _kernel("linear", x)(x, weight)
 
@@ -53,8 +60,7 @@ def decode_attention(q, keys, values, position, scale):
 def decode_attention_capturable(q, keys, values) -> bool:
     """Whether decode_attention on q's device runs without reading `position` on the host (the reference
     reads it)."""
-    check = _BY_DEVICE.get(q.device.type, {}).get("decode_attention_capturable")
-    return bool(check and check(q, keys, values))
+    return _capturable("decode_attention", q.device, q, keys, values)
 
 
 def router_topk(logits, top_k, normalise):
@@ -70,8 +76,7 @@ def assign_slots(ids, key_base, keys, ages, clock, slots, table, counts) -> None
 
 def assign_slots_capturable(keys) -> bool:
     """Whether assign_slots runs on the device without the host reading the table (the reference reads it)."""
-    check = _BY_DEVICE.get(keys.device.type, {}).get("assign_slots_capturable")
-    return bool(check and check(keys))
+    return _capturable("assign_slots", keys.device, keys)
 
 
 def gather_records(records, pool, table) -> None:
@@ -82,8 +87,7 @@ def gather_records(records, pool, table) -> None:
 
 def gather_records_capturable(records, pool) -> bool:
     """Whether gather_records into `pool` runs without the host reading the table (the reference reads it)."""
-    check = _BY_DEVICE.get(pool.device.type, {}).get("gather_records_capturable")
-    return bool(check and check(records, pool))
+    return _capturable("gather_records", pool.device, records, pool)
 
 
 def grouped_linear(x, weight, groups):
@@ -101,8 +105,7 @@ def slot_linear(x, weight, slots):
 def slot_linear_capturable(weight, device) -> bool:
     """Whether slot_linear on `device` runs the stacked `weight` without reading its slots on the host, so a
     CUDA graph can capture it (the reference reads them)."""
-    check = _BY_DEVICE.get(torch.device(device).type, {}).get("slot_linear_capturable")
-    return bool(check and check(weight))
+    return _capturable("slot_linear", device, weight)
 
 
 def _register_cuda_kernels() -> None:
@@ -111,7 +114,8 @@ def _register_cuda_kernels() -> None:
     from engine.kernels import sdpa_attention
     register("cuda", sdpa_attention, ["causal_attention"])
     try:
-        from engine.kernels import triton_attention, triton_gather, triton_gdn, triton_linear, triton_norm, triton_router, triton_slots
+        from engine.kernels import (triton_attention, triton_gather, triton_gdn, triton_linear, triton_norm,
+                                    triton_router, triton_slots)
     except ImportError:
         return
     register("cuda", triton_router, ["router_topk"])

@@ -523,17 +523,25 @@ def _stacked_operands(weight: StoredWeight) -> _Operands | None:
     return ops
 
 
+def _stacked_inputs(x: torch.Tensor, weight: StoredWeight):
+    """(operands, x with unit column stride, out features, in features) when the kernels take this stacked weight,
+    else None (its caller's reference runs)."""
+    ops = _stacked_operands(weight)
+    if ops is None:
+        return None
+    n_out, k_in = weight.shape[-2:]
+    return ops, x if x.stride(-1) == 1 else x.contiguous(), n_out, k_in
+
+
 def grouped_linear(x: torch.Tensor, weight: StoredWeight, groups: ExpertGroups, *, block_m: int | None = None,
                    splits: int | None = None) -> torch.Tensor:
     """Rows of x [M, K] sorted by group, each times its own slot of the stacked weight [S, N, K]; [M, N] in x's
     dtype. Stacked NVFP4, FP8 per-tensor/per-row and dense weights run here; other formats on the reference.
     block_m/splits force a tiling (for tests)."""
-    ops = _stacked_operands(weight)
-    if ops is None:
+    stacked = _stacked_inputs(x, weight)
+    if stacked is None:
         return reference.grouped_linear(x, weight, groups)
-    n_out, k_in = weight.shape[-2:]
-    if x.stride(-1) != 1:
-        x = x.contiguous()
+    ops, x, n_out, k_in = stacked
     bm = block_m if block_m is not None else _group_block_m(groups)
     table = _tile_table(groups, bm, x.device)
     return _launch(x, ops, n_out, k_in, table, table.shape[0], bm, bm == 1, splits)
@@ -547,12 +555,10 @@ def slot_linear(x: torch.Tensor, weight: StoredWeight, slots: torch.Tensor, *,
                 splits: int | None = None) -> torch.Tensor:
     """Row r of x [M, K] (a zero row stride is fine) times slot slots[r] of the stacked weight [S, N, K], by the
     GEMV path; the tile table is made on the device from `slots`, so nothing here reads them on the host."""
-    ops = _stacked_operands(weight)
-    if ops is None:
+    stacked = _stacked_inputs(x, weight)
+    if stacked is None:
         return reference.slot_linear(x, weight, slots)
-    n_out, k_in = weight.shape[-2:]
-    if x.stride(-1) != 1:
-        x = x.contiguous()
+    ops, x, n_out, k_in = stacked
     rows = torch.arange(x.shape[0], device=x.device, dtype=torch.int32)
     table = torch.stack([slots.to(torch.int32), rows, rows + 1], dim=1)
     return _launch(x, ops, n_out, k_in, table, x.shape[0], 1, True, splits)

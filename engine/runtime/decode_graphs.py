@@ -175,7 +175,7 @@ class DecodeSteps:
         # what the walk finds: caches written at the device position (their lengths move on on the host), layers
         # whose misses the gather kernel copies, how many MoE layers choose their slots on the device
         moe = [layer.index for layer in self.model.layers if hasattr(layer.mlp, "route")]
-        self._kv_moved, self._slots_on_device = [], 0
+        self._kv_moved = []
         self._gathered = {index for index in moe if self.executor.copies_by_kernel(index)}
         # The device chooses slots only for all MoE layers or none: its table and the host's bookkeeping cannot
         # both be the truth within a step (a pageable layer keeps the host's copies, and so the host's choice)
@@ -183,6 +183,7 @@ class DecodeSteps:
             and len(self._gathered) == len(moe) else None
         self._slot_table = table if table is not None and (
             self._stream is None or kernels.assign_slots_capturable(table["keys"])) else None
+        self._slots_on_device = len(moe) if self._slot_table is not None else 0
         actions: list[Action] = [("segment", lambda: self.buf.__setitem__("x", self.embedding))]
         for layer, layer_state in zip(self.model.layers, state.layers):
             actions += self._mixer_actions(layer, layer_state)
@@ -222,7 +223,6 @@ class DecodeSteps:
         gather = layer.index in self._gathered
         cache, table = self.executor.cache, self._slot_table
         on_device = table is not None
-        self._slots_on_device += on_device
 
         def route():
             buf["y"] = layer.post_attention_norm(buf["h"])
@@ -242,16 +242,13 @@ class DecodeSteps:
 
         def gather_beside_shared():
             """The misses' copies on a side stream (a parallel branch of the graph) while the shared expert runs."""
-            if self._side is None:
-                self.executor.gather_misses(layer.index, self.copy_table)
-                shared()
-                return
-            main = torch.cuda.current_stream()
-            self._side.wait_stream(main)
-            with torch.cuda.stream(self._side):
+            if self._side is not None:
+                self._side.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(self._side):  # None (no CUDA): the current stream
                 self.executor.gather_misses(layer.index, self.copy_table)
             shared()
-            main.wait_stream(self._side)
+            if self._side is not None:
+                torch.cuda.current_stream().wait_stream(self._side)
 
         def finish():
             if gather and not on_device:
