@@ -69,9 +69,9 @@ def test_gpu_greedy_tokens_equal_the_cpu_reference_in_float32(tiny_checkpoint, l
     assert tokens["cuda"] == tokens["cpu"]
 
 
-def decode_matches_the_cpu(model, cpu_model, prompt_tokens: int, steps: int, seed: int) -> None:
+def decode_matches_the_cpu(model, cpu_model, prompt_tokens: int, steps: int, seed: int):
     """A random prompt, then greedy steps on the GPU model and the CPU reference side by side, logits within
-    FP32_TOLERANCE each step."""
+    FP32_TOLERANCE each step. Returns the GPU state: the decode graphs live as long as it does."""
     ids = torch.randint(2, 320, (prompt_tokens,), generator=torch.Generator().manual_seed(seed))
     room = prompt_tokens + steps + 8
     state, cpu_state = model.new_state(room), cpu_model.new_state(room)
@@ -82,6 +82,7 @@ def decode_matches_the_cpu(model, cpu_model, prompt_tokens: int, steps: int, see
         got, expected = model.forward([token], state), cpu_model.forward([token], cpu_state)
         assert relative_error(got, expected) <= FP32_TOLERANCE
         token = int(expected.argmax())
+    return state
 
 
 @pytest.mark.parametrize("backend", ["cpu", "hybrid"])
@@ -93,9 +94,10 @@ def test_decode_with_the_cpu_computing_misses_matches_the_cpu_reference(tiny_che
     if backend == "hybrid":  # whatever this machine measured, give the CPU half of each step's misses
         from engine.experts.split import Calibration
         model.expert_executor.calibration = Calibration(1e9, 1e9, 0.0, 1)
-    decode_matches_the_cpu(model, cpu_model, prompt_tokens=30, steps=12, seed=9)
+    state = decode_matches_the_cpu(model, cpu_model, prompt_tokens=30, steps=12, seed=9)
     stats = model.expert_executor.stats()
-    assert stats["expert_backend"] == backend and stats["cpu_expert_calls"] > 0 and model.decode_steps._graphs
+    assert stats["expert_backend"] == backend and stats["cpu_expert_calls"] > 0
+    assert model.decode_steps._graphs and model.decode_steps._state() is state
 
 
 @pytest.mark.parametrize("kernel_works", [True, False])
@@ -117,8 +119,9 @@ def test_decode_copies_by_kernel_or_by_the_host_as_the_load_time_probe_found(tin
     executor = model.expert_executor
     assert executor.copies_by_kernel(next(iter(executor.packed))) == kernel_works
     cpu_model = engine.load_model(folder)
-    decode_matches_the_cpu(model, cpu_model, prompt_tokens=12, steps=6, seed=2)
-    assert model.decode_steps._graphs and (model.decode_steps._slots_on_device > 0) == kernel_works
+    state = decode_matches_the_cpu(model, cpu_model, prompt_tokens=12, steps=6, seed=2)
+    assert model.decode_steps._graphs and model.decode_steps._state() is state
+    assert (model.decode_steps._slots_on_device > 0) == kernel_works
 
 
 def test_expert_formats_without_a_slot_kernel_decode_without_graphs(tiny_checkpoint):

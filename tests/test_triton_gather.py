@@ -10,7 +10,9 @@ from engine.kernels import reference, triton_gather  # noqa: E402
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 
 
-@pytest.mark.parametrize("record_bytes", [64, 4 * triton_gather.BLOCK + 12])  # one program, and a ragged last one
+# one block; a ragged last block; more blocks than programs, so each program loops
+@pytest.mark.parametrize("record_bytes", [64, 4 * triton_gather.BLOCK + 12,
+                                          4 * triton_gather.BLOCK * (triton_gather.PROGRAMS_PER_RECORD + 2) + 8])
 def test_gather_copies_the_listed_records_and_nothing_else(record_bytes):
     gen = torch.Generator().manual_seed(record_bytes)
     records = torch.randint(0, 256, (9, record_bytes), generator=gen, dtype=torch.uint8)

@@ -18,19 +18,24 @@ import triton.language as tl
 
 from engine.kernels import reference
 
-BLOCK = 4096  # 32-bit words per program: 16 KiB in flight each, enough programs to keep the link busy
+BLOCK = 4096  # 32-bit words a program moves at a time: 16 KiB in flight each
+# Programs per record: enough 16 KiB reads in flight to keep a PCIe link busy, few enough that the shared expert,
+# which runs beside the copies, still finds free multiprocessors (one program per block of the record starved it)
+PROGRAMS_PER_RECORD = 8
 
 
 @triton.jit
 def _gather_kernel(records_ptr, pool_ptr, table_ptr, words, BLOCK: tl.constexpr):
-    row, part = tl.program_id(0), tl.program_id(1)
+    row, first, programs = tl.program_id(0), tl.program_id(1), tl.num_programs(1)
     source = tl.load(table_ptr + 2 * row)
     if source >= 0:
-        target = tl.load(table_ptr + 2 * row + 1).to(tl.int64)
-        offsets = part * BLOCK + tl.arange(0, BLOCK)
-        inside = offsets < words
-        values = tl.load(records_ptr + source.to(tl.int64) * words + offsets, mask=inside)
-        tl.store(pool_ptr + target * words + offsets, values, mask=inside)
+        source_start = source.to(tl.int64) * words
+        target_start = tl.load(table_ptr + 2 * row + 1).to(tl.int64) * words
+        for start in range(first * BLOCK, words, programs * BLOCK):
+            offsets = start + tl.arange(0, BLOCK)
+            inside = offsets < words
+            values = tl.load(records_ptr + source_start + offsets, mask=inside)
+            tl.store(pool_ptr + target_start + offsets, values, mask=inside)
 
 
 def gather_records_capturable(records: torch.Tensor, pool: torch.Tensor) -> bool:
@@ -44,5 +49,6 @@ def gather_records(records: torch.Tensor, pool: torch.Tensor, table: torch.Tenso
         reference.gather_records(records, pool, table)
         return
     words = records.shape[1] // 4
-    _gather_kernel[(table.shape[0], triton.cdiv(words, BLOCK))](records.view(torch.int32), pool.view(torch.int32),
+    programs = min(PROGRAMS_PER_RECORD, triton.cdiv(words, BLOCK))
+    _gather_kernel[(table.shape[0], programs)](records.view(torch.int32), pool.view(torch.int32),
                                                                 table, words, BLOCK=BLOCK, num_warps=4)
