@@ -15,6 +15,19 @@ DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 @pytest.mark.parametrize("position", [0, 15, 16, 77])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_decode_attention_matches_the_reference(heads, kv_heads, dim, value_dim, position, dtype):
+    check_against_the_reference(heads, kv_heads, dim, value_dim, position, dtype)
+
+
+@pytest.mark.parametrize("position", [0, 77])
+@pytest.mark.parametrize("tiles", sorted(set(triton_attention.TILES.values())))
+def test_more_ranges_than_the_merge_reads_at_once(monkeypatch, position, tiles):
+    """Many key ranges, most of them empty, merged MERGE at a time; each precision's tile of keys."""
+    monkeypatch.setattr(triton_attention, "_splits", lambda device: 4 * triton_attention.MERGE)
+    monkeypatch.setitem(triton_attention.TILES, "ieee", tiles)
+    check_against_the_reference(16, 2, 64, 64, position, torch.float32)
+
+
+def check_against_the_reference(heads, kv_heads, dim, value_dim, position, dtype):
     gen = torch.Generator().manual_seed(position + heads)
     capacity = 96
     keys = torch.randn(capacity, kv_heads, dim, generator=gen).to(DEVICE, dtype)
