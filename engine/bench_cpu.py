@@ -74,11 +74,12 @@ def weight_bytes(layout: RecordLayout) -> int:
 
 
 def expert_throughput(threads: int, tokens: int = 1, experts: int = EXPERTS_PER_TOKEN,
-                      records: tuple[RecordLayout, torch.Tensor] | None = None, repeats: int | None = None) -> dict:
+                      records: tuple[RecordLayout, torch.Tensor] | None = None, repeats: int | None = None,
+                      activations: str | None = None) -> dict:
     """Best of `repeats` passes round the ring of records (default: nvfp4_records()), `experts` at a time, each
-    chosen by all `tokens`."""
+    chosen by all `tokens`; `activations` as CpuExpertKernel takes them (None: the default for this CPU)."""
     layout, ring = records or nvfp4_records()
-    kernel = cpu_experts.CpuExpertKernel(layout)
+    kernel = cpu_experts.CpuExpertKernel(layout, activations)
     calls = ring.shape[0] // experts
     x = torch.randn(tokens, kernel.hidden, generator=torch.Generator().manual_seed(1))
     weights = torch.full((tokens, experts), 1.0 / experts)
@@ -93,23 +94,26 @@ def expert_throughput(threads: int, tokens: int = 1, experts: int = EXPERTS_PER_
     finally:
         cpu_experts.set_threads(previous)
     computed = calls * experts
-    return {"threads": threads, "tokens": tokens, "experts_per_call": experts,
+    return {"threads": threads, "tokens": tokens, "activations": kernel.activations, "experts_per_call": experts,
             "expert_bytes": weight_bytes(layout), "experts_per_s": computed / best,
             "expert_bytes_per_s": computed * weight_bytes(layout) / best}
 
 
 def run_cpu_bench(thread_counts: list[int], tokens: int = 1) -> dict:
-    """Per thread count: DRAM read bandwidth, NVFP4 expert throughput, their ratio, and the decode tokens/s
-    that throughput allows when every expert of a token is computed on the CPU."""
+    """Per thread count and activation precision (bf16 where the CPU has its dot, and float32): DRAM read
+    bandwidth, NVFP4 expert throughput, their ratio, and the decode tokens/s that throughput allows when every
+    expert of a token is computed on the CPU."""
     _need_numba()
     records = nvfp4_records()
+    precisions = (["bf16"] if cpu_experts.bf16_dot_supported() else []) + ["float32"]
     rows = []
     for threads in thread_counts:
         dram = dram_read_bandwidth(threads)
-        row = expert_throughput(threads, tokens, records=records)
-        row.update(dram_bytes_per_s=dram, ratio=row["expert_bytes_per_s"] / dram,
-                   tokens_per_s_bound=row["experts_per_s"] * tokens / (LAYERS * EXPERTS_PER_TOKEN))
-        rows.append(row)
+        for activations in precisions:
+            row = expert_throughput(threads, tokens, records=records, activations=activations)
+            row.update(dram_bytes_per_s=dram, ratio=row["expert_bytes_per_s"] / dram,
+                       tokens_per_s_bound=row["experts_per_s"] * tokens / (LAYERS * EXPERTS_PER_TOKEN))
+            rows.append(row)
     layout = records[0]
     gate_up = layout.matrices["gate_up"].shape
     return {"format": NVFP4, "hidden": gate_up[1], "intermediate": gate_up[0] // 2, "tokens": tokens,
@@ -130,10 +134,11 @@ def compiled_for() -> dict:
 def format_table(result: dict) -> str:
     lines = [f"NVFP4 experts on the CPU (hidden {result['hidden']}, intermediate {result['intermediate']}, "
              f"{result['tokens']} token(s) a call, {result['ring_bytes'] / 2**20:.0f} MiB of records)",
-             f"{'threads':>7}  {'DRAM GB/s':>9}  {'expert GB/s':>11}  {'ratio':>5}  {'tokens/s bound':>14}"]
+             f"{'threads':>7}  {'activations':>11}  {'DRAM GB/s':>9}  {'expert GB/s':>11}  {'ratio':>5}  "
+             f"{'tokens/s bound':>14}"]
     for row in result["runs"]:
-        lines.append(f"{row['threads']:>7}  {row['dram_bytes_per_s'] / 1e9:>9.1f}  {row['expert_bytes_per_s'] / 1e9:>11.2f}"
-                     f"  {row['ratio']:>5.2f}  {row['tokens_per_s_bound']:>14.1f}")
+        lines.append(f"{row['threads']:>7}  {row['activations']:>11}  {row['dram_bytes_per_s'] / 1e9:>9.1f}  "
+                     f"{row['expert_bytes_per_s'] / 1e9:>11.2f}  {row['ratio']:>5.2f}  {row['tokens_per_s_bound']:>14.1f}")
     lines.append(f"tokens/s bound: {result['bound_for']}, every expert on the CPU")
     target = result["compiled_for"]
     width = ", 512-bit vectors preferred" if target.get("prefer_512_bit") else ""

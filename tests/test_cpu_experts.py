@@ -98,7 +98,7 @@ def test_every_format_matches_dequantise_then_matmul(encoding, tokens):
     x = torch.randn(tokens, 80, generator=torch.Generator().manual_seed(2))
     ids, weights = routing(tokens)
     on_cpu = torch.ones_like(ids, dtype=torch.bool)
-    got = CpuExpertKernel(layout).run(records, x, ids, weights, on_cpu)
+    got = CpuExpertKernel(layout, "float32").run(records, x, ids, weights, on_cpu)
     assert got.dtype == torch.float32 and got.shape == x.shape
     assert relative_error(got, reference(layout, records, x, ids, weights, on_cpu)) < EXACT
 
@@ -116,7 +116,7 @@ def test_unjoined_compressed_tensors_weights_divide_by_their_global_scale():
     x = torch.randn(5, 64, generator=generator)
     ids, weights = routing(5)
     on_cpu = torch.ones_like(ids, dtype=torch.bool)
-    got = CpuExpertKernel(layout).run(records, x, ids, weights, on_cpu)
+    got = CpuExpertKernel(layout, "float32").run(records, x, ids, weights, on_cpu)
     assert relative_error(got, reference(layout, records, x, ids, weights, on_cpu)) < EXACT
 
 
@@ -183,7 +183,9 @@ def test_cli_bench_cpu_experts_reports_each_thread_count(monkeypatch, capsys):
     assert main(["bench", "--cpu-experts", "--threads", "1,2", "--json"]) == 0
     result = json.loads(capsys.readouterr().out)
     assert (result["hidden"], result["intermediate"], result["tokens"]) == (64, 32, 1)
-    assert [row["threads"] for row in result["runs"]] == [1, 2]
+    precisions = ["bf16", "float32"] if cpu_experts.bf16_dot_supported() else ["float32"]
+    assert [(row["threads"], row["activations"]) for row in result["runs"]] == [(t, p) for t in (1, 2)
+                                                                                 for p in precisions]
     for row in result["runs"]:
         assert row["dram_bytes_per_s"] > 0 and row["expert_bytes_per_s"] > 0 and row["tokens_per_s_bound"] > 0
         assert row["ratio"] == pytest.approx(row["expert_bytes_per_s"] / row["dram_bytes_per_s"])
@@ -250,3 +252,56 @@ def test_a_call_asks_the_system_for_cores_once_and_numba_for_threads_only_on_cha
         assert set_to == [1, 2, 1]
     finally:
         cpu_experts.default_threads.cache_clear()
+
+
+def reference_bf16_activations(layout, records, x, ids, weights, on_cpu) -> torch.Tensor:
+    """The reference with the input of each matrix that takes the bf16 path (inputs in multiples of 64) rounded
+    to bf16 first, as that path does."""
+    views = layout.view(records)
+    intermediate = layout.matrices["gate_up"].shape[0] // 2
+
+    def rounded(v):
+        return v.bfloat16().float() if v.shape[-1] % 64 == 0 else v
+    out = torch.zeros_like(x)
+    for t in range(x.shape[0]):
+        for j in range(ids.shape[1]):
+            if on_cpu[t, j]:
+                e = int(ids[t, j])
+                gate_up = F.linear(rounded(x[t]), views["gate_up"].select(e).dequantize(torch.float32))
+                gate, up = gate_up.split(intermediate)
+                act = rounded(F.silu(gate) * up)
+                out[t] += weights[t, j] * F.linear(act, views["down"].select(e).dequantize(torch.float32))
+    return out
+
+
+@pytest.mark.skipif(not cpu_experts.bf16_dot_supported(), reason="needs a CPU with AVX512-BF16 (Zen 4, Xeon SPR+)")
+@pytest.mark.parametrize("encoding", ["nvfp4", "nvfp4_ct"])
+@pytest.mark.parametrize("hidden, intermediate", [(128, 64), (2048, 512), (192, 80)])
+def test_bf16_activations_round_the_inputs_and_nothing_else(encoding, hidden, intermediate):
+    """The AVX512-BF16 path of one-token NVFP4 rows (rows whose inputs come in multiples of 64; others, like
+    intermediate 80's down rows, keep float32): equal to the reference fed bf16-rounded inputs, up to float32
+    rounding, and within the issue's 1 % of the exact reference."""
+    layout, records = packed(encoding, hidden, intermediate)
+    kernel = CpuExpertKernel(layout, "bf16")
+    assert kernel.activations == "bf16"
+    for tokens in (1, 4):  # four tokens: each expert one token, two or none (the float32 tiles)
+        x = torch.randn(tokens, hidden, generator=torch.Generator().manual_seed(tokens))
+        ids, weights = routing(tokens)
+        on_cpu = torch.ones_like(ids, dtype=torch.bool)
+        got = kernel.run(records, x, ids, weights, on_cpu)
+        exact = reference(layout, records, x, ids, weights, on_cpu)
+        rounded = reference_bf16_activations(layout, records, x, ids, weights, on_cpu)
+        assert relative_error(got, exact) < 1e-2
+        if tokens == 1:
+            assert relative_error(got, rounded) < EXACT
+            assert relative_error(got, exact) > EXACT  # the rounding is really there: this path ran
+
+
+def test_bf16_activations_are_refused_where_the_cpu_lacks_them(monkeypatch):
+    monkeypatch.setattr(cpu_experts, "bf16_dot_supported", lambda: False)
+    layout, _ = packed("nvfp4", 128, 64)
+    assert CpuExpertKernel(layout).activations == "float32"
+    with pytest.raises(ValueError, match="AVX512-BF16"):
+        CpuExpertKernel(layout, "bf16")
+    with pytest.raises(ValueError, match="activations must be"):
+        CpuExpertKernel(layout, "int8")

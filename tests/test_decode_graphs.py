@@ -110,7 +110,7 @@ def test_misses_computed_on_the_cpu_give_the_same_step(tiny_checkpoint, backend)
     plain = engine.load_model(folder, expert_cache_slots=8)
     split = engine.load_model(folder, expert_cache_slots=8)
     executor = split.expert_executor
-    executor.cpu_kernel = CpuExpertKernel(executor.cache.layout)  # on a CUDA device prepare() makes these
+    executor.cpu_kernel = CpuExpertKernel(executor.cache.layout, "float32")  # on CUDA prepare() makes these
     executor.backend, executor.calibration = backend, Calibration(1e9, 1e9, 0.0, 1)  # hybrid: half the misses
     steps = DecodeSteps(split, use_graphs=False)
     states = plain.new_state(30), split.new_state(30)

@@ -130,7 +130,7 @@ def test_prompt_chunks_computed_on_the_cpu_give_the_same_logits(tiny_checkpoint,
     folder = tiny_checkpoint("qwen3_5_moe", "nvfp4")
     plain, split_model = engine.load_model(folder, expert_cache_slots=8), engine.load_model(folder, expert_cache_slots=8)
     executor = split_model.expert_executor
-    executor.cpu_kernel = CpuExpertKernel(executor.cache.layout)  # on a CUDA device prepare() makes these
+    executor.cpu_kernel = CpuExpertKernel(executor.cache.layout, "float32")  # on CUDA prepare() makes these
     executor.backend, executor.calibration = "hybrid", Calibration(1e9, cpu_bytes_per_s, 0.0, 1)
     prompt = torch.randint(2, 320, (6,), generator=torch.Generator().manual_seed(8))
     expected = plain.forward(prompt, plain.new_state(16))

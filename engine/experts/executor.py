@@ -39,7 +39,7 @@ class ReferenceExpertExecutor:
     def __init__(self):
         self.expert_calls = 0  # experts computed so far
 
-    def prepare(self, banks: dict[int, ExpertBank]) -> None:
+    def prepare(self, banks: dict[int, ExpertBank], dtype: torch.dtype = torch.float32) -> None:
         """Nothing to set up: experts are computed from the banks as they are."""
 
     def start(self, bank: ExpertBank, layer: int, x, expert_ids, expert_weights) -> Ready:
@@ -74,8 +74,9 @@ class CachedExpertExecutor:
         self._gather_works = False  # a decode step's misses copied by the gather kernel (probed in prepare)
         self.expert_calls = self.cpu_expert_calls = 0
 
-    def prepare(self, banks: dict[int, ExpertBank]) -> None:
-        """Repack every layer's experts into host records (pinned within the budget) and allocate the cache."""
+    def prepare(self, banks: dict[int, ExpertBank], dtype: torch.dtype = torch.float32) -> None:
+        """Repack every layer's experts into host records (pinned within the budget) and allocate the cache.
+        dtype: the model's activations; 16-bit ones let the CPU kernel round its inputs to bf16 like the GPU's."""
         self.packed, self.host_report = pack_banks(banks, self.pin_budget_bytes, pin=self.device.type == "cuda")
         layers = sorted(self.packed)
         self._next_layer = dict(zip(layers, layers[1:]))
@@ -86,16 +87,17 @@ class CachedExpertExecutor:
                              f"but the cache holds {self.cache.blocks}; choose offload, cpu, hybrid or auto")
         self._gather_works = self.device.type == "cuda" and self._probe_gather()
         if self.requested_backend in ("auto", "cpu", "hybrid") and self.device.type == "cuda":
-            self._prepare_cpu(first.layout)
+            self._prepare_cpu(first.layout, dtype)
         self.backend = resolve(self.requested_backend, self.calibration, first.layout.record_bytes,
                                all(packed.pinned for packed in self.packed.values()))
         if self.backend not in ("cpu", "hybrid"):
             self.cpu_kernel = None
 
-    def _prepare_cpu(self, layout) -> None:
+    def _prepare_cpu(self, layout, dtype: torch.dtype) -> None:
         from engine.kernels import cpu_experts
         cpu_experts.set_threads(self.cpu_threads)
-        self.cpu_kernel = cpu_experts.CpuExpertKernel(layout)
+        exact = dtype == torch.float32 or not cpu_experts.bf16_dot_supported()
+        self.cpu_kernel = cpu_experts.CpuExpertKernel(layout, "float32" if exact else "bf16")
         layers = list(self.packed.values())
         records = [layers[i % len(layers)].records[i // len(layers)] for i in range(CALIBRATION_RECORDS)]
         key = machine_key(self.device, layout.record_bytes, cpu_experts.threads())

@@ -33,6 +33,7 @@ try:
     import numba
     from llvmlite import ir
     from numba import types
+    from numba.core import cgutils
     from numba.extending import intrinsic
 except ImportError:  # the engine still works: CpuExpertKernel falls back to PyTorch
     numba = None
@@ -51,6 +52,24 @@ def _prefer_512_bit_vectors() -> None:
 
 
 _prefer_512_bit_vectors()
+
+
+def binding_llvm_major() -> int:
+    from llvmlite import binding
+    return binding.llvm_version_info[0]
+
+
+def bf16_dot_supported() -> bool:
+    """Whether the kernels were compiled for a CPU with AVX512-BF16's dot (Intel Cooper Lake, Sapphire Rapids and
+    later Xeons; AMD Zen 4 and later) and AVX512-BW's word permute, which the bf16-activation path uses."""
+    if numba is None or platform.machine().lower() not in ("x86_64", "amd64"):
+        return False
+    features = numba.config.CPU_FEATURES
+    if features is None:
+        from llvmlite import binding
+        features = binding.get_host_cpu_features().flatten()
+    enabled = set(features.split(","))
+    return {"+avx512bf16", "+avx512bw"} <= enabled
 
 FORMAT_CODES = {NVFP4: 0, NVFP4_CT: 1, FP8_TENSOR: 2, FP8_BLOCK: 3, DENSE: 4}
 DTYPE_CODES = {torch.float32: 0, torch.bfloat16: 1, torch.float16: 2, torch.float8_e4m3fn: 3,
@@ -105,7 +124,17 @@ def numba_threads(n: int) -> None:
 class CpuExpertKernel:
     """Routed experts of one model computed on the CPU from its expert records (one RecordLayout)."""
 
-    def __init__(self, layout: RecordLayout):
+    def __init__(self, layout: RecordLayout, activations: str | None = None):
+        """activations: "bf16" rounds each token's inputs to bf16 for NVFP4 rows of one token (AVX512-BF16's dot,
+        about 3x the float32 path per core; the GPU kernels round activations to bf16 the same way), "float32"
+        keeps them exact; None picks bf16 where the CPU has the instructions."""
+        if activations is None:
+            activations = "bf16" if bf16_dot_supported() else "float32"
+        if activations not in ("bf16", "float32"):
+            raise ValueError(f"activations must be 'bf16' or 'float32', got {activations!r}")
+        if activations == "bf16" and not bf16_dot_supported():
+            raise ValueError("bf16 activations need a CPU with AVX512-BF16 and AVX512-BW (and numba)")
+        self.activations = activations
         gate_up, down = layout.matrices["gate_up"], layout.matrices["down"]
         intermediate, hidden = gate_up.shape[0] // 2, gate_up.shape[1]
         if gate_up.shape != (2 * intermediate, hidden) or down.shape != (hidden, intermediate):
@@ -131,7 +160,7 @@ class CpuExpertKernel:
         with _launch:
             numba_threads(threads())
             _experts(records.contiguous().numpy(), self._meta, x.numpy(), ids.numpy(), weights.numpy(),
-                     chosen.numpy(), out)
+                     chosen.numpy(), out, self.activations == "bf16")
         return torch.from_numpy(out)
 
     def _run_torch(self, records, x, ids, weights, chosen) -> torch.Tensor:
@@ -266,6 +295,98 @@ if numba is not None:
             return builder.bitcast(builder.shl(builder.zext(args[0], I32), ir.Constant(I32, 16)), F32)
         return types.float32(types.uint16), codegen
 
+    I16, I64 = ir.IntType(16), ir.IntType(64)
+
+    class _BFloat(ir.Type):
+        """LLVM's bfloat, which llvmlite does not name: LLVM 17 and later declare the BF16 dot on it."""
+
+        def _to_string(self):
+            return "bfloat"
+
+    def _e2m1_bf16_table() -> ir.Constant:
+        """The bf16 bits of E2M1 code i & 15 for i in 0..31: vpermw indexes with 5 bits and the code sits in 4."""
+        magnitudes = [0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0]
+        bits = [int(np.float32(-magnitudes[i & 7] if i & 8 else magnitudes[i & 7]).view(np.uint32)) >> 16
+                for i in (c & 15 for c in range(32))]
+        return ir.Constant(ir.VectorType(I16, 32), bits)
+
+    def _splat(element_type, count, value):
+        return ir.Constant(ir.VectorType(element_type, count), [value] * count)
+
+    @intrinsic
+    def _nvfp4_dot_bf16(typingctx, codes, scales, x, quads):
+        """sum over blocks b of scales[b] * (E2M1 codes of block b . x of block b), for `quads` runs of four
+        16-input blocks (at least one): codes at address `codes` (two per byte, low nibble first), float32 block scales at `scales`, bf16
+        inputs at `x` in natural order. Per 32 inputs: the 16 code bytes widened to 32-bit lanes as d | d << 12,
+        which puts the low code in the lane's low word and the high code in its high word (vpermw reads 5 bits
+        of each), one vpermw for their bf16 values, one vdpbf16ps against the inputs (lane j sums inputs 2j and
+        2j+1: lanes 0-7 are the first block, 8-15 the second) and one FMA with the two blocks' scales."""
+        def codegen(context, builder, signature, args):
+            if not bf16_dot_supported():  # never called there (CpuExpertKernel refuses): keep the module compilable
+                return ir.Constant(F32, float("nan"))
+            codes_at, scales_at, x_at, count = args  # count: quads
+            module = builder.module
+            v16f, v16i32, v32i16 = ir.VectorType(F32, 16), ir.VectorType(I32, 16), ir.VectorType(I16, 32)
+            pairs_type = ir.VectorType(_BFloat(), 32) if binding_llvm_major() >= 17 else v16i32
+            permute = cgutils.get_or_insert_function(module, ir.FunctionType(v32i16, [v32i16, v32i16]),
+                                                     "llvm.x86.avx512.permvar.hi.512")
+            dot = cgutils.get_or_insert_function(module, ir.FunctionType(v16f, [v16f, pairs_type, pairs_type]),
+                                                 "llvm.x86.avx512bf16.dpbf16ps.512")
+            fma = cgutils.get_or_insert_function(module, ir.FunctionType(v16f, [v16f, v16f, v16f]), "llvm.fma.v16f32")
+            zero = ir.Constant(v16f, None)
+            table = _e2m1_bf16_table()
+            lanes_of_block = ir.Constant(ir.VectorType(I32, 16), [0] * 8 + [1] * 8)
+            entry = builder.block
+            def pair(index, acc):
+                """acc plus the scaled dot of pair `index` (blocks 2 index and 2 index + 1)."""
+                def at(base, stride, element_type):
+                    address = builder.add(base, builder.mul(index, ir.Constant(I64, stride)))
+                    return builder.inttoptr(address, element_type.as_pointer())
+                wide = builder.zext(builder.load(at(codes_at, 16, ir.VectorType(I8, 16)), align=1), v16i32)
+                index_words = builder.or_(wide, builder.shl(wide, _splat(I32, 16, 12)))
+                weights = builder.call(permute, [table, builder.bitcast(index_words, v32i16)])
+                inputs = builder.load(at(x_at, 64, v16i32), align=2)
+                sums = builder.call(dot, [zero, builder.bitcast(weights, pairs_type),
+                                          builder.bitcast(inputs, pairs_type)])
+                two_scales = builder.load(at(scales_at, 8, ir.VectorType(F32, 2)), align=4)
+                return builder.call(fma, [sums, builder.shuffle_vector(two_scales, two_scales, lanes_of_block), acc])
+
+            loop = builder.append_basic_block("nvfp4_bf16.loop")
+            done = builder.append_basic_block("nvfp4_bf16.done")
+            builder.branch(loop)
+            builder.position_at_end(loop)
+            i = builder.phi(I64)
+            even, odd = builder.phi(v16f), builder.phi(v16f)  # two sums: FMA latency, not throughput, bound one
+            first = builder.shl(i, ir.Constant(I64, 1))
+            new_even = pair(first, even)
+            new_odd = pair(builder.add(first, ir.Constant(I64, 1)), odd)
+            following = builder.add(i, ir.Constant(I64, 1))
+            i.add_incoming(ir.Constant(I64, 0), entry)
+            i.add_incoming(following, loop)
+            for phi, new in ((even, new_even), (odd, new_odd)):
+                phi.add_incoming(zero, entry)
+                phi.add_incoming(new, loop)
+            builder.cbranch(builder.icmp_signed("<", following, count), loop, done)
+            builder.position_at_end(done)
+            total = builder.fadd(new_even, new_odd)
+            width = 16
+            while width > 1:  # a tree of halves: the horizontal sum
+                width //= 2
+                low = builder.shuffle_vector(total, total, ir.Constant(ir.VectorType(I32, width), list(range(width))))
+                high = builder.shuffle_vector(total, total,
+                                              ir.Constant(ir.VectorType(I32, width), list(range(width, 2 * width))))
+                total = builder.fadd(low, high)
+            return builder.extract_element(total, ir.Constant(I32, 0))
+        return types.float32(types.intp, types.intp, types.intp, types.intp), codegen
+
+    @numba.njit(nogil=True, cache=True, fastmath=FAST)
+    def _to_bf16(source, target):
+        """float32 to bf16 bits, rounded to nearest even (finite inputs)."""
+        bits = source.view(np.uint32)
+        for i in range(source.shape[0]):
+            b = bits[i]
+            target[i] = np.uint16((b + np.uint32(0x7FFF) + ((b >> np.uint32(16)) & np.uint32(1))) >> np.uint32(16))
+
     @numba.njit(nogil=True, cache=True)
     def _scalar(record, offset, index, dtype):
         """Element `index` of a float tensor at byte `offset` of a record, whatever its dtype, as float32."""
@@ -323,14 +444,26 @@ if numba is not None:
                 weights[(2 * i + 9) * blocks + b] = _signed_byte(h1, i) * scale
 
     @numba.njit(nogil=True, cache=True)
-    def _nvfp4_rows(record, meta, first, last, inputs, picks, result):
+    def _nvfp4_rows(record, meta, first, last, inputs, inputs16, picks, result, bf16):
         """result[q, r] for rows first..last-1 and inputs[picks[q]] (laid out block-lane: x[16 b + k] at
-        k*blocks + b)."""
+        k*blocks + b); with `bf16`, one token's rows read inputs16[picks[0]] (bf16 bits, natural order) instead."""
         in_features = meta[M_IN]
         width, blocks = in_features // 2, in_features // NVFP4_GROUP
+        divide = meta[M_FORMAT] == 1
+        if bf16 and picks.shape[0] == 1 and blocks % 4 == 0:
+            block_scales = np.empty(blocks, np.float32)
+            scales_at, x_at = np.int64(block_scales.ctypes.data), np.int64(inputs16[picks[0]].ctypes.data)
+            codes_at = np.int64(record.ctypes.data) + meta[M_WEIGHT]
+            for r in range(first, last):
+                scales = record[meta[M_SCALE] + r * blocks:meta[M_SCALE] + (r + 1) * blocks]
+                for b in range(blocks):
+                    block_scales[b] = _e4m3(scales[b])
+                total = _nvfp4_dot_bf16(codes_at + r * width, scales_at, x_at, np.int64(blocks // 4))
+                factor = _global_scale(record, meta, r)
+                result[0, r] = total / factor if divide else total * factor
+            return
         low, high = np.empty(width, np.int8), np.empty(width, np.int8)
         low_words, high_words = low.view(np.uint32), high.view(np.uint32)
-        divide = meta[M_FORMAT] == 1
         if picks.shape[0] == 1:  # one token: weights times inputs as they are decoded
             x = inputs[picks[0]]
             for r in range(first, last):
@@ -436,9 +569,9 @@ if numba is not None:
                     result[q0 + u, top + t] = sums[t, u] * factors[t]
 
     @numba.njit(nogil=True, cache=True)
-    def _rows(record, meta, first, last, inputs, picks, result):
+    def _rows(record, meta, first, last, inputs, inputs16, picks, result, bf16):
         if meta[M_FORMAT] <= 1:
-            _nvfp4_rows(record, meta, first, last, inputs, picks, result)
+            _nvfp4_rows(record, meta, first, last, inputs, inputs16, picks, result, bf16)
         else:
             _decoded_rows(record, meta, first, last, inputs, picks, result)
 
@@ -455,7 +588,7 @@ if numba is not None:
             target[:] = source
 
     @numba.njit(parallel=True, nogil=True, cache=True, fastmath=FAST)
-    def _experts(records, meta, x, expert_ids, expert_weights, on_cpu, out):
+    def _experts(records, meta, x, expert_ids, expert_weights, on_cpu, out, bf16):
         tokens, top_k = expert_ids.shape
         num_experts = records.shape[0]
         gate_up, down = meta[0], meta[1]
@@ -494,32 +627,38 @@ if numba is not None:
         # Only the two matmul phases are parallel: each parallel region wakes every thread (measured on the 16-core
         # Xeon: 340 us a call beyond its experts, with five regions), and the rest is little work for a decode step
         laid = np.empty((tokens, x.shape[1]), np.float32)
+        laid16 = np.empty((tokens if bf16 else 0, x.shape[1]), np.uint16)  # bf16: every row might take one token
         for t in range(tokens):
             _lay_out(x[t], laid[t], gate_up)
+            if bf16:
+                _to_bf16(x[t], laid16[t])
         hidden_rows = np.empty((rows, 2 * intermediate), np.float32)
         per_expert = (2 * intermediate + ROW_BLOCK - 1) // ROW_BLOCK
         for item in numba.prange(groups * per_expert):
             g, block = item // per_expert, item % per_expert
             e = experts[g]
             first, last = block * ROW_BLOCK, min((block + 1) * ROW_BLOCK, 2 * intermediate)
-            _rows(records[e], gate_up, first, last, laid, token_of_row[starts[e]:starts[e + 1]],
-                  hidden_rows[starts[e]:starts[e + 1]])
+            _rows(records[e], gate_up, first, last, laid, laid16, token_of_row[starts[e]:starts[e + 1]],
+                  hidden_rows[starts[e]:starts[e + 1]], bf16)
 
         acts = np.empty((rows, intermediate), np.float32)
+        acts16 = np.empty((rows if bf16 else 0, intermediate), np.uint16)
         act = np.empty(intermediate, np.float32)
         for row in range(rows):
             for i in range(intermediate):
                 gate = hidden_rows[row, i]
                 act[i] = gate / (np.float32(1) + np.exp(-gate)) * hidden_rows[row, intermediate + i]
             _lay_out(act, acts[row], down)
+            if bf16:
+                _to_bf16(act, acts16[row])
         outputs = np.empty((rows, hidden), np.float32)
         per_expert = (hidden + ROW_BLOCK - 1) // ROW_BLOCK
         for item in numba.prange(groups * per_expert):
             g, block = item // per_expert, item % per_expert
             e = experts[g]
             first, last = block * ROW_BLOCK, min((block + 1) * ROW_BLOCK, hidden)
-            _rows(records[e], down, first, last, acts, own_rows[starts[e]:starts[e + 1]],
-                  outputs[starts[e]:starts[e + 1]])
+            _rows(records[e], down, first, last, acts, acts16, own_rows[starts[e]:starts[e + 1]],
+                  outputs[starts[e]:starts[e + 1]], bf16)
 
         for t in range(tokens):
             for j in range(top_k):

@@ -73,7 +73,8 @@ class CausalLM:
         self.config: ModelConfig = c
         self.device, self.dtype = source.device, source.dtype
         self.expert_executor = executor
-        executor.prepare({layer.index: layer.mlp.experts for layer in layers if hasattr(layer.mlp, "experts")})
+        executor.prepare({layer.index: layer.mlp.experts for layer in layers if hasattr(layer.mlp, "experts")},
+                         self.dtype)
         if self.device.type == "cuda":  # hand back what loading left cached, so the plan's KV cache finds room
             torch.cuda.empty_cache()
         # The table stays in host RAM (1 GB in bf16 for a 248K vocabulary): a chunk copies up only its rows.
