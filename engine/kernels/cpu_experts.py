@@ -251,6 +251,12 @@ if numba is not None:
         return types.float32(types.uint32, types.int64), codegen
 
     @intrinsic
+    def _bits_of(typingctx, value):
+        def codegen(context, builder, signature, args):
+            return builder.bitcast(args[0], I32)
+        return types.uint32(types.float32), codegen
+
+    @intrinsic
     def _float_bits(typingctx, bits):
         def codegen(context, builder, signature, args):
             return builder.bitcast(args[0], F32)
@@ -314,17 +320,20 @@ if numba is not None:
         return ir.Constant(ir.VectorType(element_type, count), [value] * count)
 
     @intrinsic
-    def _nvfp4_dot_bf16(typingctx, codes, scales, x, quads):
-        """sum over blocks b of scales[b] * (E2M1 codes of block b . x of block b), for `quads` runs of four
-        16-input blocks (at least one): codes at address `codes` (two per byte, low nibble first), float32 block scales at `scales`, bf16
-        inputs at `x` in natural order. Per 32 inputs: the 16 code bytes widened to 32-bit lanes as d | d << 12,
-        which puts the low code in the lane's low word and the high code in its high word (vpermw reads 5 bits
-        of each), one vpermw for their bf16 values, one vdpbf16ps against the inputs (lane j sums inputs 2j and
-        2j+1: lanes 0-7 are the first block, 8-15 the second) and one FMA with the two blocks' scales."""
+    def _nvfp4_dot_bf16(typingctx, codes, scales, x, octets):
+        """sum over blocks b of scales[b] * (E2M1 codes of block b . x of block b), for `octets` runs of eight
+        16-input blocks (at least one): codes at address `codes` (two per byte, low nibble first), float32 block
+        scales at `scales`, bf16 inputs at `x` in _lay_out_bf16's order.
+
+        Per 64 inputs (32 code bytes): the bytes widened to words; one vpermw of the words (it reads their low 5
+        bits, the table repeats over bit 4) gives the low codes' bf16 values, one of the words shifted right by 4
+        the high codes'. Low word pair k holds inputs 4k and 4k+2, high pair k inputs 4k+1 and 4k+3, which is how
+        _lay_out_bf16 orders the inputs, so two vdpbf16ps leave lane k the sum of inputs 4k..4k+3: lanes 0-3 are
+        the first block, 4-7 the second... and one FMA with the four blocks' scales adds them up."""
         def codegen(context, builder, signature, args):
             if not bf16_dot_supported():  # never called there (CpuExpertKernel refuses): keep the module compilable
                 return ir.Constant(F32, float("nan"))
-            codes_at, scales_at, x_at, count = args  # count: quads
+            codes_at, scales_at, x_at, count = args
             module = builder.module
             v16f, v16i32, v32i16 = ir.VectorType(F32, 16), ir.VectorType(I32, 16), ir.VectorType(I16, 32)
             pairs_type = ir.VectorType(_BFloat(), 32) if binding_llvm_major() >= 17 else v16i32
@@ -335,22 +344,26 @@ if numba is not None:
             fma = cgutils.get_or_insert_function(module, ir.FunctionType(v16f, [v16f, v16f, v16f]), "llvm.fma.v16f32")
             zero = ir.Constant(v16f, None)
             table = _e2m1_bf16_table()
-            lanes_of_block = ir.Constant(ir.VectorType(I32, 16), [0] * 8 + [1] * 8)
-            entry = builder.block
-            def pair(index, acc):
-                """acc plus the scaled dot of pair `index` (blocks 2 index and 2 index + 1)."""
-                def at(base, stride, element_type):
-                    address = builder.add(base, builder.mul(index, ir.Constant(I64, stride)))
-                    return builder.inttoptr(address, element_type.as_pointer())
-                wide = builder.zext(builder.load(at(codes_at, 16, ir.VectorType(I8, 16)), align=1), v16i32)
-                index_words = builder.or_(wide, builder.shl(wide, _splat(I32, 16, 12)))
-                weights = builder.call(permute, [table, builder.bitcast(index_words, v32i16)])
-                inputs = builder.load(at(x_at, 64, v16i32), align=2)
-                sums = builder.call(dot, [zero, builder.bitcast(weights, pairs_type),
-                                          builder.bitcast(inputs, pairs_type)])
-                two_scales = builder.load(at(scales_at, 8, ir.VectorType(F32, 2)), align=4)
-                return builder.call(fma, [sums, builder.shuffle_vector(two_scales, two_scales, lanes_of_block), acc])
+            lanes_of_block = ir.Constant(ir.VectorType(I32, 16), [lane // 4 for lane in range(16)])
 
+            def quad(index, acc):
+                """acc plus the scaled dots of quad `index` (blocks 4 index .. 4 index + 3)."""
+                def at(base, stride, element_type, extra=0):
+                    address = builder.add(base, builder.add(builder.mul(index, ir.Constant(I64, stride)),
+                                                            ir.Constant(I64, extra)))
+                    return builder.inttoptr(address, element_type.as_pointer())
+                words = builder.zext(builder.load(at(codes_at, 32, ir.VectorType(I8, 32)), align=1), v32i16)
+                low = builder.call(permute, [table, words])
+                high = builder.call(permute, [table, builder.lshr(words, _splat(I16, 32, 4))])
+                sums = zero
+                for values, extra in ((low, 0), (high, 64)):
+                    inputs = builder.load(at(x_at, 128, v16i32, extra), align=2)
+                    sums = builder.call(dot, [sums, builder.bitcast(values, pairs_type),
+                                              builder.bitcast(inputs, pairs_type)])
+                four = builder.load(at(scales_at, 16, ir.VectorType(F32, 4)), align=4)
+                return builder.call(fma, [sums, builder.shuffle_vector(four, four, lanes_of_block), acc])
+
+            entry = builder.block
             loop = builder.append_basic_block("nvfp4_bf16.loop")
             done = builder.append_basic_block("nvfp4_bf16.done")
             builder.branch(loop)
@@ -358,8 +371,8 @@ if numba is not None:
             i = builder.phi(I64)
             even, odd = builder.phi(v16f), builder.phi(v16f)  # two sums: FMA latency, not throughput, bound one
             first = builder.shl(i, ir.Constant(I64, 1))
-            new_even = pair(first, even)
-            new_odd = pair(builder.add(first, ir.Constant(I64, 1)), odd)
+            new_even = quad(first, even)
+            new_odd = quad(builder.add(first, ir.Constant(I64, 1)), odd)
             following = builder.add(i, ir.Constant(I64, 1))
             i.add_incoming(ir.Constant(I64, 0), entry)
             i.add_incoming(following, loop)
@@ -379,13 +392,26 @@ if numba is not None:
             return builder.extract_element(total, ir.Constant(I32, 0))
         return types.float32(types.intp, types.intp, types.intp, types.intp), codegen
 
-    @numba.njit(nogil=True, cache=True, fastmath=FAST)
-    def _to_bf16(source, target):
-        """float32 to bf16 bits, rounded to nearest even (finite inputs)."""
-        bits = source.view(np.uint32)
-        for i in range(source.shape[0]):
-            b = bits[i]
-            target[i] = np.uint16((b + np.uint32(0x7FFF) + ((b >> np.uint32(16)) & np.uint32(1))) >> np.uint32(16))
+    @numba.njit(nogil=True, cache=True)
+    def _bf16_bits(value):
+        """float32 to bf16 bits, rounded to nearest even (finite values)."""
+        b = np.uint32(_bits_of(value))
+        return np.uint16((b + np.uint32(0x7FFF) + ((b >> np.uint32(16)) & np.uint32(1))) >> np.uint32(16))
+
+    @numba.njit(nogil=True, cache=True)
+    def _lay_out_bf16(source, target):
+        """An input row as bf16 bits in the bf16 NVFP4 dot's order: per 64 inputs, pairs (4k, 4k+2) for
+        k = 0..15, then pairs (4k+1, 4k+3). Rows of other lengths are left as they are: their matrices take the
+        float32 path."""
+        if source.shape[0] % 64:
+            return
+        for base in range(0, source.shape[0], 64):
+            for k in range(16):
+                at = base + 4 * k
+                target[base + 2 * k] = _bf16_bits(source[at])
+                target[base + 2 * k + 1] = _bf16_bits(source[at + 2])
+                target[base + 32 + 2 * k] = _bf16_bits(source[at + 1])
+                target[base + 32 + 2 * k + 1] = _bf16_bits(source[at + 3])
 
     @numba.njit(nogil=True, cache=True)
     def _scalar(record, offset, index, dtype):
@@ -446,19 +472,21 @@ if numba is not None:
     @numba.njit(nogil=True, cache=True)
     def _nvfp4_rows(record, meta, first, last, inputs, inputs16, picks, result, bf16):
         """result[q, r] for rows first..last-1 and inputs[picks[q]] (laid out block-lane: x[16 b + k] at
-        k*blocks + b); with `bf16`, one token's rows read inputs16[picks[0]] (bf16 bits, natural order) instead."""
+        k*blocks + b); with `bf16`, one token's rows read inputs16[picks[0]] (bf16 bits, _lay_out_bf16's order) instead."""
         in_features = meta[M_IN]
         width, blocks = in_features // 2, in_features // NVFP4_GROUP
         divide = meta[M_FORMAT] == 1
-        if bf16 and picks.shape[0] == 1 and blocks % 4 == 0:
-            block_scales = np.empty(blocks, np.float32)
+        if bf16 and picks.shape[0] == 1 and blocks % 8 == 0:
+            # the rows' block scales decoded in one loop: per row, the loop's start-up cost as much as its work
+            scales = record[meta[M_SCALE] + first * blocks:meta[M_SCALE] + last * blocks]
+            block_scales = np.empty(scales.shape[0], np.float32)
+            for b in range(scales.shape[0]):
+                block_scales[b] = _e4m3(scales[b])
             scales_at, x_at = np.int64(block_scales.ctypes.data), np.int64(inputs16[picks[0]].ctypes.data)
             codes_at = np.int64(record.ctypes.data) + meta[M_WEIGHT]
             for r in range(first, last):
-                scales = record[meta[M_SCALE] + r * blocks:meta[M_SCALE] + (r + 1) * blocks]
-                for b in range(blocks):
-                    block_scales[b] = _e4m3(scales[b])
-                total = _nvfp4_dot_bf16(codes_at + r * width, scales_at, x_at, np.int64(blocks // 4))
+                total = _nvfp4_dot_bf16(codes_at + r * width, scales_at + 4 * (r - first) * blocks, x_at,
+                                        np.int64(blocks // 8))
                 factor = _global_scale(record, meta, r)
                 result[0, r] = total / factor if divide else total * factor
             return
@@ -631,7 +659,7 @@ if numba is not None:
         for t in range(tokens):
             _lay_out(x[t], laid[t], gate_up)
             if bf16:
-                _to_bf16(x[t], laid16[t])
+                _lay_out_bf16(x[t], laid16[t])
         hidden_rows = np.empty((rows, 2 * intermediate), np.float32)
         per_expert = (2 * intermediate + ROW_BLOCK - 1) // ROW_BLOCK
         for item in numba.prange(groups * per_expert):
@@ -650,7 +678,7 @@ if numba is not None:
                 act[i] = gate / (np.float32(1) + np.exp(-gate)) * hidden_rows[row, intermediate + i]
             _lay_out(act, acts[row], down)
             if bf16:
-                _to_bf16(act, acts16[row])
+                _lay_out_bf16(act, acts16[row])
         outputs = np.empty((rows, hidden), np.float32)
         per_expert = (hidden + ROW_BLOCK - 1) // ROW_BLOCK
         for item in numba.prange(groups * per_expert):
