@@ -82,6 +82,7 @@ class DecodeSteps:
         self._state = None  # weak reference to the state the actions (and graphs) were made for
         self._warm = not use_graphs
         self._release: list[int] | None = None  # slots the next segment reads, released after it
+        self._cpu_job: tuple | None = None  # the CPU's share of the last fetched layer: (ids, y, weights, on_cpu)
 
     @torch.inference_mode()
     def step(self, token: int, state) -> torch.Tensor:
@@ -259,16 +260,24 @@ class DecodeSteps:
             if self.with_cpu_share:
                 weights = weights * self.gpu_rows.reshape(k, 1)
             out = (routed * weights.to(routed.dtype)).sum(0, keepdim=True)
-            if self.with_cpu_share:
-                out = out + self.cpu_routed.to(out.dtype)
-            if mlp.shared_expert is not None:
-                out = out + buf["shared"]
-            buf["x"] = buf["h"] + out
+            if self.with_cpu_share:  # the CPU's share comes after a host action: add_cpu_share ends the layer
+                buf["routed"] = out
+            else:
+                add_residual(out)
+
+        def add_cpu_share():
+            add_residual(buf["routed"] + self.cpu_routed.to(buf["routed"].dtype))
+
+        def add_residual(routed):
+            buf["x"] = buf["h"] + (routed if mlp.shared_expert is None else routed + buf["shared"])
         # the shared expert runs while the host waits for the ids; without one, no (empty) graph there
         beside = [("segment", shared)] if mlp.shared_expert is not None else []
         if on_device:
             return [("segment", route), ("segment", gather_beside_shared), ("segment", finish)]
-        return [("segment", route), ("ids_sent", layer.index), *beside, ("fetch", layer.index), ("segment", finish)]
+        actions = [("segment", route), ("ids_sent", layer.index), *beside, ("fetch", layer.index), ("segment", finish)]
+        if self.with_cpu_share:  # the GPU copies and computes its share (finish) while the host computes the CPU's
+            actions += [("cpu_share", layer.index), ("segment", add_cpu_share)]
+        return actions
 
     def _attention_in_graph(self, mixer: Attention, cache) -> bool:
         """Attention runs inside the step's graphs when its cache is preallocated and the device has a kernel that
@@ -308,15 +317,21 @@ class DecodeSteps:
         self._exchange.copy_(self._exchange_host, non_blocking=True)
         self._release = slots
         if self.with_cpu_share:
-            self._compute_cpu_share(layer_index, ids, y, weights, on_cpu)
+            self._send_gpu_rows(on_cpu)
+            self._cpu_job = (ids, y, weights, on_cpu)
 
-    def _compute_cpu_share(self, layer_index: int, ids, y, weights, on_cpu: list[bool]) -> None:
-        """The CPU's experts, computed while the others' copies run; their sum goes up for the next graph."""
+    def _send_gpu_rows(self, on_cpu: list[bool]) -> None:
+        """Which of the chosen experts the GPU weighs (the CPU's rows get weight 0), for the finish graph."""
         rows = [0.0 if c else 1.0 for c in on_cpu]
         if rows != self._gpu_rows_sent:  # most steps repeat the last mask (offload: all ones)
             self._gpu_rows_host.copy_(torch.tensor(rows))
             self.gpu_rows.copy_(self._gpu_rows_host, non_blocking=True)
             self._gpu_rows_sent = rows
+
+    def _cpu_share(self, layer_index: int, state, inputs: dict) -> None:
+        """The CPU's experts, computed while the GPU's finish graph copies and computes the rest; their sum goes
+        up for the segment after this action, which adds it."""
+        ids, y, weights, on_cpu = self._cpu_job
         if any(on_cpu):
             out = self.executor.compute_on_cpu(layer_index, y.float(), ids.reshape(1, -1), weights.reshape(1, -1),
                                                torch.tensor([on_cpu]))

@@ -3,9 +3,10 @@
 Prints the graph capture's time and memory, the steady step time, a torch.profiler table of GPU time, and the
 GPU's busy time per step (and how much of it is expert copies). From the repository root on a CUDA machine:
 
-    python3 tools/gpu/decode_profile.py
+    python3 tools/gpu/decode_profile.py [offload|cpu|hybrid]
 """
 
+import sys
 import time
 
 import torch
@@ -29,7 +30,9 @@ def main() -> None:
     plan = bench.plan_for(MODEL, "4gb", None, gpu_runtime_reserve_bytes())
     torch.cuda.empty_cache()
     cap_process_memory(plan.budget_bytes)
-    model = bench.build_random_model(MODEL, "cuda", torch.bfloat16, plan.expert_slots)
+    backend = sys.argv[1] if len(sys.argv) > 1 else "offload"
+    model = bench.build_random_model(MODEL, "cuda", torch.bfloat16, plan.expert_slots, expert_backend=backend)
+    print("expert backend:", model.expert_executor.backend, flush=True)
     print("graphed decode:", model.decode_steps is not None, flush=True)
     state = model.new_state(plan.kv_tokens)
     model.forward(torch.randint(0, 1000, (128,)), state)
@@ -95,6 +98,9 @@ def host_breakdown(model, state, token: int) -> None:
     event = steps._ids_ready
     event.synchronize = _Timed(event.synchronize, totals, "ids wait")
     steps.executor.fetch_for_step = _Timed(steps.executor.fetch_for_step, totals, "fetch_for_step")
+    steps.executor.compute_on_cpu = _Timed(steps.executor.compute_on_cpu, totals, "compute_on_cpu")
+    if steps.executor.cpu_kernel is not None:
+        steps.executor.cpu_kernel.run = _Timed(steps.executor.cpu_kernel.run, totals, "  of which the kernel")
     for graph in steps._graphs:
         graph.replay = _Timed(graph.replay, totals, "graph replays")
     step, token = timed_steps(model, state, token)
