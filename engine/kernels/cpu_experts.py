@@ -54,15 +54,14 @@ def _prefer_512_bit_vectors() -> None:
 _prefer_512_bit_vectors()
 
 
-def binding_llvm_major() -> int:
-    from llvmlite import binding
-    return binding.llvm_version_info[0]
-
-
 def bf16_dot_supported() -> bool:
     """Whether the kernels were compiled for a CPU with AVX512-BF16's dot (Intel Cooper Lake, Sapphire Rapids and
-    later Xeons; AMD Zen 4 and later) and AVX512-BW's word permute, which the bf16-activation path uses."""
+    later Xeons; AMD Zen 4 and later) and AVX512-BW's word permute, which the bf16-activation path uses, by an
+    LLVM that declares the dot on bfloat vectors (17 and later: the only declaration tested)."""
     if numba is None or platform.machine().lower() not in ("x86_64", "amd64"):
+        return False
+    from llvmlite import binding
+    if binding.llvm_version_info[0] < 17:
         return False
     features = numba.config.CPU_FEATURES
     if features is None:
@@ -304,7 +303,7 @@ if numba is not None:
     I16, I64 = ir.IntType(16), ir.IntType(64)
 
     class _BFloat(ir.Type):
-        """LLVM's bfloat, which llvmlite does not name: LLVM 17 and later declare the BF16 dot on it."""
+        """LLVM's bfloat, which llvmlite does not name: the BF16 dot is declared on it."""
 
         def _to_string(self):
             return "bfloat"
@@ -336,7 +335,7 @@ if numba is not None:
             codes_at, scales_at, x_at, count = args
             module = builder.module
             v16f, v16i32, v32i16 = ir.VectorType(F32, 16), ir.VectorType(I32, 16), ir.VectorType(I16, 32)
-            pairs_type = ir.VectorType(_BFloat(), 32) if binding_llvm_major() >= 17 else v16i32
+            pairs_type = ir.VectorType(_BFloat(), 32)
             permute = cgutils.get_or_insert_function(module, ir.FunctionType(v32i16, [v32i16, v32i16]),
                                                      "llvm.x86.avx512.permvar.hi.512")
             dot = cgutils.get_or_insert_function(module, ir.FunctionType(v16f, [v16f, pairs_type, pairs_type]),
