@@ -318,6 +318,10 @@ if numba is not None:
     def _splat(element_type, count, value):
         return ir.Constant(ir.VectorType(element_type, count), [value] * count)
 
+    # Codes are prefetched this far ahead of their use: on the development Zen 4 one thread streamed NVFP4 experts
+    # from DRAM at 9.0-9.7 GB/s with it, 8.8 without (the hardware prefetcher alone); not measured on the Xeon
+    PREFETCH_BYTES = 512
+
     @intrinsic
     def _nvfp4_dot_bf16(typingctx, codes, scales, x, octets):
         """sum over blocks b of scales[b] * (E2M1 codes of block b . x of block b), for `octets` runs of eight
@@ -341,6 +345,8 @@ if numba is not None:
             dot = cgutils.get_or_insert_function(module, ir.FunctionType(v16f, [v16f, pairs_type, pairs_type]),
                                                  "llvm.x86.avx512bf16.dpbf16ps.512")
             fma = cgutils.get_or_insert_function(module, ir.FunctionType(v16f, [v16f, v16f, v16f]), "llvm.fma.v16f32")
+            prefetch = cgutils.get_or_insert_function(  # (address, read, keep in every level, data)
+                module, ir.FunctionType(ir.VoidType(), [I8.as_pointer(), I32, I32, I32]), "llvm.prefetch.p0")
             zero = ir.Constant(v16f, None)
             table = _e2m1_bf16_table()
             lanes_of_block = ir.Constant(ir.VectorType(I32, 16), [lane // 4 for lane in range(16)])
@@ -351,6 +357,8 @@ if numba is not None:
                     address = builder.add(base, builder.add(builder.mul(index, ir.Constant(I64, stride)),
                                                             ir.Constant(I64, extra)))
                     return builder.inttoptr(address, element_type.as_pointer())
+                builder.call(prefetch, [at(codes_at, 32, I8, PREFETCH_BYTES), ir.Constant(I32, 0),
+                                        ir.Constant(I32, 3), ir.Constant(I32, 1)])
                 words = builder.zext(builder.load(at(codes_at, 32, ir.VectorType(I8, 32)), align=1), v32i16)
                 low = builder.call(permute, [table, words])
                 high = builder.call(permute, [table, builder.lshr(words, _splat(I16, 32, 4))])
