@@ -96,8 +96,8 @@ class CachedExpertExecutor:
     def _prepare_cpu(self, layout, dtype: torch.dtype) -> None:
         from engine.kernels import cpu_experts
         cpu_experts.set_threads(self.cpu_threads)
-        exact = dtype == torch.float32 or not cpu_experts.bf16_dot_supported()
-        self.cpu_kernel = cpu_experts.CpuExpertKernel(layout, "float32" if exact else "bf16")
+        # a float32 model keeps exact activations; otherwise the kernel's default (bf16 where the CPU has the dot)
+        self.cpu_kernel = cpu_experts.CpuExpertKernel(layout, "float32" if dtype == torch.float32 else None)
         layers = list(self.packed.values())
         records = [layers[i % len(layers)].records[i // len(layers)] for i in range(CALIBRATION_RECORDS)]
         key = machine_key(self.device, layout.record_bytes, cpu_experts.threads())
@@ -196,8 +196,8 @@ class CachedExpertExecutor:
             kernels.gather_records(packed.records, self.cache.pool, table)
             works = torch.equal(self.cache.pool[0].cpu(), packed.records[0])
         except Exception as error:  # a Triton that refuses host memory: the host's copies still work
-            warnings.warn(f"decode copies experts from the host, slower: the copy kernel failed ({type(error).__name__}: "
-                          f"{error})", RuntimeWarning, stacklevel=2)
+            warnings.warn(f"decode copies experts from the host, slower: the copy kernel failed "
+                          f"({type(error).__name__}: {error})", RuntimeWarning, stacklevel=2)
             return False
         return works
 

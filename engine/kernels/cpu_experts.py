@@ -65,7 +65,6 @@ def bf16_dot_supported() -> bool:
         return False
     features = numba.config.CPU_FEATURES
     if features is None:
-        from llvmlite import binding
         features = binding.get_host_cpu_features().flatten()
     enabled = set(features.split(","))
     return {"+avx512bf16", "+avx512bw"} <= enabled
@@ -479,12 +478,13 @@ if numba is not None:
     @numba.njit(nogil=True, cache=True)
     def _nvfp4_rows(record, meta, first, last, inputs, inputs16, picks, result, bf16):
         """result[q, r] for rows first..last-1 and inputs[picks[q]] (laid out block-lane: x[16 b + k] at
-        k*blocks + b); with `bf16`, one token's rows read inputs16[picks[0]] (bf16 bits, _lay_out_bf16's order) instead."""
+        k*blocks + b); with `bf16`, one token's rows read inputs16[picks[0]] (bf16 bits, _lay_out_bf16's order)
+        instead."""
         in_features = meta[M_IN]
         width, blocks = in_features // 2, in_features // NVFP4_GROUP
         divide = meta[M_FORMAT] == 1
         if bf16 and picks.shape[0] == 1 and blocks % 8 == 0:
-            # the rows' block scales decoded in one loop: per row, the loop's start-up cost as much as its work
+            # the rows' block scales, decoded once for the whole range
             scales = record[meta[M_SCALE] + first * blocks:meta[M_SCALE] + last * blocks]
             block_scales = np.empty(scales.shape[0], np.float32)
             for b in range(scales.shape[0]):

@@ -50,5 +50,5 @@ def gather_records(records: torch.Tensor, pool: torch.Tensor, table: torch.Tenso
         return
     words = records.shape[1] // 4
     programs = min(PROGRAMS_PER_RECORD, triton.cdiv(words, BLOCK))
-    _gather_kernel[(table.shape[0], programs)](records.view(torch.int32), pool.view(torch.int32),
-                                                                table, words, BLOCK=BLOCK, num_warps=4)
+    _gather_kernel[(table.shape[0], programs)](records.view(torch.int32), pool.view(torch.int32), table, words,
+                                               BLOCK=BLOCK, num_warps=4)
