@@ -4,15 +4,24 @@ Like the EngineWorker, it talks to the GUI only through queued signals of plain 
 plus `pause()`, `resume()`, `cancel()` and `interrupt()`, which are safe from any thread and take effect
 between two pieces of a file. The token never passes through here: the dialog stores it where
 huggingface_hub keeps it (engine.hub.save_token) and the client reads it from there.
+
+Lifetime: Python's garbage collector must never be what deletes the worker or its QThread. A collection runs on
+whichever thread happens to allocate (this download thread, the engine's), at any moment: one that freed the
+last reference to a worker whose thread still runs, or to a running QThread, deleted them under that thread
+("QThread: Destroyed while thread is still running" aborts; a worker deleted mid-slot crashes). So the
+DownloadThread is a child of the application, which keeps it and, through it, the worker's Python object alive
+whatever happens to the dialog's references; once the thread has ended, the GUI thread deletes both, the worker
+first. Both go on the GUI thread and only after wait(): deleted on the ending thread as Qt's deleteLater pattern
+does, the worker's ~QObject calls virtuals on its senders (the QThread, the dialog) that PySide resolves through
+their Python objects, which the GUI thread may be destroying at that moment (a crash seen in testing).
 """
 
 from __future__ import annotations
 
 import traceback
 
-from PySide6.QtCore import QObject, QThread, Signal, Slot
-
-from app.engine_worker import start_on_thread
+from PySide6.QtCore import QCoreApplication, QObject, QThread, Signal, Slot
+from shiboken6 import Shiboken
 
 
 class DownloadWorker(QObject):
@@ -104,7 +113,39 @@ class DownloadWorker(QObject):
             self.busyChanged.emit(False)
 
 
-def start_download_worker() -> tuple[DownloadWorker, QThread]:
-    """A DownloadWorker moved to a new, started QThread."""
+class DownloadThread(QThread):
+    """The thread a DownloadWorker runs on; it owns the worker until it deletes it, then itself, once it has
+    ended (see the module's docstring). `stop()` ends it, keeping what a download in progress fetched."""
+
+    def __init__(self, worker: DownloadWorker):
+        super().__init__(QCoreApplication.instance())  # the application owns it, not a Python reference
+        self.setObjectName("downloads")
+        self._worker = worker  # lives as long as this thread's wrapper, which the application keeps
+        worker.moveToThread(self)
+        self.finished.connect(self._ended)  # queued: emitted on the ending thread, this object lives on the GUI's
+
+    @Slot()
+    def stop(self) -> None:
+        """Stop a download in progress at its next piece (keeping what arrived) and end the thread's loop."""
+        if self.isFinished():
+            return
+        self._worker.resume()  # a paused download must wake up to stop
+        self._worker.interrupt()
+        self.quit()
+
+    @Slot()
+    def _ended(self) -> None:
+        """GUI thread, after `finished`: the thread has left its loop; once it has returned too, delete the worker
+        (nothing can run it any more) and then this thread."""
+        self.wait()  # at most the instant between emitting finished and returning
+        if Shiboken.isValid(self._worker):
+            Shiboken.delete(self._worker)
+        self.deleteLater()
+
+
+def start_download_worker() -> tuple[DownloadWorker, DownloadThread]:
+    """A DownloadWorker moved to a new, started DownloadThread."""
     worker = DownloadWorker()
-    return worker, start_on_thread(worker, "downloads")
+    thread = DownloadThread(worker)
+    thread.start()
+    return worker, thread

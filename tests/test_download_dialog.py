@@ -8,8 +8,12 @@ its widgets show what the worker reported.
 
 from __future__ import annotations
 
+import gc
+import weakref
+
 import pytest
 from PySide6.QtCore import Qt
+from shiboken6 import Shiboken
 
 from app.dialogs.download_dialog import BAR_STEPS, CURATED_COLUMNS, DownloadDialog
 from app.model_library import DOWNLOAD_SOURCE
@@ -244,3 +248,57 @@ def test_closing_the_window_behind_the_dialog_stops_the_download_thread(qtbot, p
     page.close()  # the main window closing: the app is about to tear its widgets down
     assert dialog.worker_thread is None and thread.isFinished()
     assert hub.partial_download(private_library / hub.folder_name(TINY))
+
+
+def _failing_check(qtbot, dialog) -> None:
+    _choose(dialog, "Org/No-Such-Model")
+    with qtbot.waitSignal(dialog.runEnded, timeout=TIMEOUT_MS) as ended:
+        dialog.check_button.click()
+    assert ended.args[0] == "failed" and dialog.banner.text().startswith("There is no model Org/No-Such-Model")
+
+
+def test_each_closed_dialog_s_worker_and_thread_are_deleted_by_qt_not_by_the_garbage_collector(qtbot, page,
+                                                                                                 fake_hub):
+    """Python's collector runs on whichever thread allocates (a download thread, the engine's): it must never be
+    what deletes a worker or its QThread. Closing the dialog ends the thread; then the worker and the QThread are
+    deleted on the GUI thread, while this test still holds references to both, and nothing keeps them after."""
+    ended = []
+    for _ in range(3):
+        dialog = page.open_download_dialog()
+        dialog.endpoint_edit.setText(fake_hub.endpoint)
+        _failing_check(qtbot, dialog)
+        worker, thread = dialog.worker, dialog.worker_thread
+        assert Shiboken.isValid(worker) and thread.isRunning()
+        dialog.close_button.click()
+        assert dialog.worker_thread is None and thread.isFinished()
+        # deleted on the GUI thread once the thread has ended, the worker first: with no Python reference dropped
+        qtbot.waitUntil(lambda w=worker, t=thread: not Shiboken.isValid(w) and not Shiboken.isValid(t),
+                        timeout=TIMEOUT_MS)
+        ended.append((weakref.ref(worker), weakref.ref(thread)))
+        del dialog, worker, thread
+        gc.collect()
+        assert page.download_dialog is None
+    assert all(w() is None and t() is None for w, t in ended)  # nothing kept them after they were deleted
+
+
+def test_a_dialog_destroyed_mid_download_stops_its_thread_before_the_worker_goes(qtbot, page, fake_hub,
+                                                                                  private_library):
+    """The dialog deleted without being closed (its parent going), then its wrapper collected: the download
+    stops, keeping what arrived, and the worker and its thread live until the thread has ended."""
+    dialog = page.open_download_dialog()
+    dialog.endpoint_edit.setText(fake_hub.endpoint)
+    _choose(dialog, TINY)
+    _slow_after_planning(dialog, fake_hub)
+    with qtbot.waitSignal(dialog.progressShown, timeout=TIMEOUT_MS,
+                          check_params_cb=lambda p: p["file"] == SHARD1 and p["file_done"] > 0):
+        dialog.download_button.click()
+    thread = weakref.ref(dialog.worker_thread)
+    worker = weakref.ref(dialog.worker)
+    assert thread().isRunning()
+    Shiboken.delete(dialog)
+    page.download_dialog = None
+    del dialog
+    gc.collect()  # before the fix: the worker deleted under its running thread, then the running QThread (abort)
+    qtbot.waitUntil(lambda: thread() is None and worker() is None, timeout=TIMEOUT_MS)
+    folder = private_library / hub.folder_name(TINY)
+    assert hub.partial_download(folder) and not (folder / "config.json").exists()  # stopped, what arrived kept

@@ -119,7 +119,10 @@ class DownloadDialog(QDialog):
         self.plan: dict | None = None
         self.outcome = ("", "")
         self._file_rows: dict[str, int] = {}
+        # the thread and worker are owned by Qt, not by these references (app/download_worker.py): the dialog
+        # deleted without being closed (its parent going) still stops the thread, which then deletes both
         self.worker, self.worker_thread = start_download_worker()
+        self.destroyed.connect(self.worker_thread.stop)
         self.checkRequested.connect(self.worker.check)
         self.startRequested.connect(self.worker.download)
         self.worker.planned.connect(self._on_planned)
@@ -321,7 +324,7 @@ class DownloadDialog(QDialog):
 
     def _ask(self, signal) -> None:
         """Send the form's request to the worker through `signal`, unless one is running or the form is bad."""
-        if self.busy:
+        if self.busy or self.worker_thread is None:  # None: shut down, the worker is gone
             return
         request = self.request()
         if request is not None:
@@ -461,10 +464,10 @@ class DownloadDialog(QDialog):
         """Stop a download in progress (keeping what arrived) and end the worker thread; safe to call twice."""
         if self.worker_thread is None:
             return
-        self.worker.resume()
-        self.worker.interrupt()
-        self.worker_thread.quit()
-        self.worker_thread.wait(30_000)  # the download stops at its next piece, or at the read timeout
+        self.worker_thread.stop()
+        # the download stops at its next piece, or at the read timeout; a thread still running after the wait
+        # is not destroyed by dropping this reference (the application owns it) and deletes itself when it ends
+        self.worker_thread.wait(30_000)
         self.worker_thread = None
 
 
