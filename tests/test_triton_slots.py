@@ -41,3 +41,38 @@ def test_slot_choice_matches_the_reference(slots):
             assert len(set(listed[:, 1].tolist())) == len(listed)
     hits, misses = theirs["counts"].tolist()
     assert hits > 0 and misses > 0 and hits + misses == 12 * layers * top_k
+
+
+@pytest.mark.parametrize("cpu_counts", [[0, 1, 1, 2, 2], [0, 1, 2, 3, 4]])  # hybrid's about half, cpu's all
+def test_the_cpus_misses_take_no_slot_and_match_the_reference(cpu_counts):
+    """With a CPU share, the last cpu_counts[m] of m misses take no slot, no copy and no lookup, and get no
+    weight on the GPU; hits and the GPU's misses are as without it."""
+    gen = torch.Generator().manual_seed(len(cpu_counts) + sum(cpu_counts))
+    experts, top_k, slots = 6, 4, 9
+    counts_table = torch.tensor(cpu_counts, dtype=torch.int32)
+    mine = {name: t.to(DEVICE) for name, t in _table(slots).items()}
+    theirs = _table(slots)
+    on_cpu_seen = 0
+    for step in range(12):
+        ids = torch.randperm(experts, generator=gen)[:top_k]
+        outputs = {side: (torch.zeros(top_k, dtype=torch.int32, device=d), torch.zeros(top_k, 2, dtype=torch.int32,
+                                                                                       device=d),
+                          torch.full((top_k,), -1.0, device=d)) for side, d in (("mine", DEVICE), ("theirs", "cpu"))}
+        cached = [bool((theirs["keys"] == int(e)).any()) for e in ids]
+        triton_slots.assign_slots(ids.to(DEVICE), 0, mine["keys"], mine["ages"], mine["clock"], *outputs["mine"][:2],
+                                  mine["counts"], counts_table.to(DEVICE), outputs["mine"][2])
+        reference.assign_slots(ids, 0, theirs["keys"], theirs["ages"], theirs["clock"], *outputs["theirs"][:2],
+                               theirs["counts"], counts_table, outputs["theirs"][2])
+        for got, expected in zip(outputs["mine"], outputs["theirs"]):
+            assert torch.equal(got.cpu(), expected)
+        for name in theirs:
+            assert torch.equal(mine[name].cpu(), theirs[name]), name
+        slots_ref, copies_ref, gpu_rows = outputs["theirs"]
+        misses = [j for j in range(top_k) if not cached[j]]
+        cpu = misses[len(misses) - cpu_counts[len(misses)]:] if cpu_counts[len(misses)] else []
+        assert gpu_rows.tolist() == [0.0 if j in cpu else 1.0 for j in range(top_k)]
+        assert all(int(copies_ref[j, 0]) == -1 and int(slots_ref[j]) == 0 for j in cpu)
+        assert not any(bool((theirs["keys"] == int(ids[j])).any()) for j in cpu)  # not cached by the CPU's compute
+        on_cpu_seen += len(cpu)
+    hits, copies = theirs["counts"].tolist()
+    assert on_cpu_seen > 0 and hits + copies + on_cpu_seen == 12 * top_k

@@ -223,6 +223,12 @@ class CachedExpertExecutor:
         spare = next(iter(slot_of.values()), 0)
         return [slot_of.get(e, spare) for e in experts], [e in on_cpu_experts for e in experts]
 
+    def cpu_counts(self, top_k: int) -> list[int]:
+        """How many of a token's m misses in a pinned layer the CPU computes, for m = 0..top_k: the split the
+        device applies when it chooses the slots (engine/kernels/cpu_share.py)."""
+        record_bytes = self.cache.layout.record_bytes
+        return [cpu_share(m, self.backend, self.calibration, record_bytes) for m in range(top_k + 1)]
+
     def compute_on_cpu(self, layer: int, x: torch.Tensor, expert_ids: torch.Tensor, expert_weights: torch.Tensor,
                        on_cpu: torch.Tensor) -> torch.Tensor:
         """The CPU's share of a layer's routed output, float32 [T, H] on the host (inputs on the host)."""

@@ -69,9 +69,22 @@ def router_topk(logits, top_k, normalise):
     return _kernel("router_topk", logits)(logits, top_k, normalise)
 
 
-def assign_slots(ids, key_base, keys, ages, clock, slots, table, counts) -> None:
-    """The expert cache's LRU slot choice for one token's experts, on the device (reference.assign_slots)."""
-    _kernel("assign_slots", keys)(ids, key_base, keys, ages, clock, slots, table, counts)
+def assign_slots(ids, key_base, keys, ages, clock, slots, table, counts, cpu_counts=None, gpu_rows=None) -> None:
+    """The expert cache's LRU slot choice for one token's experts, on the device, leaving the CPU its count of
+    the misses when cpu_counts is given (reference.assign_slots)."""
+    _kernel("assign_slots", keys)(ids, key_base, keys, ages, clock, slots, table, counts, cpu_counts, gpu_rows)
+
+
+def post_cpu_share(ids, weights, gpu_rows, y, sequence_base, ordinal, mailbox) -> None:
+    """One layer's CPU experts and their input to the CPU threads' mailbox in host memory
+    (engine/kernels/cpu_share.py; reference.post_cpu_share). On CUDA a kernel writes it: capturable."""
+    _kernel("post_cpu_share", ids)(ids, weights, gpu_rows, y, sequence_base, ordinal, mailbox)
+
+
+def wait_cpu_share(gpu_rows, sequence_base, ordinal, mailbox, cpu_routed) -> None:
+    """Wait for the CPU threads' sum of one layer, into cpu_routed on the device (reference.wait_cpu_share). On
+    CUDA a kernel spins on the mailbox: capturable."""
+    _kernel("wait_cpu_share", gpu_rows)(gpu_rows, sequence_base, ordinal, mailbox, cpu_routed)
 
 
 def assign_slots_capturable(keys) -> bool:
@@ -114,13 +127,14 @@ def _register_cuda_kernels() -> None:
     from engine.kernels import sdpa_attention
     register("cuda", sdpa_attention, ["causal_attention"])
     try:
-        from engine.kernels import (triton_attention, triton_gather, triton_gdn, triton_linear, triton_norm,
-                                    triton_router, triton_slots)
+        from engine.kernels import (triton_attention, triton_cpu_share, triton_gather, triton_gdn, triton_linear,
+                                    triton_norm, triton_router, triton_slots)
     except ImportError:
         return
     register("cuda", triton_router, ["router_topk"])
     register("cuda", triton_slots, ["assign_slots", "assign_slots_capturable"])
     register("cuda", triton_gather, ["gather_records", "gather_records_capturable"])
+    register("cuda", triton_cpu_share, ["post_cpu_share", "wait_cpu_share"])
     register("cuda", triton_attention, ["decode_attention", "decode_attention_capturable"])
     register("cuda", triton_gdn, ["gated_deltanet"])
     register("cuda", triton_norm, ["rms_norm"])

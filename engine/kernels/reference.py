@@ -5,6 +5,8 @@ Shapes are batch-free (one sequence): tokens first, then heads, then features.
 
 from __future__ import annotations
 
+import time
+
 import torch
 import torch.nn.functional as F
 
@@ -130,12 +132,16 @@ def router_topk(logits: torch.Tensor, top_k: int, normalise: bool) -> tuple[torc
 
 
 def assign_slots(ids: torch.Tensor, key_base: int, keys: torch.Tensor, ages: torch.Tensor, clock: torch.Tensor,
-                 slots: torch.Tensor, table: torch.Tensor, counts: torch.Tensor) -> None:
+                 slots: torch.Tensor, table: torch.Tensor, counts: torch.Tensor, cpu_counts: torch.Tensor | None = None,
+                 gpu_rows: torch.Tensor | None = None) -> None:
     """Least-recently-used cache slots for one token's chosen experts `ids` [k] of one layer (key = key_base +
     expert), updating the slot table in place: keys [S] (int32, -1 free), ages [S] (int32 last-use tick, -1
     free), clock [1] (the last tick). Cached experts are hits, touched in order; then each miss takes the slot of
     the oldest tick (lowest index among equals) and gets a row (expert, slot) of the copy table [k, 2], whose other
-    rows are -1. slots [k] receives every expert's slot; counts [2] (int64) adds (hits, misses)."""
+    rows are -1. slots [k] receives every expert's slot; counts [2] (int64) adds (hits, misses).
+    With cpu_counts [k + 1] (int32: of m misses, how many the CPU computes), the last cpu_counts[m] misses take
+    no slot (slot 0, no copy, the table unchanged, not counted) and gpu_rows [k] (float32) is 0 for them, 1 for
+    the rest."""
     chosen = [key_base + int(e) for e in ids.tolist()]
     tick = int(clock[0])
     table.fill_(-1)
@@ -147,15 +153,56 @@ def assign_slots(ids: torch.Tensor, key_base: int, keys: torch.Tensor, ages: tor
             slot = int(match[0, 0])
             ages[slot], slots[j] = tick, slot
             hits += 1
+    misses = len(chosen) - hits
+    on_gpu = misses - (int(cpu_counts[misses]) if cpu_counts is not None else 0)
+    copies = on_gpu  # the CPU's misses are no lookups of the cache, as when the host chooses
+    if gpu_rows is not None:
+        gpu_rows.fill_(1.0)
     for j, key in enumerate(chosen):
         if not (keys == key).any():
+            if on_gpu == 0:  # the CPU's
+                slots[j] = 0
+                if gpu_rows is not None:
+                    gpu_rows[j] = 0.0
+                continue
+            on_gpu -= 1
             tick += 1
             victim = int(torch.argmin(ages))  # the first of equal minima
             keys[victim], ages[victim], slots[j] = key, tick, victim
             table[j, 0], table[j, 1] = key - key_base, victim
     clock[0] = tick
     counts[0] += hits
-    counts[1] += len(chosen) - hits
+    counts[1] += copies
+
+
+def post_cpu_share(ids: torch.Tensor, weights: torch.Tensor, gpu_rows: torch.Tensor, y: torch.Tensor,
+                   sequence_base: torch.Tensor, ordinal: int, mailbox) -> None:
+    """One token's experts that the CPU computes (gpu_rows 0; the others' ids go as -1), the routing weights and
+    the input y [1, H] to the mailbox (engine/kernels/cpu_share.py), then its request set to the layer's sequence
+    number, sequence_base [1] + ordinal."""
+    on_cpu = gpu_rows.reshape(-1) == 0
+    mailbox.ids.copy_(torch.where(on_cpu, ids.reshape(-1).to(torch.int32), -1))
+    mailbox.weights.copy_(weights.reshape(-1))
+    if on_cpu.any():
+        mailbox.x.copy_(y.reshape(-1))
+    mailbox.flags[0] = int(sequence_base[0]) + ordinal
+
+
+def wait_cpu_share(gpu_rows: torch.Tensor, sequence_base: torch.Tensor, ordinal: int, mailbox,
+                   cpu_routed: torch.Tensor, timeout: float = 60.0) -> None:
+    """Wait until the mailbox's done flag reaches the layer's sequence number (or cancel is set), then the CPU's
+    weighted sum into cpu_routed [1, H] (zeros when the CPU had no expert of this layer)."""
+    sequence = int(sequence_base[0]) + ordinal
+    flags = mailbox.flags.numpy()
+    deadline = time.monotonic() + timeout
+    while flags[1] < sequence and flags[2] == 0:
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"the CPU's experts of a decode step did not finish within {timeout:.0f} s")
+        time.sleep(0)
+    if bool((gpu_rows == 0).any()):
+        cpu_routed.copy_(mailbox.out.reshape(cpu_routed.shape))
+    else:
+        cpu_routed.zero_()
 
 
 def gather_records(records: torch.Tensor, pool: torch.Tensor, table: torch.Tensor) -> None:

@@ -6,6 +6,7 @@ Same contract as reference.assign_slots. One program holds the whole slot table 
 registers: the chosen experts that are cached are hits and are touched first, in order, then each miss takes the
 slot with the oldest tick (free slots hold -1, lowest index first) and is listed in the copy table for
 triton_gather. Ticks advance once per touch, so the order is the host cache's (engine/experts/cache.py) exactly.
+With a CPU share (engine/kernels/cpu_share.py), the last misses of the CPU's count take no slot.
 """
 
 from __future__ import annotations
@@ -20,8 +21,8 @@ MAX_SLOTS = 16384  # one program's registers; bigger caches keep the host's choi
 
 
 @triton.jit
-def _assign_kernel(ids_ptr, keys_ptr, ages_ptr, clock_ptr, slots_ptr, table_ptr, counts_ptr, key_base, slots,
-                   K: tl.constexpr, BLOCK: tl.constexpr):
+def _assign_kernel(ids_ptr, keys_ptr, ages_ptr, clock_ptr, slots_ptr, table_ptr, counts_ptr, cpu_counts_ptr,
+                   gpu_rows_ptr, key_base, slots, K: tl.constexpr, BLOCK: tl.constexpr, SPLIT: tl.constexpr):
     s = tl.arange(0, BLOCK)
     inside = s < slots
     keys = tl.load(keys_ptr + s, mask=inside, other=-2)
@@ -38,14 +39,24 @@ def _assign_kernel(ids_ptr, keys_ptr, ages_ptr, clock_ptr, slots_ptr, table_ptr,
         tl.store(slots_ptr + j, slot, mask=found > 0)
         tl.store(table_ptr + 2 * j, -1)
         tl.store(table_ptr + 2 * j + 1, -1)
+        if SPLIT:
+            tl.store(gpu_rows_ptr + j, 1.0)
         hits += found
+    on_gpu = K - hits  # misses the GPU copies: all, or with SPLIT those the CPU does not compute
+    if SPLIT:
+        on_gpu -= tl.load(cpu_counts_ptr + K - hits)
     for j in tl.static_range(K):
         expert = tl.load(ids_ptr + j).to(tl.int32)
         key = key_base + expert
         cached = tl.max((keys == key).to(tl.int32), axis=0)  # a hit above (this pass only adds other keys)
         victim = tl.argmin(ages, axis=0, tie_break_left=True)
-        miss = cached == 0
-        tick += 1 - cached
+        miss = (cached == 0) & (on_gpu > 0)
+        if SPLIT:  # a miss beyond the GPU's count is the CPU's: slot 0, never read, and no weight on the GPU
+            cpu = (cached == 0) & (on_gpu <= 0)
+            tl.store(slots_ptr + j, 0, mask=cpu)
+            tl.store(gpu_rows_ptr + j, 0.0, mask=cpu)
+        on_gpu -= miss.to(tl.int32)
+        tick += miss.to(tl.int32)
         chosen = (s == victim) & miss
         keys = tl.where(chosen, key, keys)
         ages = tl.where(chosen, tick, ages)
@@ -56,7 +67,10 @@ def _assign_kernel(ids_ptr, keys_ptr, ages_ptr, clock_ptr, slots_ptr, table_ptr,
     tl.store(ages_ptr + s, ages, mask=inside)
     tl.store(clock_ptr, tick)
     tl.store(counts_ptr, tl.load(counts_ptr) + hits)
-    tl.store(counts_ptr + 1, tl.load(counts_ptr + 1) + K - hits)
+    copies = K - hits
+    if SPLIT:  # the CPU's misses are no lookups of the cache, as when the host chooses
+        copies -= tl.load(cpu_counts_ptr + K - hits)
+    tl.store(counts_ptr + 1, tl.load(counts_ptr + 1) + copies)
 
 
 def assign_slots_capturable(keys: torch.Tensor) -> bool:
@@ -64,9 +78,12 @@ def assign_slots_capturable(keys: torch.Tensor) -> bool:
 
 
 def assign_slots(ids: torch.Tensor, key_base: int, keys: torch.Tensor, ages: torch.Tensor, clock: torch.Tensor,
-                 slots: torch.Tensor, table: torch.Tensor, counts: torch.Tensor) -> None:
+                 slots: torch.Tensor, table: torch.Tensor, counts: torch.Tensor, cpu_counts: torch.Tensor | None = None,
+                 gpu_rows: torch.Tensor | None = None) -> None:
     if not assign_slots_capturable(keys):
-        reference.assign_slots(ids, key_base, keys, ages, clock, slots, table, counts)
+        reference.assign_slots(ids, key_base, keys, ages, clock, slots, table, counts, cpu_counts, gpu_rows)
         return
-    _assign_kernel[(1,)](ids, keys, ages, clock, slots, table, counts, key_base, keys.numel(), K=ids.numel(),
-                         BLOCK=triton.next_power_of_2(keys.numel()), num_warps=4)
+    split = cpu_counts is not None
+    _assign_kernel[(1,)](ids, keys, ages, clock, slots, table, counts, cpu_counts if split else counts,
+                         gpu_rows if split else counts, key_base, keys.numel(), K=ids.numel(),
+                         BLOCK=triton.next_power_of_2(keys.numel()), SPLIT=split, num_warps=4)

@@ -3,8 +3,11 @@
 A decode step of a 40-layer MoE model launches about 4,000 small kernels. At several microseconds of host
 time each, the host set the speed, not the GPU or the expert copies (H200, 4gb plan: 110 ms a step, 20 ms of
 it GPU work). Here a step is a few graphs per layer, cut only where the host must act:
-- after each MoE router: the host reads the chosen experts, has the expert cache fetch the misses
+- after each MoE router, where the device cannot choose the slots (a layer beyond the pin budget, a cache too
+  big for the slot kernel): the host reads the chosen experts, has the expert cache fetch the misses
   (engine/experts/), and copies their slots to the device, where the next graph's expert kernels read them;
+  elsewhere the device chooses them, and the CPU's share of the misses (cpu and hybrid backends) goes to CPU
+  threads through a mailbox in host memory (engine/kernels/cpu_share.py), inside the graph;
 - around each attention layer's KV append and attention, whose length grows every step (run eagerly), only
   where attention cannot read that length on the device: a cache that grows, or no kernel for the device
   (engine/kernels/triton_attention.py is CUDA's).
@@ -27,6 +30,7 @@ import torch
 
 from engine import kernels
 from engine.errors import ContextOverflowError
+from engine.kernels import cpu_share
 from engine.layers.attention import Attention
 
 Action = tuple[str, object]  # ("segment", fn) device work, or (host action, layer index)
@@ -53,6 +57,11 @@ class DecodeSteps:
         # output comes back as one row. Graphs are made with it or without it, for the backend of the moment.
         self.with_cpu_share = self._cpu_share_wanted()
         self.gpu_rows = torch.ones(k, dtype=torch.float32, device=device)
+        self.cpu_counts = torch.zeros(k + 1, dtype=torch.int32, device=device)  # of m misses, the CPU's (device split)
+        self.share_base = torch.zeros(1, dtype=torch.int32, device=device)  # the step's first mailbox sequence number
+        self._share: cpu_share.CpuShareWorker | None = None  # the CPU threads of the device-driven share
+        self._share_on_device = False  # whether this step's CPU share goes through the mailbox
+        self._counts_sent: list[int] | None = None  # the split last copied into cpu_counts
         self.cpu_routed = torch.zeros(1, c.hidden_size, dtype=torch.float32, device=device)
         self._cpu_routed_dirty = False
         self._gpu_rows_sent = [1.0] * k
@@ -66,6 +75,7 @@ class DecodeSteps:
         self._weights_host = torch.zeros(k, dtype=torch.float32, pin_memory=cuda)
         self._gpu_rows_host = torch.ones(k, dtype=torch.float32, pin_memory=cuda)
         self._cpu_routed_host = torch.zeros(1, c.hidden_size, dtype=torch.float32, pin_memory=cuda)
+        self._share_base_host = torch.zeros(1, dtype=torch.int32, pin_memory=cuda)
         self._stream = model.stream  # the model's compute stream, current while a step runs
         self._side = torch.cuda.Stream(device) if cuda else None  # copies beside compute, inside the graphs
         self._ids_ready = torch.cuda.Event() if cuda else None
@@ -110,11 +120,31 @@ class DecodeSteps:
             self.executor.expert_calls += self._slots_on_device * len(self.slots)
         self.positions.fill_(state.position)
         if self._embedding_sent is not None:
-            self._embedding_sent.synchronize()  # the last step's copy has left the staging row
+            self._embedding_sent.synchronize()  # the last step's copies have left the staging rows
         self._embedding_host.copy_(self.model.embed_tokens[token])
         self.embedding.copy_(self._embedding_host, non_blocking=True)
+        if self._share_on_device:  # the CPU threads serve this step's layers, numbered from the base
+            self._send_cpu_counts()
+            self._share_base_host[0] = self._share.start(self._slots_on_device)
+            self.share_base.copy_(self._share_base_host, non_blocking=True)
         if self._embedding_sent is not None:
             self._embedding_sent.record()
+        try:
+            self._run_actions(state)
+        except BaseException:
+            if self._share_on_device:
+                self._abandon_share()
+            raise
+        if self._share_on_device:
+            computed = self._share.finish()
+            self.executor.expert_calls -= computed
+            self.executor.cpu_expert_calls += computed
+        for cache in self._kv_moved:
+            cache.length = state.position + 1
+        state.position += 1
+        return self.buf["logits"][0]
+
+    def _run_actions(self, state) -> None:
         graphs = iter(self._graphs)
         for index, (kind, payload) in enumerate(self._actions):
             if kind == "segment":
@@ -127,10 +157,18 @@ class DecodeSteps:
                     self._release = None
             else:
                 getattr(self, "_" + kind)(payload, state, self._held.get(index, self.buf))
-        for cache in self._kv_moved:
-            cache.length = state.position + 1
-        state.position += 1
-        return self.buf["logits"][0]
+
+    def _abandon_share(self) -> None:
+        """A step failed with the CPU threads serving it: stop them, release the GPU's waits, and let the device
+        finish what it queued before the mailbox is used again."""
+        self._share.cancel()
+        try:
+            self._share.finish()
+        except cpu_share.CpuShareError:
+            pass  # cancelled, as asked: the step's own error is the one to report
+        if self._stream is not None:
+            torch.cuda.synchronize(self.model.device)
+        self._share.clear_cancel()
 
     # ---- the step's actions ------------------------------------------------------------------------------
 
@@ -169,7 +207,7 @@ class DecodeSteps:
     def _forget(self) -> None:
         self._actions, self._graphs, self.buf, self._held, self._state = [], [], {}, {}, None
         self._kv_moved, self._gathered, self._captured, self._slots_on_device = [], set(), False, 0
-        self._slot_table = None
+        self._slot_table, self._share_on_device = None, False
 
     def _walk(self, state) -> list[Action]:
         """Device work as ("segment", fn) pieces (merged later between host actions), host work as names."""
@@ -179,12 +217,17 @@ class DecodeSteps:
         self._kv_moved = []
         self._gathered = {index for index in moe if self.executor.copies_by_kernel(index)}
         # The device chooses slots only for all MoE layers or none: its table and the host's bookkeeping cannot
-        # both be the truth within a step (a pageable layer keeps the host's copies, and so the host's choice)
-        table = self.executor.cache.hand_to_device() if moe and not self.with_cpu_share \
+        # both be the truth within a step (a pageable layer keeps the host's copies, and so the host's choice).
+        # A CPU share needs the CPU threads (numba) to go with it.
+        device_share_possible = not self.with_cpu_share or cpu_share.numba is not None
+        table = self.executor.cache.hand_to_device() if moe and device_share_possible \
             and len(self._gathered) == len(moe) else None
         self._slot_table = table if table is not None and (
             self._stream is None or kernels.assign_slots_capturable(table["keys"])) else None
         self._slots_on_device = len(moe) if self._slot_table is not None else 0
+        self._share_on_device = self.with_cpu_share and self._slot_table is not None
+        if self._share_on_device:
+            self._prepare_share(moe)
         actions: list[Action] = [("segment", lambda: self.buf.__setitem__("x", self.embedding))]
         for layer, layer_state in zip(self.model.layers, state.layers):
             actions += self._mixer_actions(layer, layer_state)
@@ -193,6 +236,23 @@ class DecodeSteps:
         actions.append(("segment", lambda: self.buf.__setitem__(
             "logits", model.lm_head(model.norm(self.buf["x"])).float())))
         return actions
+
+    def _prepare_share(self, moe: list[int]) -> None:
+        """The CPU threads and their mailbox (made once: the records stay), and the split of misses for the
+        device's slot choice."""
+        executor, k = self.executor, len(self.slots)
+        if self._share is None or self._share.kernel is not executor.cpu_kernel:
+            mailbox = cpu_share.Mailbox(k, self.model.config.hidden_size, pin=self._stream is not None)
+            self._share = cpu_share.CpuShareWorker(executor.cpu_kernel, [executor.packed[i].records for i in moe],
+                                                   mailbox)
+        self._counts_sent = None
+
+    def _send_cpu_counts(self) -> None:
+        """The split for the backend of the moment (cpu and hybrid share the graphs: the table tells them apart)."""
+        counts = self.executor.cpu_counts(len(self.slots))
+        if counts != self._counts_sent:
+            self.cpu_counts.copy_(torch.tensor(counts, dtype=torch.int32))
+            self._counts_sent = counts
 
     def _mixer_actions(self, layer, layer_state) -> list[Action]:
         mixer, buf = layer.mixer, self.buf
@@ -223,7 +283,8 @@ class DecodeSteps:
 
         gather = layer.index in self._gathered
         cache, table = self.executor.cache, self._slot_table
-        on_device = table is not None
+        on_device, share = table is not None, self._share_on_device
+        ordinal = sum(hasattr(other.mlp, "route") for other in self.model.layers[:layer.index])
 
         def route():
             buf["y"] = layer.post_attention_norm(buf["h"])
@@ -231,7 +292,11 @@ class DecodeSteps:
             buf["ids"] = ids.reshape(-1)
             if on_device:  # the slots, and the copy table of the misses, chosen on the device: no host action
                 kernels.assign_slots(buf["ids"], layer.index * cache.experts_per_layer, table["keys"], table["ages"],
-                                     table["clock"], self.slots, self.copy_table, table["counts"])
+                                     table["clock"], self.slots, self.copy_table, table["counts"],
+                                     *((self.cpu_counts, self.gpu_rows) if share else ()))
+                if share:  # the CPU's misses to its threads, which work while the GPU copies and computes the rest
+                    kernels.post_cpu_share(buf["ids"], buf["weights"], self.gpu_rows, buf["y"], self.share_base,
+                                           ordinal, self._share.mailbox)
             elif self._stream is not None:
                 if self.with_cpu_share:  # the CPU's inputs first: the host waits for the ids, the last copy
                     self._y_host.copy_(buf["y"], non_blocking=True)
@@ -256,16 +321,18 @@ class DecodeSteps:
                 self.executor.gather_misses(layer.index, self.copy_table)
             y, k = buf["y"], mlp.top_k
             routed = self.executor.slot_swiglu(y.expand(k, y.shape[-1]), self.slots, mlp.experts.intermediate)
-            weights = buf["weights"].reshape(k, 1)
-            if self.with_cpu_share:
-                weights = weights * self.gpu_rows.reshape(k, 1)
-            out = (routed * weights.to(routed.dtype)).sum(0, keepdim=True)
-            if self.with_cpu_share:  # the CPU's share comes after a host action: add_cpu_share ends the layer
+            weighted = routed * buf["weights"].reshape(k, 1).to(routed.dtype)
+            if self.with_cpu_share:  # the CPU's rows read any slot: masked, not weighed, so no NaN comes through
+                weighted = torch.where(self.gpu_rows.reshape(k, 1) > 0, weighted, 0)
+            out = weighted.sum(0, keepdim=True)
+            if self.with_cpu_share:  # the CPU's share comes later: add_cpu_share ends the layer
                 buf["routed"] = out
             else:
                 add_residual(out)
 
         def add_cpu_share():
+            if share:
+                kernels.wait_cpu_share(self.gpu_rows, self.share_base, ordinal, self._share.mailbox, self.cpu_routed)
             add_residual(buf["routed"] + self.cpu_routed.to(buf["routed"].dtype))
 
         def add_residual(routed):
@@ -273,7 +340,8 @@ class DecodeSteps:
         # the shared expert runs while the host waits for the ids; without one, no (empty) graph there
         beside = [("segment", shared)] if mlp.shared_expert is not None else []
         if on_device:
-            return [("segment", route), ("segment", gather_beside_shared), ("segment", finish)]
+            return [("segment", route), ("segment", gather_beside_shared), ("segment", finish),
+                    *([("segment", add_cpu_share)] if share else [])]
         actions = [("segment", route), ("ids_sent", layer.index), *beside, ("fetch", layer.index), ("segment", finish)]
         if self.with_cpu_share:  # the GPU copies and computes its share (finish) while the host computes the CPU's
             actions += [("cpu_share", layer.index), ("segment", add_cpu_share)]

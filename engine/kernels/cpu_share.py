@@ -1,0 +1,297 @@
+"""The CPU's share of a graphed decode step, computed by CPU threads that the GPU drives through pinned memory.
+
+With the host in the loop, each MoE layer of a step waited for the router's choice to reach Python, then for
+Python to start the CPU kernel and send its sum back (H200, 4gb plan, 4,096 tokens: hybrid 44.5 tok/s against
+offload's 60.1, with the host's waits and launches most of the difference). Here the step stays one graph:
+after each router the GPU posts the CPU's experts and their input to a `Mailbox` in page-locked host memory
+(kernels.post_cpu_share), CPU threads spinning on it compute them with cpu_experts' row kernels while the GPU
+copies and computes its own share, and the GPU spins (kernels.wait_cpu_share) until their sum is posted back.
+
+The protocol, one sequence number per MoE layer of a step, chosen by the host (`CpuShareWorker.start`):
+- the GPU writes the ids (-1 where the GPU computes that expert), the routing weights and the input, then
+  sets `request` to the layer's number;
+- every CPU thread waits for that number, reads the layer, and checks `done` is still below it (the GPU
+  rewrites the mailbox only after `done` reaches the number, so the layer it read is whole);
+- the threads take work items from the layer's counters: blocks of 32 gate_up rows of one expert (whoever
+  ends an expert's last block computes its activation), then blocks of 32 output rows over all the layer's
+  CPU experts, weighted; whoever ends the last block sets `done`, and so does the first thread to see a
+  layer with nothing for the CPU;
+- the GPU waits for `done`, then reads the sum.
+Items are taken, not dealt, so a thread the OS holds back delays only the item it holds, and a thread that
+comes late finds the items gone and moves on. `cancel` stops everyone (the host sets it when a step fails).
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import TimeoutError as FutureTimeout
+
+import numpy as np
+import torch
+
+from engine.kernels import cpu_experts
+from engine.kernels.cpu_experts import M_IN, M_OUT, ROW_BLOCK, numba
+
+REQUEST, DONE, CANCEL = 0, 1, 2  # the mailbox's flags (int32)
+# Per-layer work counters: gate_up items taken, activations made, down items taken, down items ended, the
+# finisher of a layer without CPU experts, then per CPU expert its gate_up blocks ended
+TAKEN_GATE_UP, ACTIVATED, TAKEN_DOWN, ENDED_DOWN, FINISHER, ENDED_GATE_UP = range(6)
+LAST_SEQUENCE = 2**31 - 1  # sequence numbers are int32 on the GPU: the host starts again at 1 before this
+
+
+class CpuShareError(RuntimeError):
+    """The CPU's share of a decode step did not come back."""
+
+
+class Mailbox:
+    """What the GPU and the CPU threads exchange for one MoE layer at a time, in page-locked host memory the GPU
+    reads and writes directly (plain host memory off CUDA)."""
+
+    def __init__(self, top_k: int, hidden: int, pin: bool):
+        self.flags = torch.zeros(4, dtype=torch.int32, pin_memory=pin)
+        self.ids = torch.full((top_k,), -1, dtype=torch.int32, pin_memory=pin)
+        self.weights = torch.zeros(top_k, dtype=torch.float32, pin_memory=pin)
+        self.x = torch.zeros(hidden, dtype=torch.float32, pin_memory=pin)
+        self.out = torch.zeros(hidden, dtype=torch.float32, pin_memory=pin)
+
+
+def share_threads() -> int:
+    """The CPU expert threads, less one where they would take every logical CPU: they spin, and the thread that
+    launches the step's graph (and whatever else the machine runs) must not push one off its core mid-layer."""
+    return max(1, min(cpu_experts.threads(), (os.cpu_count() or 1) - 1))
+
+
+class CpuShareWorker:
+    """CPU threads that compute, for each decode step, the share of every MoE layer the GPU posts to `mailbox`.
+    records: each MoE layer's host expert records (uint8 [experts, record_bytes]), in the step's layer order."""
+
+    def __init__(self, kernel: cpu_experts.CpuExpertKernel, records: list[torch.Tensor], mailbox: Mailbox):
+        if numba is None:
+            raise CpuShareError("the CPU's share of a decode step needs numba (pip install numba)")
+        self.kernel, self.mailbox, self._records = kernel, mailbox, records  # held: the threads read their memory
+        self._addresses = np.array([r.data_ptr() for r in records], dtype=np.int64)
+        self._record_bytes = records[0].shape[1]
+        top_k, intermediate = mailbox.ids.numel(), kernel.intermediate
+        self._counters = np.zeros((len(records), ENDED_GATE_UP + top_k), dtype=np.int32)
+        self._hidden_rows = np.zeros((top_k, 2 * intermediate), dtype=np.float32)
+        self._acts = np.zeros((top_k, intermediate), dtype=np.float32)
+        self._acts16 = np.zeros((top_k, intermediate), dtype=np.uint16)
+        self._views = [t.numpy() for t in (mailbox.flags, mailbox.ids, mailbox.weights, mailbox.x, mailbox.out)]
+        self._pool = ThreadPoolExecutor(1, thread_name_prefix="cpu-experts")
+        self._running = None
+        self.threads = share_threads()
+        self.next_sequence = 1
+        self._serve(1, 0)  # compiled now (or loaded from numba's cache), not while a step's GPU waits
+
+    def start(self, layers: int) -> int:
+        """Serve the next step's `layers` MoE layers on the pool's thread; the sequence number of its first."""
+        if self._running is not None:
+            raise CpuShareError("a step's CPU share is still running")
+        if self.next_sequence + layers > LAST_SEQUENCE:  # nothing is in flight: numbers may start again
+            self._views[0][:] = 0
+            self.next_sequence = 1
+        first = self.next_sequence
+        self.next_sequence += layers
+        self._counters[:layers] = 0
+        self._running = self._pool.submit(self._serve, first, layers)
+        return first
+
+    def finish(self, timeout: float = 60.0) -> int:
+        """Wait for the step's share; the experts the CPU computed. On failure the GPU's waits are released
+        (cancel) and CpuShareError says what happened."""
+        running, self._running = self._running, None
+        if running is None:
+            return 0
+        try:
+            computed = running.result(timeout)
+        except FutureTimeout:
+            self.cancel()
+            running.result()  # the threads see cancel within microseconds
+            raise CpuShareError(f"the CPU's experts of a decode step did not finish within {timeout:.0f} s; "
+                                f"choose the offload expert backend in Settings if this repeats") from None
+        except Exception as error:
+            self.cancel()
+            raise CpuShareError(f"the CPU's experts of a decode step failed ({type(error).__name__}: {error}); "
+                                f"choose the offload expert backend in Settings if this repeats") from error
+        if computed < 0:
+            raise CpuShareError("the CPU's experts of a decode step were cancelled")
+        return computed
+
+    def cancel(self) -> None:
+        """Stop the threads and release the GPU's waits (the step's output is then garbage: its caller raises)."""
+        self._views[0][CANCEL] = 1
+
+    def clear_cancel(self) -> None:
+        """After a cancelled step has ended on both sides, before the next."""
+        self._views[0][CANCEL] = 0
+
+    def close(self) -> None:
+        self.cancel()
+        self._pool.shutdown(wait=True)
+
+    def _serve(self, first: int, layers: int) -> int:
+        flags, ids, weights, x, out = self._views
+        with cpu_experts._launch:
+            cpu_experts.numba_threads(self.threads)
+            return int(_serve_step(self._addresses, self._record_bytes, self.kernel._meta, flags, ids, weights, x,
+                                   out, first, layers, self._counters, self._hidden_rows, self._acts, self._acts16,
+                                   self.kernel.activations == "bf16", self.threads))
+
+
+if numba is not None:
+    from llvmlite import ir
+    from numba import types
+    from numba.extending import intrinsic
+
+    from engine.kernels.cpu_experts import FAST, _lay_out, _lay_out_bf16, _rows
+
+    I32 = ir.IntType(32)
+    _X86 = platform.machine().lower() in ("x86_64", "amd64")
+
+    def _int32_at(builder, address):
+        return builder.inttoptr(address, I32.as_pointer())
+
+    @intrinsic
+    def _load_acquire(typingctx, address):
+        """The int32 at `address`, read with acquire order (what was written before its release is visible)."""
+        def codegen(context, builder, signature, args):
+            value = builder.load_atomic(_int32_at(builder, args[0]), "acquire", 4)
+            return builder.sext(value, ir.IntType(64))
+        return types.int64(types.intp), codegen
+
+    @intrinsic
+    def _fetch_add(typingctx, address, value):
+        """Atomically add `value` to the int32 at `address`; the value before."""
+        def codegen(context, builder, signature, args):
+            old = builder.atomic_rmw("add", _int32_at(builder, args[0]), builder.trunc(args[1], I32), "seq_cst")
+            return builder.sext(old, ir.IntType(64))
+        return types.int64(types.intp, types.int64), codegen
+
+    @intrinsic
+    def _raise_to(typingctx, address, value):
+        """Atomically raise the int32 at `address` to `value` (release order); a stale writer cannot lower it."""
+        def codegen(context, builder, signature, args):
+            builder.atomic_rmw("max", _int32_at(builder, args[0]), builder.trunc(args[1], I32), "release")
+            return context.get_dummy_value()
+        return types.void(types.intp, types.int64), codegen
+
+    @intrinsic
+    def _pause(typingctx):
+        """A spin-wait hint (x86's pause: the sibling hyper-thread gets the core, less power); nothing elsewhere."""
+        def codegen(context, builder, signature, args):
+            if _X86:
+                fn = builder.module.declare_intrinsic("llvm.x86.sse2.pause", fnty=ir.FunctionType(ir.VoidType(), []))
+                builder.call(fn, [])
+            return context.get_dummy_value()
+        return types.void(), codegen
+
+    @intrinsic
+    def _bytes_at(typingctx, address):
+        def codegen(context, builder, signature, args):
+            return builder.inttoptr(args[0], ir.IntType(8).as_pointer())
+        return types.CPointer(types.uint8)(types.intp), codegen
+
+    @numba.njit(nogil=True, cache=True, fastmath=FAST)
+    def _swiglu_laid_out(hidden_row, act, target, target16, down, bf16):
+        """SwiGLU of one expert's gate_up output (gate, then up), laid out for its down matrix (and as bf16)."""
+        intermediate = act.shape[0]
+        for i in range(intermediate):
+            gate = hidden_row[i]
+            act[i] = gate / (np.float32(1) + np.exp(-gate)) * hidden_row[intermediate + i]
+        _lay_out(act, target, down)
+        if bf16:
+            _lay_out_bf16(act, target16)
+
+    @numba.njit(nogil=True, cache=True)
+    def _wait_for(address, target, cancel_at):
+        """Spin until the int32 at `address` reaches `target`; its value, or -1 once cancel is set."""
+        while True:
+            value = _load_acquire(address)
+            if value >= target:
+                return value
+            if _load_acquire(cancel_at) != 0:
+                return -1
+            _pause()
+
+    @numba.njit(nogil=True, cache=True)
+    def _serve_layers(addresses, record_bytes, meta, flags, ids, weights, x, out, first, layers, counters,
+                      hidden_rows, acts, acts16, bf16):
+        """One thread's part of a step (the protocol in the module's docstring); experts it ended, -1 if cancelled."""
+        gate_up, down = meta[0], meta[1]
+        hidden, intermediate = down[M_OUT], down[M_IN]
+        top_k = ids.shape[0]
+        per_expert = (2 * intermediate + ROW_BLOCK - 1) // ROW_BLOCK
+        down_blocks = (hidden + ROW_BLOCK - 1) // ROW_BLOCK
+        flags_at = flags.ctypes.data
+        request_at, done_at, cancel_at = flags_at + 4 * REQUEST, flags_at + 4 * DONE, flags_at + 4 * CANCEL
+        laid, laid16 = np.empty((1, hidden), np.float32), np.empty((1, hidden), np.uint16)
+        act = np.empty(intermediate, np.float32)
+        products = np.empty((top_k, hidden), np.float32)
+        chosen, chosen_weights = np.empty(top_k, np.int64), np.empty(top_k, np.float32)
+        picks = np.arange(top_k)
+        ended = 0
+        for layer in range(layers):
+            sequence = first + layer
+            seen = _wait_for(request_at, sequence, cancel_at)
+            if seen < 0:
+                return -1
+            if seen != sequence:
+                continue  # the GPU is past this layer: it was done without this thread
+            n = 0
+            for j in range(top_k):
+                if ids[j] >= 0:
+                    chosen[n], chosen_weights[n] = ids[j], weights[j]
+                    n += 1
+            if n:
+                _lay_out(x, laid[0], gate_up)
+                if bf16:
+                    _lay_out_bf16(x, laid16[0])
+            if _load_acquire(done_at) >= sequence:
+                continue  # ended while this thread read: what it read may be the next layer's
+            count_at = counters[layer].ctypes.data
+            if n == 0:
+                if _fetch_add(count_at + 4 * FINISHER, 1) == 0:
+                    _raise_to(done_at, sequence)
+                continue
+            base = addresses[layer]
+            while True:
+                item = _fetch_add(count_at + 4 * TAKEN_GATE_UP, 1)
+                if item >= n * per_expert:
+                    break
+                i, block = item // per_expert, item % per_expert
+                record = numba.carray(_bytes_at(base + chosen[i] * record_bytes), (record_bytes,))
+                _rows(record, gate_up, block * ROW_BLOCK, min((block + 1) * ROW_BLOCK, 2 * intermediate), laid,
+                      laid16, picks[:1], hidden_rows[i:i + 1], bf16)
+                if _fetch_add(count_at + 4 * (ENDED_GATE_UP + i), 1) == per_expert - 1:
+                    _swiglu_laid_out(hidden_rows[i], act, acts[i], acts16[i], down, bf16)
+                    _fetch_add(count_at + 4 * ACTIVATED, 1)
+            if _wait_for(count_at + 4 * ACTIVATED, n, cancel_at) < 0:
+                return -1
+            while True:
+                block = _fetch_add(count_at + 4 * TAKEN_DOWN, 1)
+                if block >= down_blocks:
+                    break
+                begin, end = block * ROW_BLOCK, min((block + 1) * ROW_BLOCK, hidden)
+                for i in range(n):
+                    record = numba.carray(_bytes_at(base + chosen[i] * record_bytes), (record_bytes,))
+                    _rows(record, down, begin, end, acts, acts16, picks[i:i + 1], products[i:i + 1], bf16)
+                for r in range(begin, end):
+                    total = np.float32(0)
+                    for i in range(n):
+                        total += chosen_weights[i] * products[i, r]
+                    out[r] = total
+                if _fetch_add(count_at + 4 * ENDED_DOWN, 1) == down_blocks - 1:
+                    ended += n
+                    _raise_to(done_at, sequence)
+        return ended
+
+    @numba.njit(parallel=True, nogil=True, cache=True)
+    def _serve_step(addresses, record_bytes, meta, flags, ids, weights, x, out, first, layers, counters,
+                    hidden_rows, acts, acts16, bf16, threads):
+        ended = np.zeros(threads, np.int64)
+        for t in numba.prange(threads):
+            ended[t] = _serve_layers(addresses, record_bytes, meta, flags, ids, weights, x, out, first, layers,
+                                     counters, hidden_rows, acts, acts16, bf16)
+        return -1 if ended.min() < 0 else ended.sum()
