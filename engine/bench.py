@@ -25,8 +25,9 @@ from engine.runtime.vram import cap_process_memory, measured_peak
 from engine.synthetic import SYNTHETIC_MODELS, checkpoint_format, text_config
 from engine.testing.tiny_checkpoints import checkpoint_tensors
 
-ROUTING_NOTE = ("random weights: the router spreads tokens evenly over the experts, so expert-cache hit rates "
-                "are a pessimistic floor for a real model")
+ROUTING_NOTE = ("random weights: the router spreads tokens evenly over the experts, so with random decode inputs "
+                "the expert-cache hit rates are a pessimistic floor for a real model; greedy decoding can repeat a "
+                "token, and its experts, more than a real model would")
 DEFAULT_PREFILL_CHUNK = 512  # without a plan (CPU runs)
 BANDWIDTH_PROBE_BYTES = 256 * 2**20
 HF_BASELINE_TOKENS = 128  # the baseline's prompt at most (its decode takes seconds a token)
@@ -74,11 +75,14 @@ def _host_peak_memory() -> dict:
 
 
 def measure(model: CausalLM, device: str, prompt_tokens: int, decode_tokens: int, chunk: int, seed: int,
-            kv_tokens: int | None = None, backends: list[str] | None = None) -> dict:
-    """Prefill a random prompt in chunks, then greedy-decode; speeds, time to first token and cache traffic.
+            kv_tokens: int | None = None, backends: list[str] | None = None, decode_inputs: str = "greedy") -> dict:
+    """Prefill a random prompt in chunks, then decode; speeds, time to first token and cache traffic.
     `kv_tokens`: the plan's KV cache, allocated whole as the app would (default: just enough). `backends`:
     decode `decode_tokens` with each expert backend in turn (engine/experts/split.py), one after the other on
-    the same sequence; the row's decode figures are the first one's, all are under "decode_by_backend"."""
+    the same sequence; the row's decode figures are the first one's, all are under "decode_by_backend".
+    `decode_inputs`: "greedy" feeds each step the last one's argmax (random weights tend to repeat a token, and
+    so its experts, which the expert cache can then hit); "random" feeds random tokens, which spread the routing
+    (the cache's floor)."""
     generator = torch.Generator().manual_seed(seed)
     prompt = torch.randint(0, model.config.vocab_size, (prompt_tokens,), generator=generator)
     executor = model.expert_executor
@@ -91,7 +95,8 @@ def measure(model: CausalLM, device: str, prompt_tokens: int, decode_tokens: int
     token = int(logits.argmax())
     _sync(device)
     first_token = time.perf_counter()
-    row = {"prompt_tokens": prompt_tokens, "decode_tokens": decode_tokens, "prefill_chunk_tokens": chunk,
+    row = {"prompt_tokens": prompt_tokens, "decode_tokens": decode_tokens, "decode_inputs": decode_inputs,
+           "prefill_chunk_tokens": chunk,
            "time_to_first_token_s": first_token - started,
            "prefill_tokens_per_s": prompt_tokens / (first_token - started)}
     row.update(_traffic("prefill", before, executor.stats()))
@@ -102,10 +107,13 @@ def measure(model: CausalLM, device: str, prompt_tokens: int, decode_tokens: int
         # one untimed step: the first on a new state captures its decode graphs (engine/runtime/decode_graphs.py)
         token = int(model.forward([token], state).argmax())
         _sync(device)
+        inputs = torch.randint(0, model.config.vocab_size, (decode_tokens,), generator=generator).tolist()
         start = executor.stats()
         began = time.perf_counter()
-        for _ in range(decode_tokens):
-            token = int(model.forward([token], state).argmax())
+        for step in range(decode_tokens):
+            token = int(model.forward([token], state).argmax())  # read back either way: the same wait per step
+            if decode_inputs == "random":
+                token = inputs[step]
         _sync(device)
         seconds = time.perf_counter() - began
         end = executor.stats()
@@ -155,7 +163,8 @@ def _decode_bound(decode: dict, bandwidth: float) -> dict:
 
 
 def run_bench(name: str, device: str, prompt_lengths: list[int], decode_tokens: int, plan: MemoryPlan | None,
-              seed: int = 0, backends: list[str] | None = None, hf_baseline: bool = False) -> dict:
+              seed: int = 0, backends: list[str] | None = None, hf_baseline: bool = False,
+              decode_inputs: str = "greedy") -> dict:
     """On CUDA with a plan, the process is held to the plan's budget (engine/runtime/vram.py) for the whole
     run, and each prompt length reports its measured peak against it. `backends` (CUDA): decode with each
     expert backend in turn after every prefill. `hf_baseline`: then the same shape through transformers +
@@ -197,7 +206,7 @@ def run_bench(name: str, device: str, prompt_lengths: list[int], decode_tokens: 
             torch.cuda.reset_peak_memory_stats()
         try:
             row = measure(model, device, length, decode_tokens, chunk, seed,
-                          plan.kv_tokens if plan is not None else None, backends)
+                          plan.kv_tokens if plan is not None else None, backends, decode_inputs)
         except torch.OutOfMemoryError as exc:
             row = {"prompt_tokens": length, "error": f"out of memory: {str(exc).splitlines()[0]}"}
         except Exception as exc:  # one failing length must not lose the others' figures

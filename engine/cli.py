@@ -68,6 +68,8 @@ def build_parser() -> argparse.ArgumentParser:
                                                         "bigger GPU the process is held to it")
     bench.add_argument("--prompt-tokens", default="512", help="prompt lengths, comma-separated (e.g. 512,4096)")
     bench.add_argument("--decode-tokens", type=int, default=128)
+    bench.add_argument("--decode-inputs", choices=["greedy", "random"], default="greedy",
+                       help="decode from each step's argmax, or from random tokens (routing spread over the experts)")
     bench.add_argument("--hf-baseline", action="store_true",
                        help="also run the same shape through transformers + accelerate (needs accelerate)")
     bench.add_argument("--expert-backends", help="CUDA: decode with each of these expert backends in turn, "
@@ -324,6 +326,7 @@ def run_bench(args) -> int:
         if args.device != "cuda" or plan is None:
             raise CliError("--expert-backends needs --device cuda and a --preset (an expert cache to miss)")
     result = bench.run_bench(args.synthetic, args.device, lengths, args.decode_tokens, plan, backends=backends,
+                             decode_inputs=args.decode_inputs,
                              hf_baseline=args.hf_baseline)
     print(json.dumps(result, indent=2) if args.json else bench.format_result(result))
     return 0
