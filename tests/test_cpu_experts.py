@@ -5,6 +5,7 @@ import json
 import os
 import platform
 
+import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
@@ -295,6 +296,75 @@ def test_bf16_activations_round_the_inputs_and_nothing_else(encoding, hidden, in
         if tokens == 1:
             assert relative_error(got, rounded) < EXACT
             assert relative_error(got, exact) > EXACT  # the rounding is really there: this path ran
+
+
+@pytest.mark.skipif(not cpu_experts.bf16_dot_supported(), reason="needs a CPU with AVX512-BF16 (Zen 4, Xeon SPR+)")
+@pytest.mark.parametrize("encoding", ["nvfp4", "nvfp4_ct"])
+@pytest.mark.parametrize("exponents", [range(16), [0]])
+def test_bf16_activations_decode_every_block_scale_exactly(encoding, exponents):
+    """The bf16 path decodes the E4M3 block scales itself: records whose scales run through every code but NaN
+    (negatives included), or through the subnormals alone (among all, their blocks would weigh too little to
+    tell), with 3 runs of 8 blocks a gate_up row and 1 a down row (the odd last run), equal to the reference fed
+    bf16-rounded inputs; a scale of 0x7f or 0xff makes its row NaN."""
+    hidden, intermediate = 384, 128
+    layout, records = packed(encoding, hidden, intermediate)
+    codes = torch.tensor([c for c in range(256) if c & 0x7F != 0x7F and (c >> 3) & 15 in exponents],
+                         dtype=torch.uint8)
+    for matrix in layout.view(records).values():
+        scales = matrix.tensors["weight_scale"].view(torch.uint8)
+        order = torch.randperm(scales.numel(), generator=torch.Generator().manual_seed(11)) % codes.numel()
+        scales.copy_(codes[order].reshape(scales.shape))
+    kernel = CpuExpertKernel(layout, "bf16")
+    x = torch.randn(1, hidden, generator=torch.Generator().manual_seed(12))
+    ids, weights = routing(1)
+    on_cpu = torch.ones_like(ids, dtype=torch.bool)
+    got = kernel.run(records, x, ids, weights, on_cpu)
+    assert relative_error(got, reference_bf16_activations(layout, records, x, ids, weights, on_cpu)) < EXACT
+
+    down = layout.view(records)["down"].tensors["weight_scale"].view(torch.uint8)
+    down[ids[0, 0], 5, 0], down[ids[0, 0], 9, 7] = 0x7F, 0xFF
+    got = kernel.run(records, x, ids, weights, on_cpu)[0]
+    assert got[5].isnan() and got[9].isnan() and got[[i for i in range(hidden) if i not in (5, 9)]].isfinite().all()
+
+
+@pytest.mark.skipif(not cpu_experts.bf16_dot_supported(), reason="needs a CPU with AVX512-BF16 (Zen 4, Xeon SPR+)")
+@pytest.mark.parametrize("encoding", ["nvfp4", "nvfp4_ct"])
+def test_bf16_activations_with_one_global_scale_for_the_matrix(encoding):
+    """Records laid out from weights as stored (no fuse_rows): one global scale a matrix, which the bf16 path reads
+    once for all its rows."""
+    generator = torch.Generator().manual_seed(14)
+    experts = [{"gate_up": stored(torch.randn(256, 128, generator=generator), encoding, "gate_up"),
+                "down": stored(torch.randn(128, 128, generator=generator), encoding, "down")} for _ in range(EXPERTS)]
+    layout = RecordLayout.of(experts[0])
+    records = torch.empty(EXPERTS, layout.record_bytes, dtype=torch.uint8)
+    for e, expert in enumerate(experts):
+        layout.write(records[e], expert)
+    kernel = CpuExpertKernel(layout, "bf16")
+    assert (kernel._meta[:, cpu_experts.M_GLOBAL_COUNT] == 1).all()
+    x = torch.randn(1, 128, generator=generator)
+    ids, weights = routing(1)
+    on_cpu = torch.ones_like(ids, dtype=torch.bool)
+    got = kernel.run(records, x, ids, weights, on_cpu)
+    assert relative_error(got, reference_bf16_activations(layout, records, x, ids, weights, on_cpu)) < EXACT
+    assert relative_error(got, reference(layout, records, x, ids, weights, on_cpu)) > EXACT  # the bf16 path ran
+
+
+@pytest.mark.skipif(not cpu_experts.bf16_dot_supported(), reason="needs a CPU with AVX512-BF16 (Zen 4, Xeon SPR+)")
+def test_bf16_rows_give_the_same_bits_whatever_range_they_are_asked_in():
+    """Rows go four a call and the rest one a call; either way a row's sums are added in the same order."""
+    layout, records = packed("nvfp4", 256, 128)
+    kernel = CpuExpertKernel(layout, "bf16")
+    record, meta = records[0].numpy(), kernel._meta[0]
+    x = torch.randn(1, 256, generator=torch.Generator().manual_seed(13)).numpy()
+    laid, laid16 = np.empty_like(x), np.empty(x.shape, np.uint16)
+    cpu_experts._lay_out(x[0], laid[0], meta)
+    cpu_experts._lay_out_bf16(x[0], laid16[0])
+    picks = np.zeros(1, np.int64)
+    whole, parts = np.zeros((1, 256), np.float32), np.zeros((1, 256), np.float32)
+    cpu_experts._rows(record, meta, 0, 256, laid, laid16, picks, whole, True)
+    for first, last in ((0, 3), (3, 10), (10, 32), (32, 256)):
+        cpu_experts._rows(record, meta, first, last, laid, laid16, picks, parts, True)
+    assert (whole == parts).all()
 
 
 def test_bf16_activations_are_refused_where_the_cpu_lacks_them(monkeypatch):

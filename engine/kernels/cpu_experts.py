@@ -307,96 +307,186 @@ if numba is not None:
         def _to_string(self):
             return "bfloat"
 
+    BF16_PAIRS = ir.VectorType(_BFloat(), 32)  # one instance: llvmlite compares types of its own classes by identity
+
     def _e2m1_bf16_table() -> ir.Constant:
-        """The bf16 bits of E2M1 code i & 15 for i in 0..31: vpermw indexes with 5 bits and the code sits in 4."""
+        """The bf16 bits of 256 times E2M1 code i & 15 for i in 0..31: vpermw indexes with 5 bits and the code sits
+        in 4; the 256 (exact, a power of two) cancels the 1/256 of _block_scales."""
         magnitudes = [0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0]
-        bits = [int(np.float32(-magnitudes[i & 7] if i & 8 else magnitudes[i & 7]).view(np.uint32)) >> 16
+        bits = [int(np.float32(256 * (-magnitudes[i & 7] if i & 8 else magnitudes[i & 7])).view(np.uint32)) >> 16
                 for i in (c & 15 for c in range(32))]
         return ir.Constant(ir.VectorType(I16, 32), bits)
 
     def _splat(element_type, count, value):
         return ir.Constant(ir.VectorType(element_type, count), [value] * count)
 
-    # Codes are prefetched this far ahead of their use: on the development Zen 4 one thread streamed NVFP4 experts
-    # from DRAM at 9.0-9.7 GB/s with it, 8.8 without (the hardware prefetcher alone); not measured on the Xeon
-    PREFETCH_BYTES = 512
+    def _block_scales(builder, raw):
+        """IR: sixteen E4M3 block scales (<16 x i8>) as <16 x float>, each over 256, exactly: the byte moved to the
+        top of a 16-bit word and shifted back one (arithmetically, so the sign stays on top) is an fp16 of the
+        same exponent and mantissa, subnormals included, with bias 15 for E4M3's 7; magnitude 0x7f is NaN.
+        vcvtph2ps widens the halves."""
+        def c(element_type, value):
+            return _splat(element_type, 16, value)
+        words = builder.shl(builder.zext(raw, ir.VectorType(I16, 16)), c(I16, 8))
+        bits = builder.and_(builder.ashr(words, c(I16, 1)), c(I16, 0xBF80))  # the sign's copy at bit 14 cleared
+        nan = builder.icmp_unsigned("==", builder.and_(raw, c(I8, 0x7F)), c(I8, 0x7F))
+        bits = builder.select(nan, c(I16, 0x7E00), bits)
+        return builder.fpext(builder.bitcast(bits, ir.VectorType(ir.HalfType(), 16)), ir.VectorType(F32, 16))
 
-    @intrinsic
-    def _nvfp4_dot_bf16(typingctx, codes, scales, x, octets):
-        """sum over blocks b of scales[b] * (E2M1 codes of block b . x of block b), for `octets` runs of eight
-        16-input blocks (at least one): codes at address `codes` (two per byte, low nibble first), float32 block
-        scales at `scales`, bf16 inputs at `x` in _lay_out_bf16's order.
+    def _lane_sums(builder, vectors):
+        """IR: the horizontal sums of `vectors` (each <16 x float>), as one vector in their order: pairs of vectors
+        are folded into one (half the lanes of each), then the vector into itself, so a sum is a few shuffles."""
+        segments, length = 1, 16  # each vector: `segments` partial sums of `length` lanes, row after row
 
-        Per 64 inputs (32 code bytes): the bytes widened to words; one vpermw of the words (it reads their low 5
-        bits, the table repeats over bit 4) gives the low codes' bf16 values, one of the words shifted right by 4
-        the high codes'. Low word pair k holds inputs 4k and 4k+2, high pair k inputs 4k+1 and 4k+3, which is how
-        _lay_out_bf16 orders the inputs, so two vdpbf16ps leave lane k the sum of inputs 4k..4k+3: lanes 0-3 are
-        the first block, 4-7 the second... and one FMA with the four blocks' scales adds them up."""
-        def codegen(context, builder, signature, args):
-            if not bf16_dot_supported():  # never called there (CpuExpertKernel refuses): keep the module compilable
-                return ir.Constant(F32, float("nan"))
-            codes_at, scales_at, x_at, count = args
-            module = builder.module
-            v16f, v16i32, v32i16 = ir.VectorType(F32, 16), ir.VectorType(I32, 16), ir.VectorType(I16, 32)
-            pairs_type = ir.VectorType(_BFloat(), 32)
-            permute = cgutils.get_or_insert_function(module, ir.FunctionType(v32i16, [v32i16, v32i16]),
-                                                     "llvm.x86.avx512.permvar.hi.512")
-            dot = cgutils.get_or_insert_function(module, ir.FunctionType(v16f, [v16f, pairs_type, pairs_type]),
-                                                 "llvm.x86.avx512bf16.dpbf16ps.512")
-            fma = cgutils.get_or_insert_function(module, ir.FunctionType(v16f, [v16f, v16f, v16f]), "llvm.fma.v16f32")
-            prefetch = cgutils.get_or_insert_function(  # (address, read, keep in every level, data)
-                module, ir.FunctionType(ir.VoidType(), [I8.as_pointer(), I32, I32, I32]), "llvm.prefetch.p0")
-            zero = ir.Constant(v16f, None)
-            table = _e2m1_bf16_table()
-            lanes_of_block = ir.Constant(ir.VectorType(I32, 16), [lane // 4 for lane in range(16)])
+        def fold(p, q):
+            """Each segment of p, and of q if given, its second half added to its first: p's then q's."""
+            half = length // 2
+            picks = [[s * length + h * half + k for s in range(segments) for k in range(half)] for h in (0, 1)]
+            if q is None:
+                q = p
+            else:  # the shuffle numbers q's lanes after p's
+                picks = [pick + [segments * length + i for i in pick] for pick in picks]
+            low, high = (builder.shuffle_vector(p, q, ir.Constant(ir.VectorType(I32, len(pick)), pick))
+                         for pick in picks)
+            return builder.fadd(low, high)
 
-            def quad(index, acc):
-                """acc plus the scaled dots of quad `index` (blocks 4 index .. 4 index + 3)."""
-                def at(base, stride, element_type, extra=0):
-                    address = builder.add(base, builder.add(builder.mul(index, ir.Constant(I64, stride)),
-                                                            ir.Constant(I64, extra)))
-                    return builder.inttoptr(address, element_type.as_pointer())
-                builder.call(prefetch, [at(codes_at, 32, I8, PREFETCH_BYTES), ir.Constant(I32, 0),
-                                        ir.Constant(I32, 3), ir.Constant(I32, 1)])
-                words = builder.zext(builder.load(at(codes_at, 32, ir.VectorType(I8, 32)), align=1), v32i16)
-                low = builder.call(permute, [table, words])
-                high = builder.call(permute, [table, builder.lshr(words, _splat(I16, 32, 4))])
-                sums = zero
-                for values, extra in ((low, 0), (high, 64)):
-                    inputs = builder.load(at(x_at, 128, v16i32, extra), align=2)
-                    sums = builder.call(dot, [sums, builder.bitcast(values, pairs_type),
-                                              builder.bitcast(inputs, pairs_type)])
-                four = builder.load(at(scales_at, 16, ir.VectorType(F32, 4)), align=4)
-                return builder.call(fma, [sums, builder.shuffle_vector(four, four, lanes_of_block), acc])
+        while len(vectors) > 1:
+            vectors = [fold(vectors[i], vectors[i + 1]) for i in range(0, len(vectors), 2)]
+            segments, length = 2 * segments, length // 2
+        total = vectors[0]
+        while length > 1:
+            total = fold(total, None)
+            length //= 2
+        return total
 
-            entry = builder.block
-            loop = builder.append_basic_block("nvfp4_bf16.loop")
-            done = builder.append_basic_block("nvfp4_bf16.done")
-            builder.branch(loop)
-            builder.position_at_end(loop)
-            i = builder.phi(I64)
-            even, odd = builder.phi(v16f), builder.phi(v16f)  # two sums: FMA latency, not throughput, bound one
-            first = builder.shl(i, ir.Constant(I64, 1))
-            new_even = quad(first, even)
-            new_odd = quad(builder.add(first, ir.Constant(I64, 1)), odd)
-            following = builder.add(i, ir.Constant(I64, 1))
-            i.add_incoming(ir.Constant(I64, 0), entry)
-            i.add_incoming(following, loop)
-            for phi, new in ((even, new_even), (odd, new_odd)):
-                phi.add_incoming(zero, entry)
-                phi.add_incoming(new, loop)
-            builder.cbranch(builder.icmp_signed("<", following, count), loop, done)
-            builder.position_at_end(done)
-            total = builder.fadd(new_even, new_odd)
-            width = 16
-            while width > 1:  # a tree of halves: the horizontal sum
-                width //= 2
-                low = builder.shuffle_vector(total, total, ir.Constant(ir.VectorType(I32, width), list(range(width))))
-                high = builder.shuffle_vector(total, total,
-                                              ir.Constant(ir.VectorType(I32, width), list(range(width, 2 * width))))
-                total = builder.fadd(low, high)
-            return builder.extract_element(total, ir.Constant(I32, 0))
-        return types.float32(types.intp, types.intp, types.intp, types.intp), codegen
+    # The codes are prefetched this many groups of rows ahead (rows lie one after another, so a group's bytes are
+    # contiguous: a line a row is asked for per line read). Development Zen 4, one thread from DRAM: without it
+    # gate_up ran at half the speed; 1, 2, 4 or 8 groups, or 4 or 8 KiB, were within the noise of each other
+    PREFETCH_GROUPS = 2
+
+    def _nvfp4_dots_bf16(rows):
+        """An intrinsic for `rows` consecutive NVFP4 rows of one token, giving each row's sum over blocks b of
+        scale b * (E2M1 codes of block b . x of block b) as a tuple: codes at address `codes` (two per byte, low
+        nibble first), E4M3 block scales at `scales`, bf16 inputs at `x` in _lay_out_bf16's order, `octets` runs
+        of eight 16-input blocks a row (at least one).
+
+        Per octet of a row (64 code bytes, 128 inputs): word j of the codes holds codes 4j..4j+3, one a nibble;
+        vpermw of the words, and of them shifted right by 4, 8 and 12 (it reads their low 5 bits; the table repeats
+        over bit 4) gives the bf16 values of codes 4j, 4j+1, 4j+2, 4j+3. _lay_out_bf16 puts the inputs the same way,
+        so four vdpbf16ps leave lane k the sum of inputs 8k..8k+7: lanes 2b and 2b+1 are block b. Two octets' lanes
+        added in pairs make a lane a block, and one FMA with the sixteen block scales adds them up. The inputs are
+        loaded once for all the rows, and the rows' sums reduced together."""
+        def typer(typingctx, codes, scales, x, octets):
+            def codegen(context, builder, signature, args):
+                result_type = signature.return_type
+                if not bf16_dot_supported():  # never called there (CpuExpertKernel refuses): keep it compilable
+                    return context.make_tuple(builder, result_type, [ir.Constant(F32, float("nan"))] * rows)
+                codes_at, scales_at, x_at, count = args
+                module = builder.module
+                v16f, v16i32, v32i16 = ir.VectorType(F32, 16), ir.VectorType(I32, 16), ir.VectorType(I16, 32)
+                permute = cgutils.get_or_insert_function(module, ir.FunctionType(v32i16, [v32i16, v32i16]),
+                                                         "llvm.x86.avx512.permvar.hi.512")
+                dot = cgutils.get_or_insert_function(module, ir.FunctionType(v16f, [v16f, BF16_PAIRS, BF16_PAIRS]),
+                                                     "llvm.x86.avx512bf16.dpbf16ps.512")
+                fma = cgutils.get_or_insert_function(module, ir.FunctionType(v16f, [v16f, v16f, v16f]),
+                                                     "llvm.fma.v16f32")
+                prefetch = cgutils.get_or_insert_function(  # (address, read, keep in every level, data)
+                    module, ir.FunctionType(ir.VoidType(), [I8.as_pointer(), I32, I32, I32]), "llvm.prefetch.p0")
+                zero = ir.Constant(v16f, None)
+                table = _e2m1_bf16_table()
+
+                def c64(v):
+                    return ir.Constant(I64, v)
+
+                def lanes(indices):
+                    return ir.Constant(ir.VectorType(I32, len(indices)), list(indices))
+
+                def load(address, offset, element_type, align):
+                    return builder.load(builder.inttoptr(builder.add(address, offset), element_type.as_pointer()),
+                                        align=align)
+
+                width, blocks = builder.mul(count, c64(64)), builder.mul(count, c64(8))
+                ahead = builder.add(codes_at, builder.mul(width, c64(PREFETCH_GROUPS * rows)))
+
+                def step(octet, sums, both):
+                    """sums plus the rows' scaled dots of octet `octet` and, if `both`, of the next one too."""
+                    offsets = [builder.mul(builder.add(octet, c64(h)), c64(64)) for h in range(1 + both)]
+                    xs = [[builder.bitcast(load(x_at, builder.add(builder.shl(offset, c64(2)), c64(64 * g)),
+                                                v16i32, 2), BF16_PAIRS) for g in range(4)]
+                          for offset in offsets]  # 128 inputs, 256 bytes, an octet
+                    new_sums = []
+                    for i, total in enumerate(sums):
+                        row_codes = builder.add(codes_at, builder.mul(width, c64(i)))
+                        halves = []
+                        for offset, x4 in zip(offsets, xs):
+                            words = load(row_codes, offset, v32i16, 1)
+                            half = zero
+                            for g in range(4):
+                                shifted = builder.lshr(words, _splat(I16, 32, 4 * g)) if g else words
+                                values = builder.bitcast(builder.call(permute, [table, shifted]), BF16_PAIRS)
+                                half = builder.call(dot, [half, values, x4[g]])
+                            halves.append(half)
+                        scale_at = builder.add(builder.mul(blocks, c64(i)), builder.mul(octet, c64(8)))
+                        if both:
+                            scale_bytes = load(scales_at, scale_at, ir.VectorType(I8, 16), 1)
+                        else:  # the last octet of an odd count: the second half's scales and sums zero
+                            eight = load(scales_at, scale_at, ir.VectorType(I8, 8), 1)
+                            scale_bytes = builder.shuffle_vector(eight, ir.Constant(eight.type, None),
+                                                                 lanes(range(16)))
+                            halves.append(zero)
+                        by_block = builder.fadd(*(builder.shuffle_vector(*halves, lanes(range(h, 32, 2)))
+                                                  for h in (0, 1)))
+                        new_sums.append(builder.call(fma, [by_block, _block_scales(builder, scale_bytes), total]))
+                        for offset in offsets:
+                            line = builder.add(builder.mul(offset, c64(rows)), c64(64 * i))
+                            builder.call(prefetch, [builder.inttoptr(builder.add(ahead, line), I8.as_pointer()),
+                                                    ir.Constant(I32, 0), ir.Constant(I32, 3), ir.Constant(I32, 1)])
+                    return new_sums
+
+                def merged(incoming):
+                    """phis of the rows' sums from (block, sums) pairs."""
+                    phis = [builder.phi(v16f) for _ in range(rows)]
+                    for block, sums in incoming:
+                        for phi, value in zip(phis, sums):
+                            phi.add_incoming(value, block)
+                    return phis
+
+                # octets two at a time, then the last one if the count is odd
+                entry = builder.block
+                loop = builder.append_basic_block("nvfp4_bf16.loop")
+                after = builder.append_basic_block("nvfp4_bf16.after")
+                tail = builder.append_basic_block("nvfp4_bf16.tail")
+                done = builder.append_basic_block("nvfp4_bf16.done")
+                steps = builder.lshr(count, c64(1))
+                builder.cbranch(builder.icmp_signed(">", steps, c64(0)), loop, after)
+                builder.position_at_end(loop)
+                j = builder.phi(I64)
+                sums = [builder.phi(v16f) for _ in range(rows)]
+                looped = step(builder.shl(j, c64(1)), sums, True)
+                following = builder.add(j, c64(1))
+                j.add_incoming(c64(0), entry)
+                j.add_incoming(following, loop)
+                for phi, value in zip(sums, looped):
+                    phi.add_incoming(zero, entry)
+                    phi.add_incoming(value, loop)
+                builder.cbranch(builder.icmp_signed("<", following, steps), loop, after)
+                builder.position_at_end(after)
+                sums = merged([(entry, [zero] * rows), (loop, looped)])
+                builder.cbranch(builder.trunc(count, ir.IntType(1)), tail, done)
+                builder.position_at_end(tail)
+                tailed = step(builder.sub(count, c64(1)), sums, False)
+                builder.branch(done)
+                builder.position_at_end(done)
+                totals = _lane_sums(builder, merged([(after, sums), (tail, tailed)]))
+                return context.make_tuple(builder, result_type,
+                                          [builder.extract_element(totals, ir.Constant(I32, i)) for i in range(rows)])
+            return types.UniTuple(types.float32, rows)(types.intp, types.intp, types.intp, types.intp), codegen
+        return intrinsic(typer)
+
+    # Rows a call: they share each input load and one reduction. Development Zen 4, one thread: from cache 4 were
+    # 4 % faster than 2, 8 faster still for down, but 8 streamed gate_up from DRAM at two thirds of 4's speed
+    BF16_ROWS = 4
+    _nvfp4_dot_bf16, _nvfp4_dots_bf16_rows = _nvfp4_dots_bf16(1), _nvfp4_dots_bf16(BF16_ROWS)
 
     @numba.njit(nogil=True, cache=True)
     def _bf16_bits(value):
@@ -406,18 +496,15 @@ if numba is not None:
 
     @numba.njit(nogil=True, cache=True)
     def _lay_out_bf16(source, target):
-        """An input row as bf16 bits in the bf16 NVFP4 dot's order: per 64 inputs, pairs (4k, 4k+2) for
-        k = 0..15, then pairs (4k+1, 4k+3). Rows of other lengths are left as they are: their matrices take the
-        float32 path."""
-        if source.shape[0] % 64:
+        """An input row as bf16 bits in the bf16 NVFP4 dot's order: per 128 inputs, inputs 4j (j = 0..31), then
+        4j + 1, 4j + 2 and 4j + 3. Rows of other lengths are left as they are: their matrices take the float32
+        path."""
+        if source.shape[0] % 128:
             return
-        for base in range(0, source.shape[0], 64):
-            for k in range(16):
-                at = base + 4 * k
-                target[base + 2 * k] = _bf16_bits(source[at])
-                target[base + 2 * k + 1] = _bf16_bits(source[at + 2])
-                target[base + 32 + 2 * k] = _bf16_bits(source[at + 1])
-                target[base + 32 + 2 * k + 1] = _bf16_bits(source[at + 3])
+        for base in range(0, source.shape[0], 128):
+            for g in range(4):
+                for j in range(32):
+                    target[base + 32 * g + j] = _bf16_bits(source[base + 4 * j + g])
 
     @numba.njit(nogil=True, cache=True)
     def _scalar(record, offset, index, dtype):
@@ -484,18 +571,28 @@ if numba is not None:
         width, blocks = in_features // 2, in_features // NVFP4_GROUP
         divide = meta[M_FORMAT] == 1
         if bf16 and picks.shape[0] == 1 and blocks % 8 == 0:
-            # the rows' block scales, decoded once for the whole range
-            scales = record[meta[M_SCALE] + first * blocks:meta[M_SCALE] + last * blocks]
-            block_scales = np.empty(scales.shape[0], np.float32)
-            for b in range(scales.shape[0]):
-                block_scales[b] = _e4m3(scales[b])
-            scales_at, x_at = np.int64(block_scales.ctypes.data), np.int64(inputs16[picks[0]].ctypes.data)
-            codes_at = np.int64(record.ctypes.data) + meta[M_WEIGHT]
+            record_at = np.int64(record.ctypes.data)
+            codes_at, scales_at = record_at + meta[M_WEIGHT], record_at + meta[M_SCALE]
+            x_at, octets = np.int64(inputs16[picks[0]].ctypes.data), np.int64(blocks // 8)
+            whole = last - (last - first) % BF16_ROWS
+            for r in range(first, whole, BF16_ROWS):
+                totals = _nvfp4_dots_bf16_rows(codes_at + r * width, scales_at + r * blocks, x_at, octets)
+                for i in range(BF16_ROWS):
+                    result[0, r + i] = totals[i]
+            for r in range(whole, last):
+                result[0, r] = _nvfp4_dot_bf16(codes_at + r * width, scales_at + r * blocks, x_at, octets)[0]
+            # the global factors without a _global_scale call a row (5 ns a row on the development Zen 4)
+            if meta[M_GLOBAL_COUNT] == 1:
+                factors = np.full(last - first, _global_scale(record, meta, 0))
+            elif meta[M_GLOBAL_DTYPE] == 0:  # float32 a row: read as an array
+                factors = record[meta[M_GLOBAL] + 4 * first:meta[M_GLOBAL] + 4 * last].view(np.float32)
+            else:
+                factors = np.empty(last - first, np.float32)
+                for r in range(first, last):
+                    factors[r - first] = _global_scale(record, meta, r)
             for r in range(first, last):
-                total = _nvfp4_dot_bf16(codes_at + r * width, scales_at + 4 * (r - first) * blocks, x_at,
-                                        np.int64(blocks // 8))
-                factor = _global_scale(record, meta, r)
-                result[0, r] = total / factor if divide else total * factor
+                factor = factors[r - first]
+                result[0, r] = result[0, r] / factor if divide else result[0, r] * factor
             return
         low, high = np.empty(width, np.int8), np.empty(width, np.int8)
         low_words, high_words = low.view(np.uint32), high.view(np.uint32)
