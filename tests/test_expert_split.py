@@ -79,19 +79,22 @@ def test_an_implausible_calibration_is_neither_kept_nor_trusted_from_the_file(tm
 
 
 def test_calibration_measures_the_cpu_again_when_the_figures_cannot_be_real():
-    """The CPU's time per call and per expert come from calls of 1 and of 8 experts; a run where 8 cost no more
-    than 1 (a busy machine) is measured again."""
+    """The CPU's time per call and per expert come from calls of 1 and of 8 experts, the time of a further token
+    from the 8 experts chosen by 8 tokens each; a run where 8 cost no more than 1 (a busy machine) is measured
+    again."""
     measured = []
 
-    def cpu_seconds(calls, per_call):
-        measured.append(per_call)
-        if len(measured) <= 7:  # the warm-up, then a first attempt on a busy machine: 10 ms whatever the work
+    def cpu_seconds(calls, per_call, tokens):
+        measured.append((per_call, tokens))
+        if len(measured) <= 10:  # the two warm-ups, then a first attempt on a busy machine: 10 ms whatever the work
             return calls * 0.010
-        return calls * (0.001 if per_call == 1 else 0.0008 * 8 + 0.0002)  # then 0.2 ms a call, 0.8 ms an expert
+        # then 0.2 ms a call, 0.8 ms an expert, 0.1 ms each further token of an expert
+        return calls * (0.0002 + per_call * (0.0008 + (tokens - 1) * 0.0001))
     calibration = split.calibrate_cpu(47e9, 1_769_472, cpu_seconds, 15e9)  # one NVFP4 expert of Qwen3.6
-    assert calibration.plausible() and len(measured) == 13
+    assert calibration.plausible() and len(measured) == 18
     assert calibration.cpu_bytes_per_s == pytest.approx(1_769_472 / 0.0008)
     assert calibration.cpu_call_seconds == pytest.approx(0.0002) and calibration.pageable_bytes_per_s == 15e9
+    assert calibration.cpu_token_seconds == pytest.approx(0.0001)
 
 
 def test_misses_of_a_layer_beyond_the_pin_budget_go_more_to_the_cpu():
@@ -121,6 +124,17 @@ def test_a_short_chunk_goes_to_the_cpu_when_it_beats_the_copies():
     assert not cpu_faster_for_chunk(calibration, many, RECORD, 4 * RECORD, pinned=True)
 
 
+def test_the_measured_cost_of_a_further_token_decides_a_chunk():
+    """A chunk's experts on the CPU cost one token's time plus the calibrated time of each further token: where
+    the kernel's further tokens are dear (the H200 machine's: prefill fell from 372 to 85 tok/s when a quarter
+    of the one-token time was assumed), the copies win."""
+    tokens = [4] * 8  # a 128-token chunk spread over a layer's experts: a few tokens each
+    cheap = Calibration(20e9, 70e9, 1e-4, 16, None, 0.25 * RECORD / 70e9)
+    dear = Calibration(20e9, 70e9, 1e-4, 16, None, 2.0 * RECORD / 70e9)
+    assert cpu_faster_for_chunk(cheap, tokens, RECORD, 8 * RECORD, pinned=True)
+    assert not cpu_faster_for_chunk(dear, tokens, RECORD, 8 * RECORD, pinned=True)
+
+
 @pytest.mark.parametrize("cpu_bytes_per_s, on_cpu", [(1e12, True), (1e7, False)])
 def test_prompt_chunks_computed_on_the_cpu_give_the_same_logits(tiny_checkpoint, cpu_bytes_per_s, on_cpu):
     """cpu and hybrid backends: a chunk whose experts the CPU computes sooner than they would be copied is computed
@@ -138,3 +152,26 @@ def test_prompt_chunks_computed_on_the_cpu_give_the_same_logits(tiny_checkpoint,
     assert torch.allclose(got, expected, rtol=0, atol=1e-5 * float(expected.abs().max()))
     stats = executor.stats()
     assert (stats["cpu_expert_calls"] > 0) == on_cpu and (stats["expert_bytes_copied"] == 0) == on_cpu
+
+
+def test_the_calibrations_cpu_calls_never_read_a_record_twice(tiny_checkpoint):
+    """A record read twice can come from the CPU's cache (the H200 machine's 300 MB L3 made 35 GB/s look like 70):
+    the calibration's calls walk every layer's records, each (layer, expert) once until all were read."""
+    import engine
+    from engine.kernels.cpu_experts import CpuExpertKernel
+    model = engine.load_model(tiny_checkpoint("qwen3_5_moe", "nvfp4"), expert_cache_slots=8)
+    executor = model.expert_executor
+    executor.cpu_kernel = CpuExpertKernel(executor.cache.layout, "float32")
+    layer_of = {packed.records.data_ptr(): layer for layer, packed in executor.packed.items()}
+    read = []
+
+    def run(records, x, ids, weights, on_cpu):
+        assert x.shape[0] == ids.shape[0] and bool(on_cpu.all())
+        read.extend((layer_of[records.data_ptr()], int(e)) for e in ids[0])
+        return torch.zeros(x.shape[0], executor.cpu_kernel.hidden)
+    executor.cpu_kernel.run = run
+    experts = next(iter(executor.packed.values())).records.shape[0]
+    total = len(executor.packed) * experts
+    calls = total // 2
+    assert executor._cpu_seconds(calls, 2, 3) >= 0
+    assert len(read) == total and len(set(read)) == total

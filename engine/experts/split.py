@@ -22,6 +22,8 @@ import torch
 BACKENDS = ("auto", "gpu", "offload", "cpu", "hybrid")
 CALIBRATION_RECORDS = 16  # records copied, and experts computed, per measurement: a few ms of work each
 TOKEN_MISSES = 8  # a decode token's misses in a layer when nothing is cached (Qwen3.5/3.6 route to 8 experts)
+CHUNK_TOKENS = 8  # tokens per expert in the calibration's prompt-chunk call
+CALIBRATION_VERSION = 2  # in the machine key: version 1 read records the CPU's cache could hold (too fast)
 
 
 @dataclass(frozen=True)
@@ -31,6 +33,7 @@ class Calibration:
     cpu_call_seconds: float  # what a call costs besides its experts (waking the threads, setting up)
     cpu_threads: int
     pageable_bytes_per_s: float | None = None  # records beyond the pin budget (None: not measured, as pinned)
+    cpu_token_seconds: float | None = None  # each further token of an expert in a prompt chunk (None: not measured)
 
     def copy_bytes_per_s(self, pinned: bool) -> float:
         return self.pcie_bytes_per_s if pinned or not self.pageable_bytes_per_s else self.pageable_bytes_per_s
@@ -43,7 +46,8 @@ class Calibration:
         time vanish into the noise (seen on the H200 machine: 1.8e15 B/s and 6.5 ms a call)."""
         return (1e8 <= self.pcie_bytes_per_s <= 1e12 and 1e7 <= self.cpu_bytes_per_s <= 1e12
                 and 0.0 <= self.cpu_call_seconds <= 0.05
-                and (self.pageable_bytes_per_s is None or 1e7 <= self.pageable_bytes_per_s <= 1e12))
+                and (self.pageable_bytes_per_s is None or 1e7 <= self.pageable_bytes_per_s <= 1e12)
+                and (self.cpu_token_seconds is None or 0.0 <= self.cpu_token_seconds <= 0.05))
 
 
 def cpu_share(misses: int, backend: str, calibration: Calibration | None, record_bytes: int,
@@ -68,13 +72,14 @@ def cpu_faster_for_chunk(calibration: Calibration, tokens_per_expert: list[int],
                          copy_bytes: int, pinned: bool) -> bool:
     """Whether the CPU computes a prompt chunk's routed experts of one layer (`tokens_per_expert`: the tokens of
     each expert present) sooner than `copy_bytes` cross PCIe to the GPU. The CPU decodes each expert's weights
-    once and multiplies them with its tokens four at a time (engine/kernels/cpu_experts.py): the calibrated
-    time per expert is for one token, and each further token is counted as a quarter of it, a conservative
-    figure (its multiply-adds are an eighth of the decoding's work)."""
+    once and multiplies them with its tokens (engine/kernels/cpu_experts.py): an expert costs the calibrated
+    one-token time plus the calibrated time of each further token (where not measured: a quarter of the
+    one-token time, which the H200 machine's bf16 kernel showed is too little, 2026-11-30)."""
     if copy_bytes == 0:
         return False  # the experts are on the GPU already
     per_expert = record_bytes / calibration.cpu_bytes_per_s
-    cpu = calibration.cpu_call_seconds + sum(per_expert * (1 + (n - 1) / 4) for n in tokens_per_expert if n)
+    per_token = calibration.cpu_token_seconds if calibration.cpu_token_seconds is not None else per_expert / 4
+    cpu = calibration.cpu_call_seconds + sum(per_expert + (n - 1) * per_token for n in tokens_per_expert if n)
     return cpu < copy_bytes / calibration.copy_bytes_per_s(pinned)
 
 
@@ -97,13 +102,14 @@ def calibration_file() -> Path:
 
 def machine_key(device: torch.device, record_bytes: int, threads: int) -> str:
     gpu = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
-    return f"{platform.machine()}|{platform.processor() or os.cpu_count()}|{gpu}|{record_bytes}|{threads}"
+    return (f"v{CALIBRATION_VERSION}|{platform.machine()}|{platform.processor() or os.cpu_count()}|{gpu}|"
+            f"{record_bytes}|{threads}")
 
 
 def calibrate(device: torch.device, records: list[torch.Tensor], cpu_seconds) -> Calibration:
-    """Measure both paths now: `records` are host expert records (uint8 [record_bytes] each, from several
-    layers so the CPU reads them from RAM); `cpu_seconds(calls, per_call)` computes `calls` calls of
-    `per_call` experts on the CPU."""
+    """Measure both paths now: `records` are host expert records (uint8 [record_bytes] each) to copy;
+    `cpu_seconds(calls, per_call, tokens)` computes `calls` calls of `per_call` experts, each chosen by `tokens`
+    tokens, on the CPU, never reading a record twice (so from RAM, as decoding does)."""
     record_bytes = records[0].numel()
     target = torch.empty(record_bytes, dtype=torch.uint8, device=device)
     pinned = [r if r.is_pinned() else r.pin_memory() for r in records[:CALIBRATION_RECORDS]]
@@ -123,16 +129,19 @@ def calibrate(device: torch.device, records: list[torch.Tensor], cpu_seconds) ->
 def calibrate_cpu(pcie_bytes_per_s: float, record_bytes: int, cpu_seconds,
                   pageable_bytes_per_s: float | None = None) -> Calibration:
     """The CPU's side of the calibration: calls of one expert and of a token's misses, the difference is the
-    experts, the rest is the cost of a call. A measurement that cannot be real (the machine was busy) is taken
-    again, twice at most."""
+    experts, the rest is the cost of a call; then the misses each chosen by CHUNK_TOKENS tokens, for the cost of
+    a further token. A measurement that cannot be real (the machine was busy) is taken again, twice at most."""
     from engine.kernels import cpu_experts
-    cpu_seconds(2, TOKEN_MISSES)  # compiles on first use (cached on disk after) and wakes every thread
+    cpu_seconds(2, TOKEN_MISSES, 1)  # compiles on first use (cached on disk after) and wakes every thread
+    cpu_seconds(1, TOKEN_MISSES, CHUNK_TOKENS)
     for _ in range(3):
-        single = min(cpu_seconds(4, 1) for _ in range(3)) / 4
-        full = min(cpu_seconds(4, TOKEN_MISSES) for _ in range(3)) / 4
+        single = min(cpu_seconds(4, 1, 1) for _ in range(3)) / 4
+        full = min(cpu_seconds(4, TOKEN_MISSES, 1) for _ in range(3)) / 4
+        chunk = min(cpu_seconds(2, TOKEN_MISSES, CHUNK_TOKENS) for _ in range(2)) / 2
         per_expert = max((full - single) / (TOKEN_MISSES - 1), 1e-9)
+        per_token = max((chunk - full) / (TOKEN_MISSES * (CHUNK_TOKENS - 1)), 0.0)
         calibration = Calibration(pcie_bytes_per_s, record_bytes / per_expert, max(single - per_expert, 0.0),
-                                  cpu_experts.threads(), pageable_bytes_per_s)
+                                  cpu_experts.threads(), pageable_bytes_per_s, per_token)
         if calibration.plausible():
             break
     return calibration
