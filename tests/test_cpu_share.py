@@ -38,6 +38,7 @@ def layers():
 def _serve_a_step(worker, records, post, wait, gen):
     """One step over every layer, the GPU's side played by `post` and `wait`; what each layer sent and got."""
     base = torch.tensor([worker.start(len(records))], dtype=torch.int32)
+    waits = torch.zeros(2, dtype=torch.int32)
     sent = []
     for layer in range(len(records)):
         ids = torch.randperm(8, generator=gen)[:TOP_K]
@@ -47,9 +48,12 @@ def _serve_a_step(worker, records, post, wait, gen):
             gpu_rows.fill_(1.0)  # nothing for the CPU in this layer
         routed = torch.full((1, HIDDEN), float("nan"))
         post(ids, weights, gpu_rows, y, base, layer, worker.mailbox)
-        wait(gpu_rows, base, layer, worker.mailbox, routed)
+        wait(gpu_rows, base, layer, worker.mailbox, routed, waits)
         sent.append((ids, weights, y, gpu_rows, routed))
-    return sent, worker.finish()
+    computed = worker.finish()
+    # the layers with CPU experts are counted, and those where the GPU found the CPU still at work among them
+    assert int(waits[1]) == sum(bool((rows == 0).any()) for _, _, _, rows, _ in sent) and waits[0] <= waits[1]
+    return sent, computed
 
 
 @pytest.mark.parametrize("activations", ["float32", "bf16"])
@@ -107,7 +111,8 @@ def test_cancel_releases_a_gpu_wait(layers):
     box = cpu_share.Mailbox(TOP_K, HIDDEN, pin=False)
     routed = torch.zeros(1, HIDDEN)
     waiter = threading.Thread(target=reference.wait_cpu_share,
-                              args=(torch.zeros(TOP_K), torch.tensor([5], dtype=torch.int32), 0, box, routed))
+                              args=(torch.zeros(TOP_K), torch.tensor([5], dtype=torch.int32), 0, box, routed,
+                                    torch.zeros(2, dtype=torch.int32)))
     waiter.start()
     box.flags[cpu_share.CANCEL] = 1
     waiter.join(timeout=10)

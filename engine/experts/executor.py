@@ -28,7 +28,8 @@ from engine import kernels
 from engine.experts.bank import ExpertBank, run_expert
 from engine.experts.cache import ExpertCache
 from engine.experts.packed import PackedExperts, pack_banks
-from engine.experts.split import (BACKENDS, CALIBRATION_RECORDS, cached_calibration, calibrate, cpu_faster_for_chunk,
+from engine.experts.split import (BACKENDS, CALIBRATION_RECORDS, TOKEN_MISSES, HybridBalance, cached_calibration,
+                                  calibrate, cpu_faster_for_chunk,
                                   cpu_share, machine_key, resolve)
 from engine.kernels.groups import ExpertGroups
 
@@ -74,6 +75,7 @@ class CachedExpertExecutor:
         self._gather_works = False  # a decode step's misses copied by the gather kernel (probed in prepare)
         self.expert_calls = self.cpu_expert_calls = 0
         self._calibration_calls = 0  # CPU calls the calibration made: where the next one's experts start
+        self.hybrid_balance: HybridBalance | None = None  # hybrid's split where the device applies it
 
     def prepare(self, banks: dict[int, ExpertBank], dtype: torch.dtype = torch.float32) -> None:
         """Repack every layer's experts into host records (pinned within the budget) and allocate the cache.
@@ -235,9 +237,20 @@ class CachedExpertExecutor:
 
     def cpu_counts(self, top_k: int) -> list[int]:
         """How many of a token's m misses in a pinned layer the CPU computes, for m = 0..top_k: the split the
-        device applies when it chooses the slots (engine/kernels/cpu_share.py)."""
+        device applies when it chooses the slots (engine/kernels/cpu_share.py); hybrid's is balanced by the
+        steps themselves (`balance_share`), from the calibration's."""
         record_bytes = self.cache.layout.record_bytes
-        return [cpu_share(m, self.backend, self.calibration, record_bytes) for m in range(top_k + 1)]
+        if self.backend != "hybrid" or self.calibration is None:
+            return [cpu_share(m, self.backend, self.calibration, record_bytes) for m in range(top_k + 1)]
+        if self.hybrid_balance is None:
+            self.hybrid_balance = HybridBalance(
+                cpu_share(TOKEN_MISSES, "hybrid", self.calibration, record_bytes) / TOKEN_MISSES)
+        return self.hybrid_balance.counts(top_k)
+
+    def balance_share(self, waited: int, layers: int) -> None:
+        """A device-split step's outcome: in `waited` of its `layers` layers with CPU experts, the GPU waited."""
+        if self.backend == "hybrid" and self.hybrid_balance is not None:
+            self.hybrid_balance.update(waited, layers)
 
     def compute_on_cpu(self, layer: int, x: torch.Tensor, expert_ids: torch.Tensor, expert_weights: torch.Tensor,
                        on_cpu: torch.Tensor) -> torch.Tensor:
@@ -254,6 +267,7 @@ class CachedExpertExecutor:
         computed = self.expert_calls + self.cpu_expert_calls
         return {"expert_calls": self.expert_calls, "expert_backend": self.backend,
                 "cpu_expert_calls": self.cpu_expert_calls,
+                **({"hybrid_cpu_fraction": self.hybrid_balance.fraction} if self.hybrid_balance else {}),
                 "cpu_expert_share": self.cpu_expert_calls / computed if computed else 0.0,
                 **({"calibration": self.calibration.to_dict()} if self.calibration else {}),
                 **self.host_report, **self.cache.stats()}

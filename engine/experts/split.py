@@ -68,6 +68,34 @@ def cpu_share(misses: int, backend: str, calibration: Calibration | None, record
     return min(range(misses + 1), key=lambda m: (finish(m), m))
 
 
+class HybridBalance:
+    """Hybrid's fraction of a decode step's misses for the CPU where the device splits them (engine/kernels/
+    cpu_share.py), moved a notch a step toward where the GPU, ending a layer, seldom finds the CPU still at work:
+    a GPU that waited in most layers gives the CPU less, one that hardly waited gives it more. It starts from
+    the calibration's split; the calibration measures each path alone, the steps see them share the host's
+    memory (on the H200 machine the calibrated split left the CPU idle while the copies set the pace)."""
+
+    NOTCH = 1 / 32
+
+    def __init__(self, fraction: float):
+        self.fraction = min(max(fraction, 0.0), 1.0)
+
+    def counts(self, top_k: int) -> list[int]:
+        """Of m misses (m = 0..top_k), how many the CPU computes."""
+        return [min(m, int(self.fraction * m + 0.5)) for m in range(top_k + 1)]
+
+    def update(self, waited: int, layers: int) -> None:
+        """After a step: of its `layers` layers with CPU experts, the GPU waited for the CPU in `waited`."""
+        if layers == 0:  # nothing for the CPU: from zero it tries again (a probe), else all were hits
+            if self.fraction == 0.0:
+                self.fraction = self.NOTCH
+            return
+        if waited > layers / 2:
+            self.fraction = max(self.fraction - self.NOTCH, 0.0)
+        elif waited < layers / 5:
+            self.fraction = min(self.fraction + self.NOTCH, 1.0)
+
+
 def cpu_faster_for_chunk(calibration: Calibration, tokens_per_expert: list[int], record_bytes: int,
                          copy_bytes: int, pinned: bool) -> bool:
     """Whether the CPU computes a prompt chunk's routed experts of one layer (`tokens_per_expert`: the tokens of

@@ -81,10 +81,10 @@ def post_cpu_share(ids, weights, gpu_rows, y, sequence_base, ordinal, mailbox) -
     _kernel("post_cpu_share", ids)(ids, weights, gpu_rows, y, sequence_base, ordinal, mailbox)
 
 
-def wait_cpu_share(gpu_rows, sequence_base, ordinal, mailbox, cpu_routed) -> None:
-    """Wait for the CPU threads' sum of one layer, into cpu_routed on the device (reference.wait_cpu_share). On
-    CUDA a kernel spins on the mailbox: capturable."""
-    _kernel("wait_cpu_share", gpu_rows)(gpu_rows, sequence_base, ordinal, mailbox, cpu_routed)
+def wait_cpu_share(gpu_rows, sequence_base, ordinal, mailbox, cpu_routed, waits) -> None:
+    """Wait for the CPU threads' sum of one layer, into cpu_routed on the device, counting in waits [2] whether
+    the GPU had to wait (reference.wait_cpu_share). On CUDA a kernel spins on the mailbox: capturable."""
+    _kernel("wait_cpu_share", gpu_rows)(gpu_rows, sequence_base, ordinal, mailbox, cpu_routed, waits)
 
 
 def assign_slots_capturable(keys) -> bool:

@@ -189,17 +189,23 @@ def post_cpu_share(ids: torch.Tensor, weights: torch.Tensor, gpu_rows: torch.Ten
 
 
 def wait_cpu_share(gpu_rows: torch.Tensor, sequence_base: torch.Tensor, ordinal: int, mailbox,
-                   cpu_routed: torch.Tensor, timeout: float = 60.0) -> None:
+                   cpu_routed: torch.Tensor, waits: torch.Tensor, timeout: float = 60.0) -> None:
     """Wait until the mailbox's done flag reaches the layer's sequence number (or cancel is set), then the CPU's
-    weighted sum into cpu_routed [1, H] (zeros when the CPU had no expert of this layer)."""
+    weighted sum into cpu_routed [1, H] (zeros when the CPU had no expert of this layer). waits [2] (int32)
+    counts, of the layers with CPU experts, those where the CPU was not done yet, and all of them."""
     sequence = int(sequence_base[0]) + ordinal
     flags = mailbox.flags.numpy()
     deadline = time.monotonic() + timeout
+    polls = 0
     while flags[1] < sequence and flags[2] == 0:
         if time.monotonic() > deadline:
             raise TimeoutError(f"the CPU's experts of a decode step did not finish within {timeout:.0f} s")
         time.sleep(0)
-    if bool((gpu_rows == 0).any()):
+        polls += 1
+    any_cpu = bool((gpu_rows == 0).any())
+    waits[0] += int(any_cpu and polls > 0)
+    waits[1] += int(any_cpu)
+    if any_cpu:
         cpu_routed.copy_(mailbox.out.reshape(cpu_routed.shape))
     else:
         cpu_routed.zero_()

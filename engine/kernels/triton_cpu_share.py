@@ -35,17 +35,22 @@ def _post_kernel(ids_ptr, weights_ptr, gpu_rows_ptr, y_ptr, base_ptr, ordinal, b
 
 
 @triton.jit
-def _wait_kernel(gpu_rows_ptr, base_ptr, ordinal, flags_ptr, box_out_ptr, routed_ptr, hidden, K: tl.constexpr,
-                 K_BLOCK: tl.constexpr, BLOCK: tl.constexpr):
+def _wait_kernel(gpu_rows_ptr, base_ptr, ordinal, flags_ptr, box_out_ptr, routed_ptr, waits_ptr, hidden,
+                 K: tl.constexpr, K_BLOCK: tl.constexpr, BLOCK: tl.constexpr):
     sequence = tl.load(base_ptr) + ordinal
     done = tl.atomic_add(flags_ptr + 1, 0, sem="acquire", scope="sys")
     cancelled = tl.load(flags_ptr + 2, volatile=True)
+    polls = 0
     while (done < sequence) & (cancelled == 0):
         done = tl.atomic_add(flags_ptr + 1, 0, sem="acquire", scope="sys")
         cancelled = tl.load(flags_ptr + 2, volatile=True)
+        polls += 1
     j = tl.arange(0, K_BLOCK)
     on_cpu = (tl.load(gpu_rows_ptr + j, mask=j < K, other=1.0) == 0.0) & (j < K)
-    if tl.sum(on_cpu.to(tl.int32), axis=0) > 0:
+    any_cpu = tl.sum(on_cpu.to(tl.int32), axis=0) > 0
+    tl.atomic_add(waits_ptr, (any_cpu & (polls > 0)).to(tl.int32))
+    tl.atomic_add(waits_ptr + 1, any_cpu.to(tl.int32))
+    if any_cpu:
         for start in range(0, hidden, BLOCK):
             h = start + tl.arange(0, BLOCK)
             # .cv: fetched again each time, never a cached copy of the last layer's sum
@@ -64,7 +69,7 @@ def post_cpu_share(ids: torch.Tensor, weights: torch.Tensor, gpu_rows: torch.Ten
 
 
 def wait_cpu_share(gpu_rows: torch.Tensor, sequence_base: torch.Tensor, ordinal: int, mailbox,
-                   cpu_routed: torch.Tensor) -> None:
+                   cpu_routed: torch.Tensor, waits: torch.Tensor) -> None:
     k = gpu_rows.numel()
-    _wait_kernel[(1,)](gpu_rows, sequence_base, ordinal, mailbox.flags, mailbox.out, cpu_routed, cpu_routed.numel(),
-                       K=k, K_BLOCK=triton.next_power_of_2(k), BLOCK=BLOCK, num_warps=4)
+    _wait_kernel[(1,)](gpu_rows, sequence_base, ordinal, mailbox.flags, mailbox.out, cpu_routed, waits,
+                       cpu_routed.numel(), K=k, K_BLOCK=triton.next_power_of_2(k), BLOCK=BLOCK, num_warps=4)

@@ -59,6 +59,8 @@ class DecodeSteps:
         self.gpu_rows = torch.ones(k, dtype=torch.float32, device=device)
         self.cpu_counts = torch.zeros(k + 1, dtype=torch.int32, device=device)  # of m misses, the CPU's (device split)
         self.share_base = torch.zeros(1, dtype=torch.int32, device=device)  # the step's first mailbox sequence number
+        self.share_waits = torch.zeros(2, dtype=torch.int32, device=device)  # kernels.wait_cpu_share's counts
+        self._waits_taken = [0, 0]
         self._share: cpu_share.CpuShareWorker | None = None  # the CPU threads of the device-driven share
         self._share_on_device = False  # whether this step's CPU share goes through the mailbox
         self._counts_sent: list[int] | None = None  # the split last copied into cpu_counts
@@ -76,6 +78,8 @@ class DecodeSteps:
         self._gpu_rows_host = torch.ones(k, dtype=torch.float32, pin_memory=cuda)
         self._cpu_routed_host = torch.zeros(1, c.hidden_size, dtype=torch.float32, pin_memory=cuda)
         self._share_base_host = torch.zeros(1, dtype=torch.int32, pin_memory=cuda)
+        self._share_waits_host = torch.zeros(2, dtype=torch.int32, pin_memory=cuda)
+        self._waits_copied = torch.cuda.Event() if cuda else None
         self._stream = model.stream  # the model's compute stream, current while a step runs
         self._side = torch.cuda.Stream(device) if cuda else None  # copies beside compute, inside the graphs
         self._ids_ready = torch.cuda.Event() if cuda else None
@@ -124,6 +128,7 @@ class DecodeSteps:
         self._embedding_host.copy_(self.model.embed_tokens[token])
         self.embedding.copy_(self._embedding_host, non_blocking=True)
         if self._share_on_device:  # the CPU threads serve this step's layers, numbered from the base
+            self._take_waits()
             self._send_cpu_counts()
             self._share_base_host[0] = self._share.start(self._slots_on_device)
             self.share_base.copy_(self._share_base_host, non_blocking=True)
@@ -139,6 +144,9 @@ class DecodeSteps:
             computed = self._share.finish()
             self.executor.expert_calls -= computed
             self.executor.cpu_expert_calls += computed
+            self._share_waits_host.copy_(self.share_waits, non_blocking=True)  # read at the next step, not waited for
+            if self._waits_copied is not None:
+                self._waits_copied.record()
         for cache in self._kv_moved:
             cache.length = state.position + 1
         state.position += 1
@@ -247,6 +255,15 @@ class DecodeSteps:
                                                    mailbox)
         self._counts_sent = None
 
+    def _take_waits(self) -> None:
+        """The last step's waits for the CPU, to the executor's hybrid balance, once their copy has landed."""
+        if self._waits_copied is not None and not self._waits_copied.query():
+            return  # still in flight: the next step takes them
+        waits = self._share_waits_host.tolist()
+        waited, layers = (now - before for now, before in zip(waits, self._waits_taken))
+        self._waits_taken = waits
+        self.executor.balance_share(waited, layers)
+
     def _send_cpu_counts(self) -> None:
         """The split for the backend of the moment (cpu and hybrid share the graphs: the table tells them apart)."""
         counts = self.executor.cpu_counts(len(self.slots))
@@ -332,7 +349,8 @@ class DecodeSteps:
 
         def add_cpu_share():
             if share:
-                kernels.wait_cpu_share(self.gpu_rows, self.share_base, ordinal, self._share.mailbox, self.cpu_routed)
+                kernels.wait_cpu_share(self.gpu_rows, self.share_base, ordinal, self._share.mailbox, self.cpu_routed,
+                                       self.share_waits)
             add_residual(buf["routed"] + self.cpu_routed.to(buf["routed"].dtype))
 
         def add_residual(routed):
