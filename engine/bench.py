@@ -123,6 +123,8 @@ def measure(model: CausalLM, device: str, prompt_tokens: int, decode_tokens: int
             cpu = end["cpu_expert_calls"] - start["cpu_expert_calls"]
             gpu = end["expert_calls"] - start["expert_calls"]
             decode["decode_cpu_expert_share"] = cpu / (cpu + gpu) if cpu + gpu else 0.0
+        if backend == "hybrid" and "hybrid_cpu_fraction" in end:  # where the balance settled
+            decode["decode_hybrid_cpu_fraction"] = end["hybrid_cpu_fraction"]
         by_backend[backend] = decode
     row.update(next(iter(by_backend.values())))
     if backends:
