@@ -99,6 +99,44 @@ def expert_throughput(threads: int, tokens: int = 1, experts: int = EXPERTS_PER_
             "expert_bytes_per_s": computed * weight_bytes(layout) / best}
 
 
+def share_throughput(threads: int, records: tuple[RecordLayout, torch.Tensor] | None = None,
+                     repeats: int | None = None) -> dict:
+    """Decode's path for the CPU's experts (engine/kernels/cpu_share.py): threads that serve a step's layers as
+    the GPU posts them. The ring of records is cut into layers of EXPERTS_PER_TOKEN experts, every one for the
+    CPU, and Python plays the GPU (posts a layer, waits for its sum), so each layer also pays Python's latency,
+    more than a GPU kernel's. Best of `repeats` steps over the whole ring."""
+    from engine.kernels import cpu_share, reference
+    layout, ring = records or nvfp4_records()
+    layers = [ring[i:i + EXPERTS_PER_TOKEN] for i in range(0, ring.shape[0] - EXPERTS_PER_TOKEN + 1,
+                                                             EXPERTS_PER_TOKEN)]
+    previous = cpu_experts.threads()
+    cpu_experts.set_threads(threads)
+    try:
+        kernel = cpu_experts.CpuExpertKernel(layout)
+        worker = cpu_share.CpuShareWorker(kernel, layers, cpu_share.Mailbox(EXPERTS_PER_TOKEN, kernel.hidden, False))
+    finally:
+        cpu_experts.set_threads(previous)
+    ids, weights = torch.arange(EXPERTS_PER_TOKEN), torch.full((EXPERTS_PER_TOKEN,), 1.0 / EXPERTS_PER_TOKEN)
+    gpu_rows, routed, waits = torch.zeros(EXPERTS_PER_TOKEN), torch.zeros(1, kernel.hidden), torch.zeros(2, dtype=torch.int32)
+    y = torch.randn(1, kernel.hidden, generator=torch.Generator().manual_seed(1))
+
+    def step():
+        base = torch.tensor([worker.start(len(layers))], dtype=torch.int32)
+        for layer in range(len(layers)):
+            reference.post_cpu_share(ids, weights, gpu_rows, y, base, layer, worker.mailbox)
+            reference.wait_cpu_share(gpu_rows, base, layer, worker.mailbox, routed, waits)
+        worker.finish()
+    try:
+        step()
+        best = min(_timed(step) for _ in range(repeats or REPEATS))
+    finally:
+        worker.close()
+    computed = len(layers) * EXPERTS_PER_TOKEN
+    return {"threads": worker.threads, "activations": kernel.activations, "experts_per_layer": EXPERTS_PER_TOKEN,
+            "expert_bytes": weight_bytes(layout), "experts_per_s": computed / best,
+            "expert_bytes_per_s": computed * weight_bytes(layout) / best}
+
+
 def run_cpu_bench(thread_counts: list[int], tokens: int = 1) -> dict:
     """Per thread count and activation precision (bf16 where the CPU has its dot, and float32): DRAM read
     bandwidth, NVFP4 expert throughput, their ratio, and the decode tokens/s that throughput allows when every
@@ -106,7 +144,7 @@ def run_cpu_bench(thread_counts: list[int], tokens: int = 1) -> dict:
     _need_numba()
     records = nvfp4_records()
     precisions = (["bf16"] if cpu_experts.bf16_dot_supported() else []) + ["float32"]
-    rows = []
+    rows, share_rows = [], []
     for threads in thread_counts:
         dram = dram_read_bandwidth(threads)
         for activations in precisions:
@@ -114,11 +152,16 @@ def run_cpu_bench(thread_counts: list[int], tokens: int = 1) -> dict:
             row.update(dram_bytes_per_s=dram, ratio=row["expert_bytes_per_s"] / dram,
                        tokens_per_s_bound=row["experts_per_s"] * tokens / (LAYERS * EXPERTS_PER_TOKEN))
             rows.append(row)
+        if tokens == 1:
+            share = share_throughput(threads, records)
+            share.update(dram_bytes_per_s=dram, ratio=share["expert_bytes_per_s"] / dram,
+                         tokens_per_s_bound=share["experts_per_s"] / (LAYERS * EXPERTS_PER_TOKEN))
+            share_rows.append(share)
     layout = records[0]
     gate_up = layout.matrices["gate_up"].shape
     return {"format": NVFP4, "hidden": gate_up[1], "intermediate": gate_up[0] // 2, "tokens": tokens,
             "ring_bytes": records[1].numel(), "bound_for": f"{LAYERS} layers x {EXPERTS_PER_TOKEN} experts a token",
-            "compiled_for": compiled_for(), "runs": rows}
+            "compiled_for": compiled_for(), "runs": rows, "decode_share_runs": share_rows}
 
 
 def compiled_for() -> dict:
@@ -140,6 +183,14 @@ def format_table(result: dict) -> str:
         lines.append(f"{row['threads']:>7}  {row['activations']:>11}  {row['dram_bytes_per_s'] / 1e9:>9.1f}  "
                      f"{row['expert_bytes_per_s'] / 1e9:>11.2f}  {row['ratio']:>5.2f}  {row['tokens_per_s_bound']:>14.1f}")
     lines.append(f"tokens/s bound: {result['bound_for']}, every expert on the CPU")
+    if result.get("decode_share_runs"):
+        lines.append("decode's path (threads serving a step's layers; Python posts each layer and waits for it):")
+        lines.append(f"{'threads':>7}  {'activations':>11}  {'DRAM GB/s':>9}  {'expert GB/s':>11}  {'ratio':>5}  "
+                     f"{'tokens/s bound':>14}")
+        for row in result["decode_share_runs"]:
+            lines.append(f"{row['threads']:>7}  {row['activations']:>11}  {row['dram_bytes_per_s'] / 1e9:>9.1f}  "
+                         f"{row['expert_bytes_per_s'] / 1e9:>11.2f}  {row['ratio']:>5.2f}  "
+                         f"{row['tokens_per_s_bound']:>14.1f}")
     target = result["compiled_for"]
     width = ", 512-bit vectors preferred" if target.get("prefer_512_bit") else ""
     lines.append(f"compiled for {target['cpu']}{width}: {' '.join(target['vector_features']) or 'no AVX'}")

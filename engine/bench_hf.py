@@ -41,7 +41,9 @@ def hf_offload_row(name: str, device: str, gpu_bytes: int | None, prompt_tokens:
         row["modules_on_gpu"] = sum(1 for where in device_map.values() if where == 0)
         row["modules"] = len(device_map)
         model = dispatch_model(model, device_map)
-        inputs = "cuda"
+        # token ids go where the embedding is: accelerate may leave it in host RAM (seen under the 4gb cap)
+        embedding = model.get_input_embeddings().weight.device
+        inputs = embedding if embedding.type in ("cpu", "cuda") else "cuda"
     row["build_seconds"] = time.perf_counter() - started
     prompt = torch.randint(0, model.config.vocab_size, (1, prompt_tokens),
                            generator=torch.Generator().manual_seed(seed)).to(inputs)
@@ -51,11 +53,11 @@ def hf_offload_row(name: str, device: str, gpu_bytes: int | None, prompt_tokens:
         out = model(prompt, use_cache=True)
         _sync(device)
         prefill = time.perf_counter() - began
-        past, token = out.past_key_values, out.logits[:, -1:].argmax(-1)
+        past, token = out.past_key_values, out.logits[:, -1:].argmax(-1).to(inputs)
         began = time.perf_counter()
         for _ in range(decode_tokens):
             out = model(token, past_key_values=past, use_cache=True)
-            past, token = out.past_key_values, out.logits[:, -1:].argmax(-1)
+            past, token = out.past_key_values, out.logits[:, -1:].argmax(-1).to(inputs)
         _sync(device)
         decode = time.perf_counter() - began
     row.update(time_to_first_token_s=prefill, prefill_tokens_per_s=prompt_tokens / prefill,

@@ -15,7 +15,7 @@ from engine.checkpoint import quantize
 from engine.checkpoint.formats import StoredWeight, detect_format, fuse_rows
 from engine.cli import main
 from engine.experts.packed import RecordLayout, pack_banks
-from engine.kernels import cpu_experts
+from engine.kernels import cpu_experts, cpu_share
 from engine.kernels.cpu_experts import CpuExpertKernel
 
 EXPERTS = 6
@@ -191,9 +191,14 @@ def test_cli_bench_cpu_experts_reports_each_thread_count(monkeypatch, capsys):
         assert row["dram_bytes_per_s"] > 0 and row["expert_bytes_per_s"] > 0 and row["tokens_per_s_bound"] > 0
         assert row["ratio"] == pytest.approx(row["expert_bytes_per_s"] / row["dram_bytes_per_s"])
     assert result["compiled_for"]["cpu"] and isinstance(result["compiled_for"]["vector_features"], list)
+    # decode's path, per thread count: the share's threads (one fewer where they would take every CPU)
+    assert [row["threads"] for row in result["decode_share_runs"]] == [cpu_share.share_threads_for(t) for t in (1, 2)]
+    for row in result["decode_share_runs"]:
+        assert row["expert_bytes_per_s"] > 0 and row["ratio"] == pytest.approx(
+            row["expert_bytes_per_s"] / row["dram_bytes_per_s"])
     assert main(["bench", "--cpu-experts", "--threads", "1"]) == 0
     out = capsys.readouterr().out
-    assert "DRAM GB/s" in out and f"compiled for {result['compiled_for']['cpu']}" in out
+    assert "DRAM GB/s" in out and f"compiled for {result['compiled_for']['cpu']}" in out and "decode's path" in out
     assert main(["bench", "--cpu-experts", "--threads", "0"]) == 2
     assert "--threads must be" in capsys.readouterr().err
 

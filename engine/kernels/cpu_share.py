@@ -57,10 +57,10 @@ class Mailbox:
         self.out = torch.zeros(hidden, dtype=torch.float32, pin_memory=pin)
 
 
-def share_threads() -> int:
-    """The CPU expert threads, less one where they would take every logical CPU: they spin, and the thread that
-    launches the step's graph (and whatever else the machine runs) must not push one off its core mid-layer."""
-    return max(1, min(cpu_experts.threads(), (os.cpu_count() or 1) - 1))
+def share_threads_for(threads: int) -> int:
+    """`threads` CPU expert threads, less one where they would take every logical CPU: they spin, and the thread
+    that launches the step's graph (and whatever else the machine runs) must not push one off its core mid-layer."""
+    return max(1, min(threads, (os.cpu_count() or 1) - 1))
 
 
 class CpuShareWorker:
@@ -81,7 +81,7 @@ class CpuShareWorker:
         self._views = [t.numpy() for t in (mailbox.flags, mailbox.ids, mailbox.weights, mailbox.x, mailbox.out)]
         self._pool = ThreadPoolExecutor(1, thread_name_prefix="cpu-experts")
         self._running = None
-        self.threads = share_threads()
+        self.threads = share_threads_for(cpu_experts.threads())
         self.next_sequence = 1
         self._serve(1, 0)  # compiled now (or loaded from numba's cache), not while a step's GPU waits
 
