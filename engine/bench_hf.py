@@ -32,6 +32,8 @@ def hf_offload_row(name: str, device: str, gpu_bytes: int | None, prompt_tokens:
     except ImportError as exc:
         return {**row, "skipped": f"{exc.name} is not installed (pip install accelerate transformers)"}
     started = time.perf_counter()
+    if device == "cuda":
+        torch.cuda.reset_peak_memory_stats()  # the peak below is the baseline's alone
     model = _random_model(name, dtype, seed, transformers)
     inputs = "cpu"
     if device == "cuda":
