@@ -719,6 +719,17 @@ if numba is not None:
         else:
             target[:] = source
 
+    @numba.njit(nogil=True, cache=True, fastmath=FAST)
+    def _swiglu_laid_out(hidden_row, act, target, target16, down, bf16):
+        """SwiGLU of one expert's gate_up output (gate, then up), laid out for its down matrix (and as bf16)."""
+        intermediate = act.shape[0]
+        for i in range(intermediate):
+            gate = hidden_row[i]
+            act[i] = gate / (np.float32(1) + np.exp(-gate)) * hidden_row[intermediate + i]
+        _lay_out(act, target, down)
+        if bf16:
+            _lay_out_bf16(act, target16)
+
     @numba.njit(parallel=True, nogil=True, cache=True, fastmath=FAST)
     def _experts(records, meta, x, expert_ids, expert_weights, on_cpu, out, bf16):
         tokens, top_k = expert_ids.shape
@@ -774,15 +785,10 @@ if numba is not None:
                   hidden_rows[starts[e]:starts[e + 1]], bf16)
 
         acts = np.empty((rows, intermediate), np.float32)
-        acts16 = np.empty((rows if bf16 else 0, intermediate), np.uint16)
+        acts16 = np.empty((rows, intermediate), np.uint16)
         act = np.empty(intermediate, np.float32)
         for row in range(rows):
-            for i in range(intermediate):
-                gate = hidden_rows[row, i]
-                act[i] = gate / (np.float32(1) + np.exp(-gate)) * hidden_rows[row, intermediate + i]
-            _lay_out(act, acts[row], down)
-            if bf16:
-                _lay_out_bf16(act, acts16[row])
+            _swiglu_laid_out(hidden_rows[row], act, acts[row], acts16[row], down, bf16)
         outputs = np.empty((rows, hidden), np.float32)
         per_expert = (hidden + ROW_BLOCK - 1) // ROW_BLOCK
         for item in numba.prange(groups * per_expert):

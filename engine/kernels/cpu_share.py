@@ -13,9 +13,10 @@ The protocol, one sequence number per MoE layer of a step, chosen by the host (`
 - every CPU thread waits for that number, reads the layer, and checks `done` is still below it (the GPU
   rewrites the mailbox only after `done` reaches the number, so the layer it read is whole);
 - the threads take work items from the layer's counters: blocks of 32 gate_up rows of one expert (whoever
-  ends an expert's last block computes its activation), then blocks of 32 output rows over all the layer's
-  CPU experts, weighted; whoever ends the last block sets `done`, and so does the first thread to see a
-  layer with nothing for the CPU;
+  ends an expert's last block computes its activation), then blocks of 32 down rows of one expert (items of
+  one expert follow each other, so each thread streams whole stretches of a record: with the blocks of all
+  experts interleaved, one thread ran at half the speed); whoever ends the last block sums the experts'
+  outputs, weighted, and sets `done`, and so does the first thread to see a layer with nothing for the CPU;
 - the GPU waits for `done`, then reads the sum.
 Items are taken, not dealt, so a thread the OS holds back delays only the item it holds, and a thread that
 comes late finds the items gone and moves on. `cancel` stops everyone (the host sets it when a step fails).
@@ -145,7 +146,7 @@ if numba is not None:
     from numba import types
     from numba.extending import intrinsic
 
-    from engine.kernels.cpu_experts import FAST, _lay_out, _lay_out_bf16, _rows
+    from engine.kernels.cpu_experts import _lay_out, _lay_out_bf16, _rows, _swiglu_laid_out
 
     I32 = ir.IntType(32)
     _X86 = platform.machine().lower() in ("x86_64", "amd64")
@@ -192,17 +193,6 @@ if numba is not None:
         def codegen(context, builder, signature, args):
             return builder.inttoptr(args[0], ir.IntType(8).as_pointer())
         return types.CPointer(types.uint8)(types.intp), codegen
-
-    @numba.njit(nogil=True, cache=True, fastmath=FAST)
-    def _swiglu_laid_out(hidden_row, act, target, target16, down, bf16):
-        """SwiGLU of one expert's gate_up output (gate, then up), laid out for its down matrix (and as bf16)."""
-        intermediate = act.shape[0]
-        for i in range(intermediate):
-            gate = hidden_row[i]
-            act[i] = gate / (np.float32(1) + np.exp(-gate)) * hidden_row[intermediate + i]
-        _lay_out(act, target, down)
-        if bf16:
-            _lay_out_bf16(act, target16)
 
     @numba.njit(nogil=True, cache=True)
     def _wait_for(address, target, cancel_at):
@@ -270,19 +260,19 @@ if numba is not None:
             if _wait_for(count_at + 4 * ACTIVATED, n, cancel_at) < 0:
                 return -1
             while True:
-                block = _fetch_add(count_at + 4 * TAKEN_DOWN, 1)
-                if block >= down_blocks:
+                item = _fetch_add(count_at + 4 * TAKEN_DOWN, 1)
+                if item >= n * down_blocks:
                     break
-                begin, end = block * ROW_BLOCK, min((block + 1) * ROW_BLOCK, hidden)
-                for i in range(n):
-                    record = numba.carray(_bytes_at(base + chosen[i] * record_bytes), (record_bytes,))
-                    _rows(record, down, begin, end, acts, acts16, picks[i:i + 1], products[i:i + 1], bf16)
-                for r in range(begin, end):
-                    total = np.float32(0)
+                i, block = item // down_blocks, item % down_blocks
+                record = numba.carray(_bytes_at(base + chosen[i] * record_bytes), (record_bytes,))
+                _rows(record, down, block * ROW_BLOCK, min((block + 1) * ROW_BLOCK, hidden), acts, acts16,
+                      picks[i:i + 1], products[i:i + 1], bf16)
+                if _fetch_add(count_at + 4 * ENDED_DOWN, 1) == n * down_blocks - 1:  # the last: the weighted sum
+                    out[:] = 0
                     for i in range(n):
-                        total += chosen_weights[i] * products[i, r]
-                    out[r] = total
-                if _fetch_add(count_at + 4 * ENDED_DOWN, 1) == down_blocks - 1:
+                        weight = chosen_weights[i]
+                        for r in range(hidden):
+                            out[r] += weight * products[i, r]
                     ended += n
                     _raise_to(done_at, sequence)
         return ended
