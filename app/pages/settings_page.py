@@ -38,9 +38,11 @@ EXPERT_BACKENDS = (
     ("Offload (PCIe)", "offload", "Copies each missing expert over PCIe into the card's cache. Best on a desktop "
                                   "with a full-width PCIe slot."),
     ("CPU computes misses", "cpu", "The CPU computes missing experts straight from RAM and nothing crosses PCIe. "
-                                   "Helps on laptops, whose PCIe link is narrow and RAM fast."),
-    ("Hybrid (PCIe + CPU)", "hybrid", "Splits each step's missing experts between PCIe copies and the CPU so both "
-                                      "finish together. Helps when the two paths are about as fast."),
+                                   "Helps on laptops, whose PCIe link is narrow and RAM fast. Its threads stay "
+                                   "busy while a reply is written."),
+    ("Hybrid (PCIe + CPU)", "hybrid", "Splits each step's missing experts between PCIe copies and the CPU, and keeps "
+                                      "moving the split so both finish together. Helps when the two paths are about "
+                                      "as fast. The CPU's threads stay busy while a reply is written."),
 )
 MIN_CONTEXT_TOKENS = 2048
 MAX_CONTEXT_TOKENS = 262144  # the longest context of the models MoE Desk runs
