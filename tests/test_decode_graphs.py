@@ -174,3 +174,35 @@ def test_the_device_clock_is_renumbered_before_it_runs_out(tiny_checkpoint, monk
     assert int(cache._device_table["clock"]) < cache.slots + 3 * step_lookups
     a, b = plain.expert_executor.stats(), segmented.expert_executor.stats()
     assert (a["expert_cache_hits"], a["expert_cache_misses"]) == (b["expert_cache_hits"], b["expert_cache_misses"])
+
+
+def test_a_failed_cpu_share_ends_the_step_in_a_plain_error_and_the_next_conversation_works(tiny_checkpoint,
+                                                                                          monkeypatch):
+    """The CPU threads fail mid-step: the GPU's waits are released (no hang), the step says what happened and what
+    to do, and the mailbox is ready for the next step."""
+    from engine.experts.split import Calibration
+    from engine.kernels import cpu_share
+    from engine.kernels.cpu_experts import CpuExpertKernel
+    folder = tiny_checkpoint("qwen3_5_moe", "nvfp4")
+    plain, split = engine.load_model(folder, expert_cache_slots=8), engine.load_model(folder, expert_cache_slots=8)
+    executor = split.expert_executor
+    executor.cpu_kernel = CpuExpertKernel(executor.cache.layout, "float32")
+    executor.backend, executor.calibration = "cpu", Calibration(1e9, 1e9, 0.0, 1)
+    steps = DecodeSteps(split, use_graphs=False)
+    prompt = torch.randint(2, 320, (9,), generator=torch.Generator().manual_seed(8))
+    state = split.new_state(30)
+    split.forward(prompt, state)
+    steps.step(4, state)
+    working = cpu_share._serve_step
+
+    def broken(*args):
+        raise RuntimeError("a thread died")
+    monkeypatch.setattr(cpu_share, "_serve_step", broken)
+    with pytest.raises(cpu_share.CpuShareError, match="a thread died.*offload expert backend"):
+        steps.step(5, state)
+    assert steps._share.mailbox.flags[cpu_share.CANCEL] == 0  # cleared for the next step
+    monkeypatch.setattr(cpu_share, "_serve_step", working)
+    states = plain.new_state(30), split.new_state(30)
+    plain.forward(prompt, states[0])
+    split.forward(prompt, states[1])
+    _step_alongside(plain, steps, states, 4, 3)

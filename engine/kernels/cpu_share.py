@@ -134,11 +134,15 @@ class CpuShareWorker:
 
     def _serve(self, first: int, layers: int) -> int:
         flags, ids, weights, x, out = self._views
-        with cpu_experts._launch:
-            cpu_experts.numba_threads(self.threads)
-            return int(_serve_step(self._addresses, self._record_bytes, self.kernel._meta, flags, ids, weights, x,
-                                   out, first, layers, self._counters, self._hidden_rows, self._acts, self._acts16,
-                                   self.kernel.activations == "bf16", self.threads))
+        try:
+            with cpu_experts._launch:
+                cpu_experts.numba_threads(self.threads)
+                return int(_serve_step(self._addresses, self._record_bytes, self.kernel._meta, flags, ids, weights,
+                                       x, out, first, layers, self._counters, self._hidden_rows, self._acts,
+                                       self._acts16, self.kernel.activations == "bf16", self.threads))
+        except BaseException:
+            self.cancel()  # the GPU's waits end now, not when the host notices
+            raise
 
 
 if numba is not None:

@@ -136,12 +136,12 @@ class DecodeSteps:
             self._embedding_sent.record()
         try:
             self._run_actions(state)
+            computed = self._share.finish() if self._share_on_device else 0
         except BaseException:
             if self._share_on_device:
                 self._abandon_share()
             raise
         if self._share_on_device:
-            computed = self._share.finish()
             self.executor.expert_calls -= computed
             self.executor.cpu_expert_calls += computed
             self._share_waits_host.copy_(self.share_waits, non_blocking=True)  # read at the next step, not waited for
