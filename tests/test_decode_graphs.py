@@ -100,13 +100,15 @@ def test_actions_go_when_their_state_goes(tiny_checkpoint):
     assert not steps._actions and not steps.buf
 
 
-@pytest.mark.parametrize("backend", ["cpu", "hybrid"])
-def test_misses_computed_on_the_cpu_give_the_same_step(tiny_checkpoint, backend):
-    """The cpu and hybrid backends: some (cpu: all) misses of a step are computed by the CPU expert kernel from
-    the host records and added back as one row, the GPU share keeps its slots."""
+@pytest.mark.parametrize("backend, layout", [("cpu", LAYOUTS[0]), ("hybrid", LAYOUTS[0]), ("cpu", LAYOUTS[1]),
+                                             ("cpu", LAYOUTS[2])], ids=lambda v: "-".join(map(str, v))
+                         if isinstance(v, tuple) else v)
+def test_misses_computed_on_the_cpu_give_the_same_step(tiny_checkpoint, backend, layout):
+    """The cpu and hybrid backends, for each stored format: some (cpu: all) misses of a step are computed by the
+    CPU threads from the host records and added back as one row, the GPU share keeps its slots."""
     from engine.experts.split import Calibration
     from engine.kernels.cpu_experts import CpuExpertKernel
-    folder = tiny_checkpoint("qwen3_5_moe", "nvfp4")
+    folder = tiny_checkpoint(*layout)
     plain = engine.load_model(folder, expert_cache_slots=8)
     split = engine.load_model(folder, expert_cache_slots=8)
     executor = split.expert_executor
