@@ -117,7 +117,8 @@ def share_throughput(threads: int, records: tuple[RecordLayout, torch.Tensor] | 
     finally:
         cpu_experts.set_threads(previous)
     ids, weights = torch.arange(EXPERTS_PER_TOKEN), torch.full((EXPERTS_PER_TOKEN,), 1.0 / EXPERTS_PER_TOKEN)
-    gpu_rows, routed, waits = torch.zeros(EXPERTS_PER_TOKEN), torch.zeros(1, kernel.hidden), torch.zeros(2, dtype=torch.int32)
+    gpu_rows, routed = torch.zeros(EXPERTS_PER_TOKEN), torch.zeros(1, kernel.hidden)
+    waits = torch.zeros(2, dtype=torch.int32)
     y = torch.randn(1, kernel.hidden, generator=torch.Generator().manual_seed(1))
 
     def step():
@@ -174,27 +175,27 @@ def compiled_for() -> dict:
             "prefer_512_bit": "-prefer-256-bit" in (numba.config.CPU_FEATURES or "")}
 
 
+TABLE_HEADER = (f"{'threads':>7}  {'activations':>11}  {'DRAM GB/s':>9}  {'expert GB/s':>11}  {'ratio':>5}  "
+                f"{'tokens/s bound':>14}")
+
+
 def format_table(result: dict) -> str:
     lines = [f"NVFP4 experts on the CPU (hidden {result['hidden']}, intermediate {result['intermediate']}, "
-             f"{result['tokens']} token(s) a call, {result['ring_bytes'] / 2**20:.0f} MiB of records)",
-             f"{'threads':>7}  {'activations':>11}  {'DRAM GB/s':>9}  {'expert GB/s':>11}  {'ratio':>5}  "
-             f"{'tokens/s bound':>14}"]
-    for row in result["runs"]:
-        lines.append(f"{row['threads']:>7}  {row['activations']:>11}  {row['dram_bytes_per_s'] / 1e9:>9.1f}  "
-                     f"{row['expert_bytes_per_s'] / 1e9:>11.2f}  {row['ratio']:>5.2f}  {row['tokens_per_s_bound']:>14.1f}")
+             f"{result['tokens']} token(s) a call, {result['ring_bytes'] / 2**20:.0f} MiB of records)", TABLE_HEADER]
+    lines += [_table_row(row) for row in result["runs"]]
     lines.append(f"tokens/s bound: {result['bound_for']}, every expert on the CPU")
     if result.get("decode_share_runs"):
-        lines.append("decode's path (threads serving a step's layers; Python posts each layer and waits for it):")
-        lines.append(f"{'threads':>7}  {'activations':>11}  {'DRAM GB/s':>9}  {'expert GB/s':>11}  {'ratio':>5}  "
-                     f"{'tokens/s bound':>14}")
-        for row in result["decode_share_runs"]:
-            lines.append(f"{row['threads']:>7}  {row['activations']:>11}  {row['dram_bytes_per_s'] / 1e9:>9.1f}  "
-                         f"{row['expert_bytes_per_s'] / 1e9:>11.2f}  {row['ratio']:>5.2f}  "
-                         f"{row['tokens_per_s_bound']:>14.1f}")
+        lines += ["decode's path (threads serving a step's layers; Python posts each layer and waits for it):",
+                  TABLE_HEADER, *(_table_row(row) for row in result["decode_share_runs"])]
     target = result["compiled_for"]
     width = ", 512-bit vectors preferred" if target.get("prefer_512_bit") else ""
     lines.append(f"compiled for {target['cpu']}{width}: {' '.join(target['vector_features']) or 'no AVX'}")
     return "\n".join(lines)
+
+
+def _table_row(row: dict) -> str:
+    return (f"{row['threads']:>7}  {row['activations']:>11}  {row['dram_bytes_per_s'] / 1e9:>9.1f}  "
+            f"{row['expert_bytes_per_s'] / 1e9:>11.2f}  {row['ratio']:>5.2f}  {row['tokens_per_s_bound']:>14.1f}")
 
 
 def _record_bytes(hidden: int, intermediate: int) -> int:

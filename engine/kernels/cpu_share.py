@@ -210,6 +210,19 @@ if numba is not None:
             _pause()
 
     @numba.njit(nogil=True, cache=True)
+    def _take(counter_at, experts, blocks):
+        """The next item (expert, block) of a phase from its counter, or (-1, 0) once all are taken."""
+        item = _fetch_add(counter_at, 1)
+        if item >= experts * blocks:
+            return -1, 0
+        return item // blocks, item % blocks
+
+    @numba.njit(nogil=True, cache=True)
+    def _record(base, expert, record_bytes):
+        """An expert's record, from its layer's records at address `base`."""
+        return numba.carray(_bytes_at(base + expert * record_bytes), (record_bytes,))
+
+    @numba.njit(nogil=True, cache=True)
     def _serve_layers(addresses, record_bytes, meta, flags, ids, weights, x, out, first, layers, counters,
                       hidden_rows, acts, acts16, bf16):
         """One thread's part of a step (the protocol in the module's docstring); experts it ended, -1 if cancelled."""
@@ -251,26 +264,23 @@ if numba is not None:
                 continue
             base = addresses[layer]
             while True:
-                item = _fetch_add(count_at + 4 * TAKEN_GATE_UP, 1)
-                if item >= n * per_expert:
+                i, block = _take(count_at + 4 * TAKEN_GATE_UP, n, per_expert)
+                if i < 0:
                     break
-                i, block = item // per_expert, item % per_expert
-                record = numba.carray(_bytes_at(base + chosen[i] * record_bytes), (record_bytes,))
-                _rows(record, gate_up, block * ROW_BLOCK, min((block + 1) * ROW_BLOCK, 2 * intermediate), laid,
-                      laid16, picks[:1], hidden_rows[i:i + 1], bf16)
+                _rows(_record(base, chosen[i], record_bytes), gate_up, block * ROW_BLOCK,
+                      min((block + 1) * ROW_BLOCK, 2 * intermediate), laid, laid16, picks[:1], hidden_rows[i:i + 1],
+                      bf16)
                 if _fetch_add(count_at + 4 * (ENDED_GATE_UP + i), 1) == per_expert - 1:
                     _swiglu_laid_out(hidden_rows[i], act, acts[i], acts16[i], down, bf16)
                     _fetch_add(count_at + 4 * ACTIVATED, 1)
             if _wait_for(count_at + 4 * ACTIVATED, n, cancel_at) < 0:
                 return -1
             while True:
-                item = _fetch_add(count_at + 4 * TAKEN_DOWN, 1)
-                if item >= n * down_blocks:
+                i, block = _take(count_at + 4 * TAKEN_DOWN, n, down_blocks)
+                if i < 0:
                     break
-                i, block = item // down_blocks, item % down_blocks
-                record = numba.carray(_bytes_at(base + chosen[i] * record_bytes), (record_bytes,))
-                _rows(record, down, block * ROW_BLOCK, min((block + 1) * ROW_BLOCK, hidden), acts, acts16,
-                      picks[i:i + 1], products[i:i + 1], bf16)
+                _rows(_record(base, chosen[i], record_bytes), down, block * ROW_BLOCK,
+                      min((block + 1) * ROW_BLOCK, hidden), acts, acts16, picks[i:i + 1], products[i:i + 1], bf16)
                 if _fetch_add(count_at + 4 * ENDED_DOWN, 1) == n * down_blocks - 1:  # the last: the weighted sum
                     out[:] = 0
                     for i in range(n):
