@@ -2,9 +2,11 @@
 # Every GPU measurement docs/BENCHMARKS.md reports for the GPU runtime and the expert backends, in parts that each
 # fit one 10-minute device call (the device time is scarce):
 #   tests   the GPU tests and the Triton kernel tests on CUDA, then the decode profile (about 4 minutes)
-#   4gb     the CPU expert kernel's scaling, then 4gb at 4,096 and 16,896 tokens with every backend (about 6)
-#   presets 8gb and 12gb at 4,096 tokens with every backend (about 4)
-#   hf      the transformers + accelerate row (builds the bf16 model: 70 GB of host RAM)
+#   4gb     the CPU expert kernel's scaling, then 4gb at 4,096 and 16,896 tokens with every backend, greedy
+#           decoding, and at 4,096 with random decode inputs (about 8)
+#   presets 8gb and 12gb at 4,096 tokens with every backend, random decode inputs (about 4)
+#   hf      the transformers + accelerate row beside every backend at a 128-token prompt (builds the bf16
+#           model: 70 GB of host RAM; about 3)
 # Run from the repository root on a CUDA machine, e.g. `bash tools/gpu/issue6_runs.sh tests 4gb`; results go to
 # $OUT (default ./gpu-results).
 set -u
@@ -13,10 +15,10 @@ mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | tee "$OUT/gpu.txt"
 
-bench() {  # preset, prompt lengths, time limit, extra options
+bench() {  # preset, prompt lengths, time limit, name of the result, extra options
     timeout "$3" python3 -m engine bench --synthetic qwen3.6-35b-a3b-nvfp4 --preset "$1" --prompt-tokens "$2" \
-        --decode-tokens 32 ${4:---expert-backends offload,cpu,hybrid} --json > "$OUT/bench_$1.json" 2> "$OUT/bench_$1.err"
-    echo "bench $1 rc=$?"; grep '^bench' "$OUT/bench_$1.err" | cut -c1-400
+        --decode-tokens 32 --expert-backends offload,cpu,hybrid ${5:-} --json > "$OUT/bench_$4.json" 2> "$OUT/bench_$4.err"
+    echo "bench $4 rc=$?"; grep '^bench' "$OUT/bench_$4.err" | cut -c1-400
 }
 
 for part in "$@"; do
@@ -29,12 +31,13 @@ for part in "$@"; do
             echo "decode profile rc=$?"; grep -E "graph|decode step|GPU busy|  [a-z]" "$OUT/decode_profile.txt" ;;
         4gb)
             timeout 150 python3 -m engine bench --cpu-experts --threads 1,4,8,16 | tee "$OUT/cpu_experts.txt"
-            bench 4gb 4096,16896 330 ;;
+            bench 4gb 4096,16896 330 4gb
+            bench 4gb 4096 200 4gb_random "--decode-inputs random" ;;
         presets)
-            bench 8gb 4096 120
-            bench 12gb 4096 120 ;;
+            bench 8gb 4096 120 8gb "--decode-inputs random"
+            bench 12gb 4096 120 12gb "--decode-inputs random" ;;
         hf)
-            bench 4gb 128 540 "--expert-backends offload --hf-baseline" ;;
+            bench 4gb 128 280 hf "--hf-baseline" ;;
         *)
             echo "unknown part $part: tests, 4gb, presets or hf"; exit 2 ;;
     esac
