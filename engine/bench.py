@@ -232,8 +232,11 @@ def run_bench(name: str, device: str, prompt_lengths: list[int], decode_tokens: 
             torch.cuda.empty_cache()
         cap = result.get("vram_cap", {}).get("allocator_limit_bytes")
         prompt = min(min(prompt_lengths), HF_BASELINE_TOKENS)
-        result["baseline"] = hf_offload_row(name, device, int(cap * HF_GPU_SHARE) if cap else None, prompt,
-                                            min(decode_tokens, 3), seed)
+        try:
+            result["baseline"] = hf_offload_row(name, device, int(cap * HF_GPU_SHARE) if cap else None, prompt,
+                                                min(decode_tokens, 3), seed)
+        except Exception as exc:  # the other tool failing must not lose our figures (seen: inputs on the wrong device)
+            result["baseline"] = {"baseline": "transformers + accelerate", "error": f"{type(exc).__name__}: {exc}"}
     if device != "cuda":
         result.update(_host_peak_memory())
     return result
@@ -269,7 +272,7 @@ def format_result(result: dict) -> str:
                 for backend, d in row["decode_by_backend"].items()))
     baseline = result.get("baseline")
     if baseline is not None:
-        lines.append(f"baseline, {baseline['baseline']}: " + (baseline.get("skipped") or (
+        lines.append(f"baseline, {baseline['baseline']}: " + (baseline.get("skipped") or baseline.get("error") or (
             f"{baseline['prompt_tokens']}-token prompt, prefill {baseline['prefill_tokens_per_s']:.1f} tok/s, "
             f"decode {baseline['decode_tokens_per_s']:.2f} tok/s")))
     peaks = [row["peak_process_bytes"] for row in result["runs"] if "peak_process_bytes" in row]

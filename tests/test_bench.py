@@ -50,6 +50,21 @@ def test_the_transformers_accelerate_baseline_row(capsys):
     assert code == 0 and "baseline, transformers + accelerate" in out and "decode" in out
 
 
+def test_a_failing_baseline_keeps_the_benchmarks_own_figures(capsys, monkeypatch):
+    import engine.bench as bench_module
+
+    def failing(*args):
+        raise RuntimeError("Expected all tensors to be on the same device")
+    monkeypatch.setattr(bench_module, "hf_offload_row", failing)
+    code, out, err = bench(["--prompt-tokens", "20", "--decode-tokens", "1", "--hf-baseline", "--json"], capsys)
+    assert code == 0, err
+    result = json.loads(out)
+    assert result["runs"][0]["decode_tokens_per_s"] > 0
+    assert result["baseline"]["error"] == "RuntimeError: Expected all tensors to be on the same device"
+    code, out, _ = bench(["--prompt-tokens", "20", "--decode-tokens", "1", "--hf-baseline"], capsys)
+    assert code == 0 and "RuntimeError: Expected all tensors" in out
+
+
 def test_table_output(capsys):
     code, out, _ = bench(["--prompt-tokens", "20", "--decode-tokens", "2"], capsys)
     assert code == 0 and "prefill tok/s" in out and "pessimistic" in out
