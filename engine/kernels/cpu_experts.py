@@ -123,9 +123,10 @@ class CpuExpertKernel:
     """Routed experts of one model computed on the CPU from its expert records (one RecordLayout)."""
 
     def __init__(self, layout: RecordLayout, activations: str | None = None):
-        """activations: "bf16" rounds each token's inputs to bf16 for NVFP4 rows of one token (AVX512-BF16's dot,
-        about 3x the float32 path per core; the GPU kernels round activations to bf16 the same way), "float32"
-        keeps them exact; None picks bf16 where the CPU has the instructions."""
+        """activations: "bf16" rounds each token's inputs to bf16 for NVFP4 rows (AVX512-BF16's dot, about 3x the
+        float32 path per core for one token an expert, and each row's codes decoded once for up to 4 of an
+        expert's tokens; the GPU kernels round activations to bf16 the same way), "float32" keeps them exact;
+        None picks bf16 where the CPU has the instructions."""
         if activations is None:
             activations = "bf16" if bf16_dot_supported() else "float32"
         if activations not in ("bf16", "float32"):
@@ -364,23 +365,27 @@ if numba is not None:
     # gate_up ran at half the speed; 1, 2, 4 or 8 groups, or 4 or 8 KiB, were within the noise of each other
     PREFETCH_GROUPS = 2
 
-    def _nvfp4_dots_bf16(rows):
-        """An intrinsic for `rows` consecutive NVFP4 rows of one token, giving each row's sum over blocks b of
-        scale b * (E2M1 codes of block b . x of block b) as a tuple: codes at address `codes` (two per byte, low
-        nibble first), E4M3 block scales at `scales`, bf16 inputs at `x` in _lay_out_bf16's order, `octets` runs
-        of eight 16-input blocks a row (at least one).
+    def _nvfp4_dots_bf16(rows, tokens=1):
+        """An intrinsic for `rows` consecutive NVFP4 rows of `tokens` tokens (rows * tokens a power of two, 16 at
+        most), giving each (row i, token u)'s sum over blocks b of scale b * (E2M1 codes of block b . x of block b)
+        as a tuple, at i * tokens + u: codes at address `codes` (two per byte, low nibble first), E4M3 block scales
+        at `scales`, bf16 inputs in _lay_out_bf16's order at `x` for one token, else at the `tokens` int64
+        addresses at `x`, `octets` runs of eight 16-input blocks a row (at least one).
 
         Per octet of a row (64 code bytes, 128 inputs): word j of the codes holds codes 4j..4j+3, one a nibble;
         vpermw of the words, and of them shifted right by 4, 8 and 12 (it reads their low 5 bits; the table repeats
         over bit 4) gives the bf16 values of codes 4j, 4j+1, 4j+2, 4j+3. _lay_out_bf16 puts the inputs the same way,
         so four vdpbf16ps leave lane k the sum of inputs 8k..8k+7: lanes 2b and 2b+1 are block b. Two octets' lanes
         added in pairs make a lane a block, and one FMA with the sixteen block scales adds them up. The inputs are
-        loaded once for all the rows, and the rows' sums reduced together."""
+        loaded once for all the rows, each row's codes decoded once for all the tokens, and the sums reduced
+        together; a (row, token)'s sum is added in the same order whatever the rows and tokens of the call."""
+        sums_count = rows * tokens
+
         def typer(typingctx, codes, scales, x, octets):
             def codegen(context, builder, signature, args):
                 result_type = signature.return_type
                 if not bf16_dot_supported():  # never called there (CpuExpertKernel refuses): keep it compilable
-                    return context.make_tuple(builder, result_type, [ir.Constant(F32, float("nan"))] * rows)
+                    return context.make_tuple(builder, result_type, [ir.Constant(F32, float("nan"))] * sums_count)
                 codes_at, scales_at, x_at, count = args
                 module = builder.module
                 v16f, v16i32, v32i16 = ir.VectorType(F32, 16), ir.VectorType(I32, 16), ir.VectorType(I16, 32)
@@ -406,26 +411,33 @@ if numba is not None:
                                         align=align)
 
                 width, blocks = builder.mul(count, c64(64)), builder.mul(count, c64(8))
+                x_ats = [x_at] if tokens == 1 else [load(x_at, c64(8 * u), I64, 8) for u in range(tokens)]
                 ahead = builder.add(codes_at, builder.mul(width, c64(PREFETCH_GROUPS * rows)))
 
                 def step(octet, sums, both):
                     """sums plus the rows' scaled dots of octet `octet` and, if `both`, of the next one too."""
                     offsets = [builder.mul(builder.add(octet, c64(h)), c64(64)) for h in range(1 + both)]
-                    xs = [[builder.bitcast(load(x_at, builder.add(builder.shl(offset, c64(2)), c64(64 * g)),
-                                                v16i32, 2), BF16_PAIRS) for g in range(4)]
-                          for offset in offsets]  # 128 inputs, 256 bytes, an octet
+
+                    def inputs(at, offset, g):  # a quarter of a token's 128 inputs (256 bytes, an octet)
+                        return builder.bitcast(load(at, builder.add(builder.shl(offset, c64(2)), c64(64 * g)),
+                                                    v16i32, 2), BF16_PAIRS)
+                    # one token's inputs are loaded once for all the rows; several tokens' would not fit in registers
+                    # beside their sums, so they are loaded where used (from L1)
+                    shared = [[inputs(x_at, offset, g) for g in range(4)] for offset in offsets] if tokens == 1 else []
                     new_sums = []
-                    for i, total in enumerate(sums):
+                    for i in range(rows):
                         row_codes = builder.add(codes_at, builder.mul(width, c64(i)))
-                        halves = []
-                        for offset, x4 in zip(offsets, xs):
+                        halves = [[] for _ in x_ats]  # a token's dots of each octet
+                        for h, offset in enumerate(offsets):
                             words = load(row_codes, offset, v32i16, 1)
-                            half = zero
+                            dots = [zero] * tokens
                             for g in range(4):
                                 shifted = builder.lshr(words, _splat(I16, 32, 4 * g)) if g else words
                                 values = builder.bitcast(builder.call(permute, [table, shifted]), BF16_PAIRS)
-                                half = builder.call(dot, [half, values, x4[g]])
-                            halves.append(half)
+                                dots = [builder.call(dot, [d, values, shared[h][g] if shared else
+                                                           inputs(at, offset, g)]) for d, at in zip(dots, x_ats)]
+                            for token_halves, d in zip(halves, dots):
+                                token_halves.append(d)
                         scale_at = builder.add(builder.mul(blocks, c64(i)), builder.mul(octet, c64(8)))
                         if both:
                             scale_bytes = load(scales_at, scale_at, ir.VectorType(I8, 16), 1)
@@ -433,10 +445,13 @@ if numba is not None:
                             eight = load(scales_at, scale_at, ir.VectorType(I8, 8), 1)
                             scale_bytes = builder.shuffle_vector(eight, ir.Constant(eight.type, None),
                                                                  lanes(range(16)))
-                            halves.append(zero)
-                        by_block = builder.fadd(*(builder.shuffle_vector(*halves, lanes(range(h, 32, 2)))
-                                                  for h in (0, 1)))
-                        new_sums.append(builder.call(fma, [by_block, _block_scales(builder, scale_bytes), total]))
+                            for token_halves in halves:
+                                token_halves.append(zero)
+                        by_block = [builder.fadd(*(builder.shuffle_vector(*token_halves, lanes(range(h, 32, 2)))
+                                                   for h in (0, 1))) for token_halves in halves]
+                        block_scales = _block_scales(builder, scale_bytes)
+                        new_sums += [builder.call(fma, [b, block_scales, sums[i * tokens + u]])
+                                     for u, b in enumerate(by_block)]
                         for offset in offsets:
                             line = builder.add(builder.mul(offset, c64(rows)), c64(64 * i))
                             builder.call(prefetch, [builder.inttoptr(builder.add(ahead, line), I8.as_pointer()),
@@ -445,7 +460,7 @@ if numba is not None:
 
                 def merged(incoming):
                     """phis of the rows' sums from (block, sums) pairs."""
-                    phis = [builder.phi(v16f) for _ in range(rows)]
+                    phis = [builder.phi(v16f) for _ in range(sums_count)]
                     for block, sums in incoming:
                         for phi, value in zip(phis, sums):
                             phi.add_incoming(value, block)
@@ -461,7 +476,7 @@ if numba is not None:
                 builder.cbranch(builder.icmp_signed(">", steps, c64(0)), loop, after)
                 builder.position_at_end(loop)
                 j = builder.phi(I64)
-                sums = [builder.phi(v16f) for _ in range(rows)]
+                sums = [builder.phi(v16f) for _ in range(sums_count)]
                 looped = step(builder.shl(j, c64(1)), sums, True)
                 following = builder.add(j, c64(1))
                 j.add_incoming(c64(0), entry)
@@ -471,7 +486,7 @@ if numba is not None:
                     phi.add_incoming(value, loop)
                 builder.cbranch(builder.icmp_signed("<", following, steps), loop, after)
                 builder.position_at_end(after)
-                sums = merged([(entry, [zero] * rows), (loop, looped)])
+                sums = merged([(entry, [zero] * sums_count), (loop, looped)])
                 builder.cbranch(builder.trunc(count, ir.IntType(1)), tail, done)
                 builder.position_at_end(tail)
                 tailed = step(builder.sub(count, c64(1)), sums, False)
@@ -479,14 +494,65 @@ if numba is not None:
                 builder.position_at_end(done)
                 totals = _lane_sums(builder, merged([(after, sums), (tail, tailed)]))
                 return context.make_tuple(builder, result_type,
-                                          [builder.extract_element(totals, ir.Constant(I32, i)) for i in range(rows)])
-            return types.UniTuple(types.float32, rows)(types.intp, types.intp, types.intp, types.intp), codegen
+                                          [builder.extract_element(totals, ir.Constant(I32, i))
+                                           for i in range(sums_count)])
+            return types.UniTuple(types.float32, sums_count)(types.intp, types.intp, types.intp, types.intp), codegen
         return intrinsic(typer)
 
     # Rows a call: they share each input load and one reduction. Development Zen 4, one thread: from cache 4 were
     # 4 % faster than 2, 8 faster still for down, but 8 streamed gate_up from DRAM at two thirds of 4's speed
     BF16_ROWS = 4
     _nvfp4_dot_bf16, _nvfp4_dots_bf16_rows = _nvfp4_dots_bf16(1), _nvfp4_dots_bf16(BF16_ROWS)
+    # Rows and tokens a call when an expert has several tokens: each row's codes are decoded once for the tokens.
+    # Development Zen 4, one thread, rows from cache (shared, noisy): 2 x 4 ran gate_up and down faster than 4 x 4
+    # (whose sums leave too few registers); a token of 4 a call cost 0.5-0.7 of a lone token's time
+    BF16_TILE_ROWS, BF16_TOKENS = 2, 4
+    _bf16_rows_tokens, _bf16_row_tokens = (_nvfp4_dots_bf16(BF16_TILE_ROWS, BF16_TOKENS),
+                                           _nvfp4_dots_bf16(1, BF16_TOKENS))
+    _bf16_rows_pair, _bf16_row_pair = _nvfp4_dots_bf16(BF16_TILE_ROWS, 2), _nvfp4_dots_bf16(1, 2)
+    _bf16_rows_one = _nvfp4_dots_bf16(BF16_TILE_ROWS, 1)
+
+    @numba.njit(nogil=True, cache=True)
+    def _put(result, totals, r, q, tokens):
+        """result[q + u, r + i] = totals[i * tokens + u]: a dots intrinsic's tuple put in place."""
+        for k in range(len(totals)):
+            result[q + k % tokens, r + k // tokens] = totals[k]
+
+    @numba.njit(nogil=True, cache=True)
+    def _nvfp4_tokens_bf16(codes_at, scales_at, inputs16, picks, octets, first, last, result):
+        """result[q, r] before the global scales, for rows first..last-1 and several tokens inputs16[picks[q]]:
+        BF16_TILE_ROWS rows (then one) by BF16_TOKENS tokens (then two, then one) a call. Tokens outside rows: a
+        row block's codes (32 KiB of gate_up's rows on the development machine) are read again from L2 for each
+        group of tokens rather than every token's inputs for each group of rows."""
+        count, width, blocks = picks.shape[0], 64 * octets, 8 * octets
+        addresses = np.empty(count, np.int64)
+        for q in range(count):
+            addresses[q] = inputs16[picks[q]].ctypes.data
+        listed = np.int64(addresses.ctypes.data)
+        q = 0
+        while q < count:
+            tokens = BF16_TOKENS if count - q >= BF16_TOKENS else 2 if count - q >= 2 else 1
+            at = listed + 8 * q
+            r = first
+            while r < last:
+                several = last - r >= BF16_TILE_ROWS
+                codes, scales = codes_at + r * width, scales_at + r * blocks
+                if tokens == BF16_TOKENS:
+                    if several:
+                        _put(result, _bf16_rows_tokens(codes, scales, at, octets), r, q, tokens)
+                    else:
+                        _put(result, _bf16_row_tokens(codes, scales, at, octets), r, q, tokens)
+                elif tokens == 2:
+                    if several:
+                        _put(result, _bf16_rows_pair(codes, scales, at, octets), r, q, tokens)
+                    else:
+                        _put(result, _bf16_row_pair(codes, scales, at, octets), r, q, tokens)
+                elif several:
+                    _put(result, _bf16_rows_one(codes, scales, addresses[q], octets), r, q, tokens)
+                else:
+                    _put(result, _nvfp4_dot_bf16(codes, scales, addresses[q], octets), r, q, tokens)
+                r += BF16_TILE_ROWS if several else 1
+            q += tokens
 
     @numba.njit(nogil=True, cache=True)
     def _bf16_bits(value):
@@ -565,22 +631,26 @@ if numba is not None:
     @numba.njit(nogil=True, cache=True)
     def _nvfp4_rows(record, meta, first, last, inputs, inputs16, picks, result, bf16):
         """result[q, r] for rows first..last-1 and inputs[picks[q]] (laid out block-lane: x[16 b + k] at
-        k*blocks + b); with `bf16`, one token's rows read inputs16[picks[0]] (bf16 bits, _lay_out_bf16's order)
-        instead."""
+        k*blocks + b); with `bf16`, rows of whole octets of blocks read inputs16[picks[q]] (bf16 bits,
+        _lay_out_bf16's order) instead."""
         in_features = meta[M_IN]
         width, blocks = in_features // 2, in_features // NVFP4_GROUP
         divide = meta[M_FORMAT] == 1
-        if bf16 and picks.shape[0] == 1 and blocks % 8 == 0:
+        if bf16 and blocks % 8 == 0:
             record_at = np.int64(record.ctypes.data)
             codes_at, scales_at = record_at + meta[M_WEIGHT], record_at + meta[M_SCALE]
-            x_at, octets = np.int64(inputs16[picks[0]].ctypes.data), np.int64(blocks // 8)
-            whole = last - (last - first) % BF16_ROWS
-            for r in range(first, whole, BF16_ROWS):
-                totals = _nvfp4_dots_bf16_rows(codes_at + r * width, scales_at + r * blocks, x_at, octets)
-                for i in range(BF16_ROWS):
-                    result[0, r + i] = totals[i]
-            for r in range(whole, last):
-                result[0, r] = _nvfp4_dot_bf16(codes_at + r * width, scales_at + r * blocks, x_at, octets)[0]
+            octets = np.int64(blocks // 8)
+            if picks.shape[0] == 1:
+                x_at = np.int64(inputs16[picks[0]].ctypes.data)
+                whole = last - (last - first) % BF16_ROWS
+                for r in range(first, whole, BF16_ROWS):
+                    totals = _nvfp4_dots_bf16_rows(codes_at + r * width, scales_at + r * blocks, x_at, octets)
+                    for i in range(BF16_ROWS):
+                        result[0, r + i] = totals[i]
+                for r in range(whole, last):
+                    result[0, r] = _nvfp4_dot_bf16(codes_at + r * width, scales_at + r * blocks, x_at, octets)[0]
+            else:
+                _nvfp4_tokens_bf16(codes_at, scales_at, inputs16, picks, octets, first, last, result)
             # the global factors without a _global_scale call a row (5 ns a row on the development Zen 4)
             if meta[M_GLOBAL_COUNT] == 1:
                 factors = np.full(last - first, _global_scale(record, meta, 0))
@@ -592,7 +662,8 @@ if numba is not None:
                     factors[r - first] = _global_scale(record, meta, r)
             for r in range(first, last):
                 factor = factors[r - first]
-                result[0, r] = result[0, r] / factor if divide else result[0, r] * factor
+                for q in range(picks.shape[0]):
+                    result[q, r] = result[q, r] / factor if divide else result[q, r] * factor
             return
         low, high = np.empty(width, np.int8), np.empty(width, np.int8)
         low_words, high_words = low.view(np.uint32), high.view(np.uint32)
