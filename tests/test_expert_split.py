@@ -179,22 +179,34 @@ def test_the_calibrations_cpu_calls_never_read_a_record_twice(tiny_checkpoint):
 
 def test_hybrid_balance_gives_the_cpu_less_when_the_gpu_waits_and_more_when_it_does_not():
     from engine.experts.split import HybridBalance
+    notch = HybridBalance.NOTCH
     balance = HybridBalance(0.5)
     assert balance.counts(8) == [0, 1, 1, 2, 2, 3, 3, 4, 4]  # halves rounded up: a lone miss goes to the CPU
     balance.update(waited=30, layers=40)  # the GPU waited in most layers: the CPU is the slower path
-    assert balance.fraction == pytest.approx(0.5 - HybridBalance.NOTCH)
-    balance.update(waited=2, layers=40)  # it hardly waited: the copies are
+    assert balance.fraction == pytest.approx(0.5 - notch)
+    balance.update(waited=2, layers=40)  # it hardly waited: the copies are; a move back starts small
+    assert balance.fraction == pytest.approx(0.5)
+    balance.update(waited=2, layers=40)  # the same way again: twice the move
+    assert balance.fraction == pytest.approx(0.5 + 2 * notch)
+    balance.update(waited=12, layers=40)  # between: held, and the next move starts small
+    assert balance.fraction == pytest.approx(0.5 + 2 * notch)
     balance.update(waited=2, layers=40)
-    assert balance.fraction == pytest.approx(0.5 + HybridBalance.NOTCH)
-    balance.update(waited=12, layers=40)  # between: held
-    assert balance.fraction == pytest.approx(0.5 + HybridBalance.NOTCH)
+    assert balance.fraction == pytest.approx(0.5 + 3 * notch)
     balance.update(waited=0, layers=0)  # all hits: nothing learnt
-    assert balance.fraction == pytest.approx(0.5 + HybridBalance.NOTCH)
+    assert balance.fraction == pytest.approx(0.5 + 3 * notch)
+
+
+def test_hybrid_balance_leaves_a_far_start_in_a_few_steps_and_stays_within_bounds():
+    from engine.experts.split import HybridBalance
+    balance = HybridBalance(0.25)
+    steps = 0
+    while balance.fraction < 1.0:  # the CPU never kept the GPU waiting: all its misses go to the CPU
+        balance.update(waited=0, layers=40)
+        steps += 1
+    assert steps <= 9 and balance.notch == HybridBalance.LARGEST_NOTCH  # 24 at the smallest notch
+    assert balance.counts(8) == list(range(9))
     for _ in range(100):
         balance.update(waited=40, layers=40)
     assert balance.fraction == 0.0 and balance.counts(8) == [0] * 9
-    balance.update(waited=0, layers=0)  # from nothing it tries again
+    balance.update(waited=0, layers=0)  # from nothing it tries again, a small step
     assert balance.fraction == HybridBalance.NOTCH
-    for _ in range(100):
-        balance.update(waited=0, layers=40)
-    assert balance.fraction == 1.0 and balance.counts(8) == list(range(9))

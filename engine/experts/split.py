@@ -70,15 +70,20 @@ def cpu_share(misses: int, backend: str, calibration: Calibration | None, record
 
 class HybridBalance:
     """Hybrid's fraction of a decode step's misses for the CPU where the device splits them (engine/kernels/
-    cpu_share.py), moved a notch a step toward where the GPU, ending a layer, seldom finds the CPU still at work:
-    a GPU that waited in most layers gives the CPU less, one that hardly waited gives it more. It starts from
-    the calibration's split; the calibration measures each path alone, the steps see them share the host's
-    memory (on the H200 machine the calibrated split left the CPU idle while the copies set the pace)."""
+    cpu_share.py), moved after each step toward where the GPU, ending a layer, seldom finds the CPU still at
+    work: a GPU that waited in most layers gives the CPU less, one that hardly waited gives it more. It starts
+    from the calibration's split; the calibration measures each path alone, the steps see them share the host's
+    memory (on the H200 machine the calibrated split left the CPU idle while the copies set the pace). Moves the
+    same way double, up to LARGEST_NOTCH, so a start far from the balance is left in a few steps (crossing half
+    the range took 16 at 1/32, as long as the H200's short benchmark run); a move back starts again from NOTCH,
+    so it settles finely."""
 
     NOTCH = 1 / 32
+    LARGEST_NOTCH = 1 / 8
 
     def __init__(self, fraction: float):
         self.fraction = min(max(fraction, 0.0), 1.0)
+        self.notch, self._direction = self.NOTCH, 0
 
     def counts(self, top_k: int) -> list[int]:
         """Of m misses (m = 0..top_k), how many the CPU computes."""
@@ -88,12 +93,20 @@ class HybridBalance:
         """After a step: of its `layers` layers with CPU experts, the GPU waited for the CPU in `waited`."""
         if layers == 0:  # nothing for the CPU: from zero it tries again (a probe), else all were hits
             if self.fraction == 0.0:
-                self.fraction = self.NOTCH
+                self._move(1)
             return
         if waited > layers / 2:
-            self.fraction = max(self.fraction - self.NOTCH, 0.0)
+            self._move(-1)
         elif waited < layers / 5:
-            self.fraction = min(self.fraction + self.NOTCH, 1.0)
+            self._move(1)
+        else:
+            self._direction = 0  # balanced: the next move starts small
+
+    def _move(self, direction: int) -> None:
+        same = direction == self._direction
+        self.notch = min(2 * self.notch, self.LARGEST_NOTCH) if same else self.NOTCH
+        self._direction = direction
+        self.fraction = min(max(self.fraction + direction * self.notch, 0.0), 1.0)
 
 
 def cpu_faster_for_chunk(calibration: Calibration, tokens_per_expert: list[int], record_bytes: int,
