@@ -8,6 +8,7 @@ DRAM as a decode step's would.
 
 from __future__ import annotations
 
+import contextlib
 import time
 
 import numpy as np
@@ -85,18 +86,12 @@ def expert_throughput(threads: int, tokens: int = 1, experts: int = EXPERTS_PER_
     weights = torch.full((tokens, experts), 1.0 / experts)
     on_cpu = torch.ones(tokens, experts, dtype=torch.bool)
     chosen = [torch.arange(c * experts, (c + 1) * experts).expand(tokens, experts) for c in range(calls)]
-    previous = cpu_experts.threads()
-    cpu_experts.set_threads(threads)
-    try:
+    with _threads(threads):
         kernel.run(ring, x, chosen[0], weights, on_cpu)  # compiles, or loads the compiled kernel
         best = min(_timed(lambda: [kernel.run(ring, x, ids, weights, on_cpu) for ids in chosen])
                    for _ in range(repeats or REPEATS))
-    finally:
-        cpu_experts.set_threads(previous)
-    computed = calls * experts
     return {"threads": threads, "tokens": tokens, "activations": kernel.activations, "experts_per_call": experts,
-            "expert_bytes": weight_bytes(layout), "experts_per_s": computed / best,
-            "expert_bytes_per_s": computed * weight_bytes(layout) / best}
+            **_rates(layout, calls * experts, best)}
 
 
 def share_throughput(threads: int, records: tuple[RecordLayout, torch.Tensor] | None = None,
@@ -110,13 +105,9 @@ def share_throughput(threads: int, records: tuple[RecordLayout, torch.Tensor] | 
     layout, ring = records or nvfp4_records()
     layers = [ring[i:i + EXPERTS_PER_TOKEN] for i in range(0, ring.shape[0] - EXPERTS_PER_TOKEN + 1,
                                                              EXPERTS_PER_TOKEN)]
-    previous = cpu_experts.threads()
-    cpu_experts.set_threads(threads)
-    try:
+    with _threads(threads):  # the worker takes its thread count when made
         kernel = cpu_experts.CpuExpertKernel(layout)
         worker = cpu_share.CpuShareWorker(kernel, layers, cpu_share.Mailbox(EXPERTS_PER_TOKEN, kernel.hidden, False))
-    finally:
-        cpu_experts.set_threads(previous)
     box = worker.mailbox
     box.ids.copy_(torch.arange(EXPERTS_PER_TOKEN, dtype=torch.int32))
     box.weights.fill_(1.0 / EXPERTS_PER_TOKEN)
@@ -135,10 +126,25 @@ def share_throughput(threads: int, records: tuple[RecordLayout, torch.Tensor] | 
         best = min(_timed(step) for _ in range(repeats or REPEATS))
     finally:
         worker.close()
-    computed = len(layers) * EXPERTS_PER_TOKEN
     return {"threads": worker.threads, "activations": kernel.activations, "experts_per_layer": EXPERTS_PER_TOKEN,
-            "expert_bytes": weight_bytes(layout), "experts_per_s": computed / best,
-            "expert_bytes_per_s": computed * weight_bytes(layout) / best}
+            **_rates(layout, len(layers) * EXPERTS_PER_TOKEN, best)}
+
+
+@contextlib.contextmanager
+def _threads(threads: int):
+    """The CPU expert kernels' thread count set to `threads` for the block, then put back."""
+    previous = cpu_experts.threads()
+    cpu_experts.set_threads(threads)
+    try:
+        yield
+    finally:
+        cpu_experts.set_threads(previous)
+
+
+def _rates(layout: RecordLayout, computed: int, seconds: float) -> dict:
+    """The figures of `computed` experts in `seconds`."""
+    return {"expert_bytes": weight_bytes(layout), "experts_per_s": computed / seconds,
+            "expert_bytes_per_s": computed * weight_bytes(layout) / seconds}
 
 
 def run_cpu_bench(thread_counts: list[int], tokens: int = 1) -> dict:
