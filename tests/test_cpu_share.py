@@ -35,15 +35,16 @@ def layers():
     return layout, [ring[:8].clone(), ring[8:16].clone(), ring[16:].clone()]
 
 
-def _serve_a_step(worker, records, post, wait, gen):
-    """One step over every layer, the GPU's side played by `post` and `wait`; what each layer sent and got."""
+def _serve_a_step(worker, records, post, wait, gen, gpu_share=0.5):
+    """One step over every layer, the GPU's side played by `post` and `wait`, each expert the GPU's with chance
+    `gpu_share`; what each layer sent and got."""
     base = torch.tensor([worker.start(len(records))], dtype=torch.int32)
     waits = torch.zeros(2, dtype=torch.int32)
     sent = []
     for layer in range(len(records)):
         ids = torch.randperm(8, generator=gen)[:TOP_K]
         weights, y = torch.rand(TOP_K, generator=gen), torch.randn(1, HIDDEN, generator=gen)
-        gpu_rows = (torch.rand(TOP_K, generator=gen) < 0.5).float()
+        gpu_rows = (torch.rand(TOP_K, generator=gen) < gpu_share).float()
         if layer == 1:
             gpu_rows.fill_(1.0)  # nothing for the CPU in this layer
         routed = torch.full((1, HIDDEN), float("nan"))
@@ -57,15 +58,21 @@ def _serve_a_step(worker, records, post, wait, gen):
 
 
 @pytest.mark.parametrize("activations", ["float32", "bf16"])
-def test_each_layer_gets_the_sum_of_its_cpu_experts(layers, activations, make_worker):
+@pytest.mark.parametrize("threads, gpu_share, steps", [(1, 0.5, 3), (2, 0.0, 20)])
+def test_each_layer_gets_the_sum_of_its_cpu_experts(layers, activations, threads, gpu_share, steps, make_worker):
+    """With two threads and every expert on the CPU, one layer's items end in both threads, and its sum must
+    still hold every expert's output."""
     if activations == "bf16" and not cpu_experts.bf16_dot_supported():
         pytest.skip("this CPU has no AVX512-BF16 dot")
+    if threads > cpu_experts.numba.config.NUMBA_NUM_THREADS:
+        pytest.skip(f"numba has fewer than {threads} threads here")
     layout, records = layers
     kernel = cpu_experts.CpuExpertKernel(layout, activations)
-    worker = make_worker(kernel, records, cpu_share.Mailbox(TOP_K, HIDDEN, pin=False))
+    worker = make_worker(kernel, records, cpu_share.Mailbox(TOP_K, HIDDEN, pin=False), threads)
     gen = torch.Generator().manual_seed(7)
-    for step in range(3):  # the sequence numbers go on from step to step
-        sent, computed = _serve_a_step(worker, records, reference.post_cpu_share, reference.wait_cpu_share, gen)
+    for step in range(steps):  # the sequence numbers go on from step to step
+        sent, computed = _serve_a_step(worker, records, reference.post_cpu_share, reference.wait_cpu_share, gen,
+                                       gpu_share)
         assert computed == sum(int((rows == 0).sum()) for _, _, _, rows, _ in sent)
         for layer, (ids, weights, y, gpu_rows, routed) in enumerate(sent):
             on_cpu = (gpu_rows == 0).reshape(1, TOP_K)

@@ -68,7 +68,9 @@ class CpuShareWorker:
     """CPU threads that compute, for each decode step, the share of every MoE layer the GPU posts to `mailbox`.
     records: each MoE layer's host expert records (uint8 [experts, record_bytes]), in the step's layer order."""
 
-    def __init__(self, kernel: cpu_experts.CpuExpertKernel, records: list[torch.Tensor], mailbox: Mailbox):
+    def __init__(self, kernel: cpu_experts.CpuExpertKernel, records: list[torch.Tensor], mailbox: Mailbox,
+                 threads: int | None = None):
+        """threads: how many serve (None: share_threads_for the expert kernels' thread count)."""
         if numba is None:
             raise CpuShareError("the CPU's share of a decode step needs numba (pip install numba)")
         self.kernel, self.mailbox, self._records = kernel, mailbox, records  # held: the threads read their memory
@@ -79,10 +81,11 @@ class CpuShareWorker:
         self._hidden_rows = np.zeros((top_k, 2 * intermediate), dtype=np.float32)
         self._acts = np.zeros((top_k, intermediate), dtype=np.float32)
         self._acts16 = np.zeros((top_k, intermediate), dtype=np.uint16)
+        self._products = np.zeros((top_k, kernel.hidden), dtype=np.float32)  # shared: one thread sums them all
         self._views = [t.numpy() for t in (mailbox.flags, mailbox.ids, mailbox.weights, mailbox.x, mailbox.out)]
         self._pool = ThreadPoolExecutor(1, thread_name_prefix="cpu-experts")
         self._running = None
-        self.threads = share_threads_for(cpu_experts.threads())
+        self.threads = threads or share_threads_for(cpu_experts.threads())
         self.next_sequence = 1
         self._serve(1, 0)  # compiled now (or loaded from numba's cache), not while a step's GPU waits
 
@@ -139,7 +142,7 @@ class CpuShareWorker:
                 cpu_experts.numba_threads(self.threads)
                 return int(_serve_step(self._addresses, self._record_bytes, self.kernel._meta, flags, ids, weights,
                                        x, out, first, layers, self._counters, self._hidden_rows, self._acts,
-                                       self._acts16, self.kernel.activations == "bf16", self.threads))
+                                       self._acts16, self._products, self.kernel.activations == "bf16", self.threads))
         except BaseException:
             self.cancel()  # the GPU's waits end now, not when the host notices
             raise
@@ -224,7 +227,7 @@ if numba is not None:
 
     @numba.njit(nogil=True, cache=True)
     def _serve_layers(addresses, record_bytes, meta, flags, ids, weights, x, out, first, layers, counters,
-                      hidden_rows, acts, acts16, bf16):
+                      hidden_rows, acts, acts16, products, bf16):
         """One thread's part of a step (the protocol in the module's docstring); experts it ended, -1 if cancelled."""
         gate_up, down = meta[0], meta[1]
         hidden, intermediate = down[M_OUT], down[M_IN]
@@ -235,7 +238,6 @@ if numba is not None:
         request_at, done_at, cancel_at = flags_at + 4 * REQUEST, flags_at + 4 * DONE, flags_at + 4 * CANCEL
         laid, laid16 = np.empty((1, hidden), np.float32), np.empty((1, hidden), np.uint16)
         act = np.empty(intermediate, np.float32)
-        products = np.empty((top_k, hidden), np.float32)
         chosen, chosen_weights = np.empty(top_k, np.int64), np.empty(top_k, np.float32)
         picks = np.arange(top_k)
         ended = 0
@@ -293,9 +295,9 @@ if numba is not None:
 
     @numba.njit(parallel=True, nogil=True, cache=True)
     def _serve_step(addresses, record_bytes, meta, flags, ids, weights, x, out, first, layers, counters,
-                    hidden_rows, acts, acts16, bf16, threads):
+                    hidden_rows, acts, acts16, products, bf16, threads):
         ended = np.zeros(threads, np.int64)
         for t in numba.prange(threads):
             ended[t] = _serve_layers(addresses, record_bytes, meta, flags, ids, weights, x, out, first, layers,
-                                     counters, hidden_rows, acts, acts16, bf16)
+                                     counters, hidden_rows, acts, acts16, products, bf16)
         return -1 if ended.min() < 0 else ended.sum()
