@@ -7,8 +7,10 @@ block-scaled, bf16/fp16/fp32): nothing is re-quantised, activations stay float32
 dequantise-then-matmul in float32 up to float32 rounding.
 
 The kernels are numba functions compiled on the user's machine (cached on disk after the first call). They
-run with the GIL released, so a Python thread can compute experts beside GPU work; the work of one call is
-spread over (expert, block of output rows) in two parallel phases, gate_up then down. Decoding is arithmetic
+run with the GIL released, so a Python thread can compute experts beside GPU work. A call of one token (a
+decode step's layer) runs one parallel region whose threads take (expert, block of rows) items from atomic
+counters, gate_up then down, as the CPU share's threads do (cpu_share.py); a call of several tokens is spread
+over the same items in two parallel phases. Decoding is arithmetic
 that LLVM vectorises: E2M1 codes are decoded to signed int8 over whole rows, then an NVFP4 row is computed with
 one block of 16 inputs per vector lane, so each E4M3 block scale multiplies a lane and no per-block horizontal
 sum is needed (the inputs are laid out block-lane order once per token to match). Without numba, a plain
@@ -72,7 +74,11 @@ def bf16_dot_supported() -> bool:
 FORMAT_CODES = {NVFP4: 0, NVFP4_CT: 1, FP8_TENSOR: 2, FP8_BLOCK: 3, DENSE: 4}
 DTYPE_CODES = {torch.float32: 0, torch.bfloat16: 1, torch.float16: 2, torch.float8_e4m3fn: 3,
                torch.float8_e5m2: 4, torch.uint8: 5}
-ROW_BLOCK = 32  # output rows per parallel work item: 8 experts' gate_up then spread over 256 items
+ROW_BLOCK = 32  # output rows per parallel work item of several tokens: 8 experts' gate_up spread over 256 items
+# Rows a work item of one token (_layer_part): on the H200 machine's Xeon, 15 threads, a layer of 8 experts took
+# 201 us with 64 against 228 with 32 (the atomics and the calls' fixed costs are shared by more bytes)
+ITEM_ROWS = 64
+COUNTER_STRIDE = 16  # int32s between a layer's counters: each on its own 64-byte line
 TILE = 4  # rows (and tokens) multiplied together when an expert has several tokens; 4 x 4 sums fit in registers
 # meta[matrix] fields (int64): what the kernels need to find and decode one matrix of a record
 (M_FORMAT, M_OUT, M_IN, M_WEIGHT, M_WEIGHT_DTYPE, M_SCALE, M_SCALE_DTYPE, M_SCALE_COUNT, M_GLOBAL, M_GLOBAL_DTYPE,
@@ -156,10 +162,14 @@ class CpuExpertKernel:
         if numba is None:
             return self._run_torch(records, x, ids, weights, chosen)
         out = np.zeros((x.shape[0], self.hidden), dtype=np.float32)
+        records, bf16 = records.contiguous().numpy(), self.activations == "bf16"
         with _launch:
             numba_threads(threads())
-            _experts(records.contiguous().numpy(), self._meta, x.numpy(), ids.numpy(), weights.numpy(),
-                     chosen.numpy(), out, self.activations == "bf16")
+            if x.shape[0] == 1:  # a decode step's layer: the share threads' item loop, in one parallel region
+                _one_token(records, self._meta, x[0].numpy(), ids[0].numpy(), weights[0].numpy(), chosen[0].numpy(),
+                           out[0], bf16, threads())
+            else:
+                _experts(records, self._meta, x.numpy(), ids.numpy(), weights.numpy(), chosen.numpy(), out, bf16)
         return torch.from_numpy(out)
 
     def _run_torch(self, records, x, ids, weights, chosen) -> torch.Tensor:
@@ -800,6 +810,156 @@ if numba is not None:
         _lay_out(act, target, down)
         if bf16:
             _lay_out_bf16(act, target16)
+
+    _X86 = platform.machine().lower() in ("x86_64", "amd64")
+
+    def _int32_at(builder, address):
+        return builder.inttoptr(address, I32.as_pointer())
+
+    @intrinsic
+    def _load_acquire(typingctx, address):
+        """The int32 at `address`, read with acquire order (what was written before its release is visible)."""
+        def codegen(context, builder, signature, args):
+            value = builder.load_atomic(_int32_at(builder, args[0]), "acquire", 4)
+            return builder.sext(value, ir.IntType(64))
+        return types.int64(types.intp), codegen
+
+    @intrinsic
+    def _fetch_add(typingctx, address, value):
+        """Atomically add `value` to the int32 at `address`; the value before."""
+        def codegen(context, builder, signature, args):
+            old = builder.atomic_rmw("add", _int32_at(builder, args[0]), builder.trunc(args[1], I32), "seq_cst")
+            return builder.sext(old, ir.IntType(64))
+        return types.int64(types.intp, types.int64), codegen
+
+    @intrinsic
+    def _raise_to(typingctx, address, value):
+        """Atomically raise the int32 at `address` to `value` (release order); a stale writer cannot lower it."""
+        def codegen(context, builder, signature, args):
+            builder.atomic_rmw("max", _int32_at(builder, args[0]), builder.trunc(args[1], I32), "release")
+            return context.get_dummy_value()
+        return types.void(types.intp, types.int64), codegen
+
+    @intrinsic
+    def _pause(typingctx):
+        """A spin-wait hint (x86's pause: the sibling hyper-thread gets the core, less power); nothing elsewhere."""
+        def codegen(context, builder, signature, args):
+            if _X86:
+                fn = builder.module.declare_intrinsic("llvm.x86.sse2.pause", fnty=ir.FunctionType(ir.VoidType(), []))
+                builder.call(fn, [])
+            return context.get_dummy_value()
+        return types.void(), codegen
+
+    @intrinsic
+    def _bytes_at(typingctx, address):
+        def codegen(context, builder, signature, args):
+            return builder.inttoptr(args[0], ir.IntType(8).as_pointer())
+        return types.CPointer(types.uint8)(types.intp), codegen
+
+    @numba.njit(nogil=True, cache=True)
+    def _wait_for(address, target, cancel_at):
+        """Spin until the int32 at `address` reaches `target`; its value, or -1 once cancel is set."""
+        while True:
+            value = _load_acquire(address)
+            if value >= target:
+                return value
+            if _load_acquire(cancel_at) != 0:
+                return -1
+            _pause()
+
+    @numba.njit(nogil=True, cache=True)
+    def _take(counter_at, experts, blocks):
+        """The next item (expert, block) of a phase from its counter, or (-1, 0) once all are taken."""
+        item = _fetch_add(counter_at, 1)
+        if item >= experts * blocks:
+            return -1, 0
+        return item // blocks, item % blocks
+
+    @numba.njit(nogil=True, cache=True)
+    def _record(base, expert, record_bytes):
+        """An expert's record, from its layer's records at address `base`."""
+        return numba.carray(_bytes_at(base + expert * record_bytes), (record_bytes,))
+
+
+    # Work items of one token's experts, taken by threads from atomic counters (below): the CPU share's threads
+    # (cpu_share.py) run a step's layers through _layer_part, and run() a one-token call the same way.
+    # Per-layer counters, COUNTER_STRIDE int32s apart: gate_up items taken, activations made, down items taken,
+    # down items ended, the finisher of a layer without CPU experts, then per expert its gate_up items ended
+    TAKEN_GATE_UP, ACTIVATED, TAKEN_DOWN, ENDED_DOWN, FINISHER, ENDED_GATE_UP = range(6)
+
+    @numba.njit(nogil=True, cache=True)
+    def _counter(counters_at, which):
+        """The address of counter `which` of a layer whose counters start at `counters_at`."""
+        return counters_at + 4 * COUNTER_STRIDE * which
+
+    @numba.njit(nogil=True, cache=True)
+    def _layer_part(base, record_bytes, meta, chosen, chosen_weights, n, laid, laid16, counters_at, hidden_rows,
+                    acts, acts16, products, out, bf16, cancel_at):
+        """One thread's part of `n` experts (ids `chosen`, records from address `base`) of one token (laid out in
+        laid [1, H], laid16): it takes gate_up items (ITEM_ROWS rows of one expert; whoever ends an expert's last
+        one computes its activation), waits for every activation, then takes down items the same way; whoever
+        ends the last sums the experts' outputs, weighted, into `out` [H]. hidden_rows, acts, acts16, products are
+        shared by the threads. n if this thread ended the layer, else 0; -1 once the int32 at cancel_at is set."""
+        gate_up, down = meta[0], meta[1]
+        hidden, intermediate = down[M_OUT], down[M_IN]
+        per_expert = (2 * intermediate + ITEM_ROWS - 1) // ITEM_ROWS
+        down_items = (hidden + ITEM_ROWS - 1) // ITEM_ROWS
+        first_token, act = np.zeros(1, np.int64), np.empty(intermediate, np.float32)
+        while True:
+            i, item = _take(_counter(counters_at, TAKEN_GATE_UP), n, per_expert)
+            if i < 0:
+                break
+            _rows(_record(base, chosen[i], record_bytes), gate_up, item * ITEM_ROWS,
+                  min((item + 1) * ITEM_ROWS, 2 * intermediate), laid, laid16, first_token, hidden_rows[i:i + 1], bf16)
+            if _fetch_add(_counter(counters_at, ENDED_GATE_UP + i), 1) == per_expert - 1:
+                _swiglu_laid_out(hidden_rows[i], act, acts[i], acts16[i], down, bf16)
+                _fetch_add(_counter(counters_at, ACTIVATED), 1)
+        if _wait_for(_counter(counters_at, ACTIVATED), n, cancel_at) < 0:
+            return -1
+        own = np.empty(1, np.int64)
+        while True:
+            i, item = _take(_counter(counters_at, TAKEN_DOWN), n, down_items)
+            if i < 0:
+                return 0
+            own[0] = i
+            _rows(_record(base, chosen[i], record_bytes), down, item * ITEM_ROWS,
+                  min((item + 1) * ITEM_ROWS, hidden), acts, acts16, own, products[i:i + 1], bf16)
+            if _fetch_add(_counter(counters_at, ENDED_DOWN), 1) == n * down_items - 1:  # the last: the weighted sum
+                out[:] = 0
+                for e in range(n):
+                    weight = chosen_weights[e]
+                    for r in range(hidden):
+                        out[r] += weight * products[e, r]
+                return n
+
+    @numba.njit(parallel=True, nogil=True, cache=True)
+    def _one_token(records, meta, x, expert_ids, expert_weights, on_cpu, out, bf16, threads):
+        """out [H] = the weighted sum of one token's experts marked on_cpu, by `threads` threads taking items."""
+        top_k, num_experts = expert_ids.shape[0], records.shape[0]
+        chosen, chosen_weights = np.empty(top_k, np.int64), np.empty(top_k, np.float32)
+        n = 0
+        for j in range(top_k):
+            if on_cpu[j]:
+                if expert_ids[j] < 0 or expert_ids[j] >= num_experts:
+                    raise ValueError("expert id out of range of the records")
+                chosen[n], chosen_weights[n] = expert_ids[j], expert_weights[j]
+                n += 1
+        if n == 0:
+            return
+        hidden, intermediate = meta[1][M_OUT], meta[1][M_IN]
+        laid, laid16 = np.empty((1, hidden), np.float32), np.empty((1, hidden), np.uint16)
+        _lay_out(x, laid[0], meta[0])
+        if bf16:
+            _lay_out_bf16(x, laid16[0])
+        counters = np.zeros((ENDED_GATE_UP + n) * COUNTER_STRIDE, np.int32)
+        never = np.zeros(1, np.int32)  # nothing cancels a call
+        hidden_rows = np.empty((n, 2 * intermediate), np.float32)
+        acts, acts16 = np.empty((n, intermediate), np.float32), np.empty((n, intermediate), np.uint16)
+        products = np.empty((n, hidden), np.float32)
+        base, record_bytes = np.int64(records.ctypes.data), records.shape[1]
+        for _ in numba.prange(threads):
+            _layer_part(base, record_bytes, meta, chosen, chosen_weights, n, laid, laid16, counters.ctypes.data,
+                        hidden_rows, acts, acts16, products, out, bf16, never.ctypes.data)
 
     @numba.njit(parallel=True, nogil=True, cache=True, fastmath=FAST)
     def _experts(records, meta, x, expert_ids, expert_weights, on_cpu, out, bf16):

@@ -12,9 +12,9 @@ The protocol, one sequence number per MoE layer of a step, chosen by the host (`
   sets `request` to the layer's number;
 - every CPU thread waits for that number, reads the layer, and checks `done` is still below it (the GPU
   rewrites the mailbox only after `done` reaches the number, so the layer it read is whole);
-- the threads take work items from the layer's counters: blocks of 32 gate_up rows of one expert (whoever
-  ends an expert's last block computes its activation), then blocks of 32 down rows of one expert (eight
-  experts make 512 such items, enough to keep 15 threads evenly busy; whole output blocks over all experts
+- the threads take work items from the layer's counters: blocks of 64 gate_up rows of one expert (whoever
+  ends an expert's last block computes its activation), then blocks of 64 down rows of one expert (eight
+  experts make 256 such items, enough to keep 15 threads evenly busy; whole output blocks over all experts
   made 64); whoever ends the last block sums the experts' outputs, weighted, and sets `done`, and so does
   the first thread to see a layer with nothing for the CPU;
 - the GPU waits for `done`, then reads the sum.
@@ -25,7 +25,6 @@ comes late finds the items gone and moves on. `cancel` stops everyone (the host 
 from __future__ import annotations
 
 import os
-import platform
 from concurrent.futures import ThreadPoolExecutor
 from concurrent.futures import TimeoutError as FutureTimeout
 
@@ -33,12 +32,9 @@ import numpy as np
 import torch
 
 from engine.kernels import cpu_experts
-from engine.kernels.cpu_experts import M_IN, M_OUT, ROW_BLOCK, numba
+from engine.kernels.cpu_experts import COUNTER_STRIDE, numba
 
 REQUEST, DONE, CANCEL = 0, 1, 2  # the mailbox's flags (int32)
-# Per-layer work counters: gate_up items taken, activations made, down items taken, down items ended, the
-# finisher of a layer without CPU experts, then per CPU expert its gate_up blocks ended
-TAKEN_GATE_UP, ACTIVATED, TAKEN_DOWN, ENDED_DOWN, FINISHER, ENDED_GATE_UP = range(6)
 LAST_SEQUENCE = 2**31 - 1  # sequence numbers are int32 on the GPU: the host starts again at 1 before this
 
 
@@ -77,7 +73,7 @@ class CpuShareWorker:
         self._addresses = np.array([r.data_ptr() for r in records], dtype=np.int64)
         self._record_bytes = records[0].shape[1]
         top_k, intermediate = mailbox.ids.numel(), kernel.intermediate
-        self._counters = np.zeros((len(records), ENDED_GATE_UP + top_k), dtype=np.int32)
+        self._counters = np.zeros((len(records), (ENDED_GATE_UP + top_k) * COUNTER_STRIDE), dtype=np.int32)
         self._hidden_rows = np.zeros((top_k, 2 * intermediate), dtype=np.float32)
         self._acts = np.zeros((top_k, intermediate), dtype=np.float32)
         self._acts16 = np.zeros((top_k, intermediate), dtype=np.uint16)
@@ -149,97 +145,18 @@ class CpuShareWorker:
 
 
 if numba is not None:
-    from llvmlite import ir
-    from numba import types
-    from numba.extending import intrinsic
-
-    from engine.kernels.cpu_experts import _lay_out, _lay_out_bf16, _rows, _swiglu_laid_out
-
-    I32 = ir.IntType(32)
-    _X86 = platform.machine().lower() in ("x86_64", "amd64")
-
-    def _int32_at(builder, address):
-        return builder.inttoptr(address, I32.as_pointer())
-
-    @intrinsic
-    def _load_acquire(typingctx, address):
-        """The int32 at `address`, read with acquire order (what was written before its release is visible)."""
-        def codegen(context, builder, signature, args):
-            value = builder.load_atomic(_int32_at(builder, args[0]), "acquire", 4)
-            return builder.sext(value, ir.IntType(64))
-        return types.int64(types.intp), codegen
-
-    @intrinsic
-    def _fetch_add(typingctx, address, value):
-        """Atomically add `value` to the int32 at `address`; the value before."""
-        def codegen(context, builder, signature, args):
-            old = builder.atomic_rmw("add", _int32_at(builder, args[0]), builder.trunc(args[1], I32), "seq_cst")
-            return builder.sext(old, ir.IntType(64))
-        return types.int64(types.intp, types.int64), codegen
-
-    @intrinsic
-    def _raise_to(typingctx, address, value):
-        """Atomically raise the int32 at `address` to `value` (release order); a stale writer cannot lower it."""
-        def codegen(context, builder, signature, args):
-            builder.atomic_rmw("max", _int32_at(builder, args[0]), builder.trunc(args[1], I32), "release")
-            return context.get_dummy_value()
-        return types.void(types.intp, types.int64), codegen
-
-    @intrinsic
-    def _pause(typingctx):
-        """A spin-wait hint (x86's pause: the sibling hyper-thread gets the core, less power); nothing elsewhere."""
-        def codegen(context, builder, signature, args):
-            if _X86:
-                fn = builder.module.declare_intrinsic("llvm.x86.sse2.pause", fnty=ir.FunctionType(ir.VoidType(), []))
-                builder.call(fn, [])
-            return context.get_dummy_value()
-        return types.void(), codegen
-
-    @intrinsic
-    def _bytes_at(typingctx, address):
-        def codegen(context, builder, signature, args):
-            return builder.inttoptr(args[0], ir.IntType(8).as_pointer())
-        return types.CPointer(types.uint8)(types.intp), codegen
-
-    @numba.njit(nogil=True, cache=True)
-    def _wait_for(address, target, cancel_at):
-        """Spin until the int32 at `address` reaches `target`; its value, or -1 once cancel is set."""
-        while True:
-            value = _load_acquire(address)
-            if value >= target:
-                return value
-            if _load_acquire(cancel_at) != 0:
-                return -1
-            _pause()
-
-    @numba.njit(nogil=True, cache=True)
-    def _take(counter_at, experts, blocks):
-        """The next item (expert, block) of a phase from its counter, or (-1, 0) once all are taken."""
-        item = _fetch_add(counter_at, 1)
-        if item >= experts * blocks:
-            return -1, 0
-        return item // blocks, item % blocks
-
-    @numba.njit(nogil=True, cache=True)
-    def _record(base, expert, record_bytes):
-        """An expert's record, from its layer's records at address `base`."""
-        return numba.carray(_bytes_at(base + expert * record_bytes), (record_bytes,))
+    from engine.kernels.cpu_experts import (ENDED_GATE_UP, FINISHER, M_OUT, _counter, _fetch_add, _lay_out,
+                                            _lay_out_bf16, _layer_part, _load_acquire, _raise_to, _wait_for)
 
     @numba.njit(nogil=True, cache=True)
     def _serve_layers(addresses, record_bytes, meta, flags, ids, weights, x, out, first, layers, counters,
                       hidden_rows, acts, acts16, products, bf16):
         """One thread's part of a step (the protocol in the module's docstring); experts it ended, -1 if cancelled."""
-        gate_up, down = meta[0], meta[1]
-        hidden, intermediate = down[M_OUT], down[M_IN]
-        top_k = ids.shape[0]
-        per_expert = (2 * intermediate + ROW_BLOCK - 1) // ROW_BLOCK
-        down_blocks = (hidden + ROW_BLOCK - 1) // ROW_BLOCK
+        hidden, top_k = meta[1][M_OUT], ids.shape[0]
         flags_at = flags.ctypes.data
         request_at, done_at, cancel_at = flags_at + 4 * REQUEST, flags_at + 4 * DONE, flags_at + 4 * CANCEL
         laid, laid16 = np.empty((1, hidden), np.float32), np.empty((1, hidden), np.uint16)
-        act = np.empty(intermediate, np.float32)
         chosen, chosen_weights = np.empty(top_k, np.int64), np.empty(top_k, np.float32)
-        picks = np.arange(top_k)
         ended = 0
         for layer in range(layers):
             sequence = first + layer
@@ -254,43 +171,23 @@ if numba is not None:
                     chosen[n], chosen_weights[n] = ids[j], weights[j]
                     n += 1
             if n:
-                _lay_out(x, laid[0], gate_up)
+                _lay_out(x, laid[0], meta[0])
                 if bf16:
                     _lay_out_bf16(x, laid16[0])
             if _load_acquire(done_at) >= sequence:
                 continue  # ended while this thread read: what it read may be the next layer's
-            count_at = counters[layer].ctypes.data
+            counters_at = counters[layer].ctypes.data
             if n == 0:
-                if _fetch_add(count_at + 4 * FINISHER, 1) == 0:
+                if _fetch_add(_counter(counters_at, FINISHER), 1) == 0:
                     _raise_to(done_at, sequence)
                 continue
-            base = addresses[layer]
-            while True:
-                i, block = _take(count_at + 4 * TAKEN_GATE_UP, n, per_expert)
-                if i < 0:
-                    break
-                _rows(_record(base, chosen[i], record_bytes), gate_up, block * ROW_BLOCK,
-                      min((block + 1) * ROW_BLOCK, 2 * intermediate), laid, laid16, picks[:1], hidden_rows[i:i + 1],
-                      bf16)
-                if _fetch_add(count_at + 4 * (ENDED_GATE_UP + i), 1) == per_expert - 1:
-                    _swiglu_laid_out(hidden_rows[i], act, acts[i], acts16[i], down, bf16)
-                    _fetch_add(count_at + 4 * ACTIVATED, 1)
-            if _wait_for(count_at + 4 * ACTIVATED, n, cancel_at) < 0:
+            summed = _layer_part(addresses[layer], record_bytes, meta, chosen, chosen_weights, n, laid, laid16,
+                                 counters_at, hidden_rows, acts, acts16, products, out, bf16, cancel_at)
+            if summed < 0:
                 return -1
-            while True:
-                i, block = _take(count_at + 4 * TAKEN_DOWN, n, down_blocks)
-                if i < 0:
-                    break
-                _rows(_record(base, chosen[i], record_bytes), down, block * ROW_BLOCK,
-                      min((block + 1) * ROW_BLOCK, hidden), acts, acts16, picks[i:i + 1], products[i:i + 1], bf16)
-                if _fetch_add(count_at + 4 * ENDED_DOWN, 1) == n * down_blocks - 1:  # the last: the weighted sum
-                    out[:] = 0
-                    for i in range(n):
-                        weight = chosen_weights[i]
-                        for r in range(hidden):
-                            out[r] += weight * products[i, r]
-                    ended += n
-                    _raise_to(done_at, sequence)
+            if summed:
+                ended += summed
+                _raise_to(done_at, sequence)
         return ended
 
     @numba.njit(parallel=True, nogil=True, cache=True)
