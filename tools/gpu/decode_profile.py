@@ -1,9 +1,12 @@
-"""Where a decode step's time goes: the 4gb plan under its cap, full-size random weights, the offload backend.
+"""Where a decode step's time goes: a preset's plan under its cap (default 4gb), full-size random weights, an
+expert backend (default offload).
 
 Prints the graph capture's time and memory, the steady step time, a torch.profiler table of GPU time, and the
 GPU's busy time per step (and how much of it is expert copies). From the repository root on a CUDA machine:
 
-    python3 tools/gpu/decode_profile.py [offload|cpu|hybrid]
+    python3 tools/gpu/decode_profile.py [offload|cpu|hybrid] [4gb|8gb|12gb]
+
+At 12gb nearly every expert hits the GPU's cache, so the profile is the GPU's own work of a step.
 """
 
 import sys
@@ -27,10 +30,12 @@ def memory() -> tuple[int, int]:
 
 
 def main() -> None:
-    plan = bench.plan_for(MODEL, "4gb", None, gpu_runtime_reserve_bytes())
+    backend = sys.argv[1] if len(sys.argv) > 1 else "offload"
+    preset = sys.argv[2] if len(sys.argv) > 2 else "4gb"
+    plan = bench.plan_for(MODEL, preset, None, gpu_runtime_reserve_bytes())
     torch.cuda.empty_cache()
     cap_process_memory(plan.budget_bytes)
-    backend = sys.argv[1] if len(sys.argv) > 1 else "offload"
+    print("preset:", preset, flush=True)
     model = bench.build_random_model(MODEL, "cuda", torch.bfloat16, plan.expert_slots, expert_backend=backend)
     print("expert backend:", model.expert_executor.backend, flush=True)
     print("graphed decode:", model.decode_steps is not None, flush=True)
