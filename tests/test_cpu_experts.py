@@ -136,6 +136,19 @@ def test_masks_duplicates_and_sizes():
     assert (~partial.any(dim=1)).any() and not got[~partial.any(dim=1)].any()  # tokens with no CPU expert: zeros
     nothing = kernel.run(records, x, ids, weights, torch.zeros_like(everything))
     assert torch.equal(nothing, torch.zeros_like(x))
+    for t in range(9):  # one token a call takes the item loop decode's threads run: the same cases one by one
+        got = kernel.run(records, x[t:t + 1], ids[t:t + 1], weights[t:t + 1], partial[t:t + 1])
+        want = reference(layout, records, x[t:t + 1], ids[t:t + 1], weights[t:t + 1], partial[t:t + 1])
+        assert torch.equal(got, want) if not partial[t].any() else relative_error(got, want) < EXACT
+
+
+@pytest.mark.parametrize("tokens", [1, 3])
+def test_an_expert_id_beyond_the_records_is_an_error(tokens):
+    layout, records = packed("nvfp4")
+    ids, weights = routing(tokens)
+    ids[-1, 0] = EXPERTS
+    with pytest.raises(ValueError, match="expert id out of range"):
+        CpuExpertKernel(layout).run(records, torch.zeros(tokens, 80), ids, weights, torch.ones_like(ids).bool())
 
 
 def test_the_fallback_without_numba_gives_the_same(monkeypatch):
@@ -165,7 +178,8 @@ def test_threads_and_the_gil():
     assert relative_error(kernel.run(records, x, ids, weights, on_cpu), single) < EXACT
     with pytest.raises(ValueError, match="threads must be between 1"):
         cpu_experts.set_threads(0)
-    assert cpu_experts._experts.targetoptions["nogil"]  # other Python threads run while experts compute
+    for kernel_function in (cpu_experts._experts, cpu_experts._one_token):  # other Python threads run meanwhile
+        assert kernel_function.targetoptions["nogil"]
 
 
 def test_bad_records_are_refused():
