@@ -7,10 +7,9 @@ block-scaled, bf16/fp16/fp32): nothing is re-quantised, activations stay float32
 dequantise-then-matmul in float32 up to float32 rounding.
 
 The kernels are numba functions compiled on the user's machine (cached on disk after the first call). They
-run with the GIL released, so a Python thread can compute experts beside GPU work. A call of one token (a
-decode step's layer) runs one parallel region whose threads take (expert, block of rows) items from atomic
-counters, gate_up then down, as the CPU share's threads do (cpu_share.py); a call of several tokens is spread
-over the same items in two parallel phases. Decoding is arithmetic
+run with the GIL released, so a Python thread can compute experts beside GPU work. A call runs one parallel
+region whose threads take (expert, block of rows) items from atomic counters, gate_up then down, then blocks of
+tokens to sum, as the CPU share's threads do for each layer of a decode step (cpu_share.py). Decoding is arithmetic
 that LLVM vectorises: E2M1 codes are decoded to signed int8 over whole rows, then an NVFP4 row is computed with
 one block of 16 inputs per vector lane, so each E4M3 block scale multiplies a lane and no per-block horizontal
 sum is needed (the inputs are laid out block-lane order once per token to match). Without numba, a plain
@@ -74,9 +73,8 @@ def bf16_dot_supported() -> bool:
 FORMAT_CODES = {NVFP4: 0, NVFP4_CT: 1, FP8_TENSOR: 2, FP8_BLOCK: 3, DENSE: 4}
 DTYPE_CODES = {torch.float32: 0, torch.bfloat16: 1, torch.float16: 2, torch.float8_e4m3fn: 3,
                torch.float8_e5m2: 4, torch.uint8: 5}
-ROW_BLOCK = 32  # output rows per parallel work item of several tokens: 8 experts' gate_up spread over 256 items
-# Rows a work item of one token (_layer_part): on the H200 machine's Xeon, 15 threads, a layer of 8 experts took
-# 201 us with 64 against 228 with 32 (the atomics and the calls' fixed costs are shared by more bytes)
+# Rows a work item (_layer_part): on the H200 machine's Xeon, 15 threads, a decode layer of 8 experts took 201 us
+# with 64 against 228 with 32 (the atomics and the calls' fixed costs are shared by more bytes)
 ITEM_ROWS = 64
 COUNTER_STRIDE = 16  # int32s between a layer's counters: each on its own 64-byte line
 TILE = 4  # rows (and tokens) multiplied together when an expert has several tokens; 4 x 4 sums fit in registers
@@ -162,14 +160,12 @@ class CpuExpertKernel:
         if numba is None:
             return self._run_torch(records, x, ids, weights, chosen)
         out = np.zeros((x.shape[0], self.hidden), dtype=np.float32)
-        records, bf16 = records.contiguous().numpy(), self.activations == "bf16"
         with _launch:
             numba_threads(threads())
-            if x.shape[0] == 1:  # a decode step's layer: the share threads' item loop, in one parallel region
-                _one_token(records, self._meta, x[0].numpy(), ids[0].numpy(), weights[0].numpy(), chosen[0].numpy(),
-                           out[0], bf16, threads())
-            else:
-                _experts(records, self._meta, x.numpy(), ids.numpy(), weights.numpy(), chosen.numpy(), out, bf16)
+            ids_known = _experts(records.contiguous().numpy(), self._meta, x.numpy(), ids.numpy(), weights.numpy(),
+                                 chosen.numpy(), out, self.activations == "bf16", threads())
+        if not ids_known:
+            raise ValueError(f"expert id out of range of the records (0..{records.shape[0] - 1})")
         return torch.from_numpy(out)
 
     def _run_torch(self, records, x, ids, weights, chosen) -> torch.Tensor:
@@ -881,11 +877,13 @@ if numba is not None:
         return numba.carray(_bytes_at(base + expert * record_bytes), (record_bytes,))
 
 
-    # Work items of one token's experts, taken by threads from atomic counters (below): the CPU share's threads
-    # (cpu_share.py) run a step's layers through _layer_part, and run() a one-token call the same way.
-    # Per-layer counters, COUNTER_STRIDE int32s apart: gate_up items taken, activations made, down items taken,
-    # down items ended, the finisher of a layer without CPU experts, then per expert its gate_up items ended
-    TAKEN_GATE_UP, ACTIVATED, TAKEN_DOWN, ENDED_DOWN, FINISHER, ENDED_GATE_UP = range(6)
+    # A layer's experts for its tokens are computed by threads that take work items from atomic counters: the
+    # CPU share's threads (cpu_share.py) run each of a step's layers through _layer_part, and run() a call the
+    # same way, in one parallel region. Counters, COUNTER_STRIDE int32s apart: gate_up items taken, groups
+    # activated, down items taken and ended, sum items taken and ended, the finisher of a layer with nothing for
+    # the CPU; then per group its gate_up items ended
+    TAKEN_GATE_UP, ACTIVATED, TAKEN_DOWN, ENDED_DOWN, TAKEN_SUM, ENDED_SUM, FINISHER, ENDED_GATE_UP = range(8)
+    SUM_TOKENS = 16  # tokens a sum item
 
     @numba.njit(nogil=True, cache=True)
     def _counter(counters_at, which):
@@ -893,146 +891,121 @@ if numba is not None:
         return counters_at + 4 * COUNTER_STRIDE * which
 
     @numba.njit(nogil=True, cache=True)
-    def _layer_part(base, record_bytes, meta, chosen, chosen_weights, n, laid, laid16, counters_at, hidden_rows,
-                    acts, acts16, products, out, bf16, cancel_at):
-        """One thread's part of `n` experts (ids `chosen`, records from address `base`) of one token (laid out in
-        laid [1, H], laid16): it takes gate_up items (ITEM_ROWS rows of one expert; whoever ends an expert's last
-        one computes its activation), waits for every activation, then takes down items the same way; whoever
-        ends the last sums the experts' outputs, weighted, into `out` [H]. hidden_rows, acts, acts16, products are
-        shared by the threads. n if this thread ended the layer, else 0; -1 once the int32 at cancel_at is set."""
-        gate_up, down = meta[0], meta[1]
-        hidden, intermediate = down[M_OUT], down[M_IN]
-        per_expert = (2 * intermediate + ITEM_ROWS - 1) // ITEM_ROWS
-        down_items = (hidden + ITEM_ROWS - 1) // ITEM_ROWS
-        first_token, act = np.zeros(1, np.int64), np.empty(intermediate, np.float32)
-        while True:
-            i, item = _take(_counter(counters_at, TAKEN_GATE_UP), n, per_expert)
-            if i < 0:
-                break
-            _rows(_record(base, chosen[i], record_bytes), gate_up, item * ITEM_ROWS,
-                  min((item + 1) * ITEM_ROWS, 2 * intermediate), laid, laid16, first_token, hidden_rows[i:i + 1], bf16)
-            if _fetch_add(_counter(counters_at, ENDED_GATE_UP + i), 1) == per_expert - 1:
-                _swiglu_laid_out(hidden_rows[i], act, acts[i], acts16[i], down, bf16)
-                _fetch_add(_counter(counters_at, ACTIVATED), 1)
-        if _wait_for(_counter(counters_at, ACTIVATED), n, cancel_at) < 0:
-            return -1
-        own = np.empty(1, np.int64)
-        while True:
-            i, item = _take(_counter(counters_at, TAKEN_DOWN), n, down_items)
-            if i < 0:
-                return 0
-            own[0] = i
-            _rows(_record(base, chosen[i], record_bytes), down, item * ITEM_ROWS,
-                  min((item + 1) * ITEM_ROWS, hidden), acts, acts16, own, products[i:i + 1], bf16)
-            if _fetch_add(_counter(counters_at, ENDED_DOWN), 1) == n * down_items - 1:  # the last: the weighted sum
-                out[:] = 0
-                for e in range(n):
-                    weight = chosen_weights[e]
-                    for r in range(hidden):
-                        out[r] += weight * products[e, r]
-                return n
-
-    @numba.njit(parallel=True, nogil=True, cache=True)
-    def _one_token(records, meta, x, expert_ids, expert_weights, on_cpu, out, bf16, threads):
-        """out [H] = the weighted sum of one token's experts marked on_cpu, by `threads` threads taking items."""
-        top_k, num_experts = expert_ids.shape[0], records.shape[0]
-        chosen, chosen_weights = np.empty(top_k, np.int64), np.empty(top_k, np.float32)
-        n = 0
-        for j in range(top_k):
-            if on_cpu[j]:
-                if expert_ids[j] < 0 or expert_ids[j] >= num_experts:
-                    raise ValueError("expert id out of range of the records")
-                chosen[n], chosen_weights[n] = expert_ids[j], expert_weights[j]
-                n += 1
-        if n == 0:
-            return
-        hidden, intermediate = meta[1][M_OUT], meta[1][M_IN]
-        laid, laid16 = np.empty((1, hidden), np.float32), np.empty((1, hidden), np.uint16)
-        _lay_out(x, laid[0], meta[0])
-        if bf16:
-            _lay_out_bf16(x, laid16[0])
-        counters = np.zeros((ENDED_GATE_UP + n) * COUNTER_STRIDE, np.int32)
-        never = np.zeros(1, np.int32)  # nothing cancels a call
-        hidden_rows = np.empty((n, 2 * intermediate), np.float32)
-        acts, acts16 = np.empty((n, intermediate), np.float32), np.empty((n, intermediate), np.uint16)
-        products = np.empty((n, hidden), np.float32)
-        base, record_bytes = np.int64(records.ctypes.data), records.shape[1]
-        for _ in numba.prange(threads):
-            _layer_part(base, record_bytes, meta, chosen, chosen_weights, n, laid, laid16, counters.ctypes.data,
-                        hidden_rows, acts, acts16, products, out, bf16, never.ctypes.data)
-
-    @numba.njit(parallel=True, nogil=True, cache=True, fastmath=FAST)
-    def _experts(records, meta, x, expert_ids, expert_weights, on_cpu, out, bf16):
+    def _group_rows(expert_ids, on_cpu, num_experts, counts, group_experts, starts, token_of_row, row_of):
+        """The assignments marked on_cpu [T, k] grouped by expert (a counting sort): group g is expert
+        group_experts[g] for rows starts[g]..starts[g+1]-1, row r is for token token_of_row[r], and
+        row_of[t, j] is assignment (t, j)'s row (-1 off the CPU). counts: int64 [num_experts + 1], scratch. The
+        number of groups, or -1 if an expert id is outside 0..num_experts-1."""
         tokens, top_k = expert_ids.shape
-        num_experts = records.shape[0]
-        gate_up, down = meta[0], meta[1]
-        hidden, intermediate = down[M_OUT], down[M_IN]
-        # assignments grouped by expert (a counting sort): rows start..end-1 of the work arrays are one expert's
-        counts = np.zeros(num_experts + 1, np.int64)
+        counts[:] = 0
         for t in range(tokens):
             for j in range(top_k):
                 if on_cpu[t, j]:
                     e = expert_ids[t, j]
                     if e < 0 or e >= num_experts:
-                        raise ValueError("expert id out of range of the records")
+                        return -1
                     counts[e + 1] += 1
-        starts = np.cumsum(counts)
-        rows = starts[num_experts]
-        if rows == 0:
-            return
-        experts = np.empty(num_experts, np.int64)
-        groups = 0
+        groups, rows = 0, 0
         for e in range(num_experts):
             if counts[e + 1]:
-                experts[groups] = e
+                group_experts[groups], starts[groups] = e, rows
+                rows += counts[e + 1]
+                counts[e + 1] = starts[groups]  # from here: where the expert's next row goes
                 groups += 1
-        token_of_row = np.empty(rows, np.int64)
-        row_of = np.full((tokens, top_k), -1, np.int64)
-        filled = starts[:num_experts].copy()
+        starts[groups] = rows
         for t in range(tokens):
             for j in range(top_k):
+                row_of[t, j] = -1
                 if on_cpu[t, j]:
-                    row = filled[expert_ids[t, j]]
-                    filled[expert_ids[t, j]] += 1
-                    token_of_row[row] = t
-                    row_of[t, j] = row
-        own_rows = np.arange(rows)
+                    row = counts[expert_ids[t, j] + 1]
+                    counts[expert_ids[t, j] + 1] += 1
+                    token_of_row[row], row_of[t, j] = t, row
+        return groups
 
-        # Only the two matmul phases are parallel: each parallel region wakes every thread (measured on the 16-core
-        # Xeon: 340 us a call beyond its experts, with five regions), and the rest is little work for a decode step
-        laid = np.empty((tokens, x.shape[1]), np.float32)
-        laid16 = np.empty((tokens if bf16 else 0, x.shape[1]), np.uint16)  # bf16: every row might take one token
+    @numba.njit(nogil=True, cache=True)
+    def _layer_part(base, record_bytes, meta, groups, group_experts, starts, token_of_row, own_rows, row_of, weights,
+                    laid, laid16, counters_at, hidden_rows, acts, acts16, outputs, out, bf16, cancel_at):
+        """One thread's part of a layer's experts (_group_rows' groups; records from address `base`) for tokens
+        laid out in laid [T, H] and laid16. It takes gate_up items (ITEM_ROWS rows of one group; whoever ends a
+        group's last one computes its rows' activations) and waits for every group's; takes down items the same
+        way and waits for all to end; then takes sum items (SUM_TOKENS tokens: out[t] = the sum over j of
+        weights[t, j] times row row_of[t, j]'s output). own_rows = 0..rows-1; hidden_rows, acts, acts16, outputs
+        [rows, ...] and out [T, H] are shared by the threads. The rows computed if this thread ended the last sum
+        item, else 0; -1 once the int32 at cancel_at is set."""
+        gate_up, down = meta[0], meta[1]
+        hidden, intermediate = down[M_OUT], down[M_IN]
+        per_group = (2 * intermediate + ITEM_ROWS - 1) // ITEM_ROWS
+        down_items = (hidden + ITEM_ROWS - 1) // ITEM_ROWS
+        act = np.empty(intermediate, np.float32)
+        while True:
+            g, item = _take(_counter(counters_at, TAKEN_GATE_UP), groups, per_group)
+            if g < 0:
+                break
+            first, last = starts[g], starts[g + 1]
+            _rows(_record(base, group_experts[g], record_bytes), gate_up, item * ITEM_ROWS,
+                  min((item + 1) * ITEM_ROWS, 2 * intermediate), laid, laid16, token_of_row[first:last],
+                  hidden_rows[first:last], bf16)
+            if _fetch_add(_counter(counters_at, ENDED_GATE_UP + g), 1) == per_group - 1:
+                for row in range(first, last):
+                    _swiglu_laid_out(hidden_rows[row], act, acts[row], acts16[row], down, bf16)
+                _fetch_add(_counter(counters_at, ACTIVATED), 1)
+        if _wait_for(_counter(counters_at, ACTIVATED), groups, cancel_at) < 0:
+            return -1
+        while True:
+            g, item = _take(_counter(counters_at, TAKEN_DOWN), groups, down_items)
+            if g < 0:
+                break
+            first, last = starts[g], starts[g + 1]
+            _rows(_record(base, group_experts[g], record_bytes), down, item * ITEM_ROWS,
+                  min((item + 1) * ITEM_ROWS, hidden), acts, acts16, own_rows[first:last], outputs[first:last], bf16)
+            _fetch_add(_counter(counters_at, ENDED_DOWN), 1)
+        if _wait_for(_counter(counters_at, ENDED_DOWN), groups * down_items, cancel_at) < 0:
+            return -1
+        tokens, top_k = row_of.shape
+        sum_items = (tokens + SUM_TOKENS - 1) // SUM_TOKENS
+        while True:
+            item = _fetch_add(_counter(counters_at, TAKEN_SUM), 1)
+            if item >= sum_items:
+                return 0
+            for t in range(item * SUM_TOKENS, min((item + 1) * SUM_TOKENS, tokens)):
+                out[t, :] = 0
+                for j in range(top_k):
+                    row = row_of[t, j]
+                    if row >= 0:
+                        weight = weights[t, j]
+                        for r in range(hidden):
+                            out[t, r] += weight * outputs[row, r]
+            if _fetch_add(_counter(counters_at, ENDED_SUM), 1) == sum_items - 1:
+                return starts[groups]
+
+    @numba.njit(parallel=True, nogil=True, cache=True)
+    def _experts(records, meta, x, expert_ids, expert_weights, on_cpu, out, bf16, threads):
+        """out [T, H] = each token's weighted sum of its experts marked on_cpu, by `threads` threads taking items;
+        False if an expert id is outside the records."""
+        tokens, top_k = expert_ids.shape
+        num_experts, assignments = records.shape[0], tokens * top_k
+        group_experts, starts = np.empty(assignments, np.int64), np.empty(assignments + 1, np.int64)
+        token_of_row, row_of = np.empty(assignments, np.int64), np.empty((tokens, top_k), np.int64)
+        groups = _group_rows(expert_ids, on_cpu, num_experts, np.empty(num_experts + 1, np.int64), group_experts,
+                             starts, token_of_row, row_of)
+        if groups <= 0:
+            return groups == 0
+        rows = starts[groups]
+        hidden, intermediate = meta[1][M_OUT], meta[1][M_IN]
+        laid = np.empty((tokens, hidden), np.float32)
+        laid16 = np.empty((tokens if bf16 else 0, hidden), np.uint16)
         for t in range(tokens):
-            _lay_out(x[t], laid[t], gate_up)
+            _lay_out(x[t], laid[t], meta[0])
             if bf16:
                 _lay_out_bf16(x[t], laid16[t])
+        counters = np.zeros((ENDED_GATE_UP + groups) * COUNTER_STRIDE, np.int32)
+        never = np.zeros(1, np.int32)  # nothing cancels a call
         hidden_rows = np.empty((rows, 2 * intermediate), np.float32)
-        per_expert = (2 * intermediate + ROW_BLOCK - 1) // ROW_BLOCK
-        for item in numba.prange(groups * per_expert):
-            g, block = item // per_expert, item % per_expert
-            e = experts[g]
-            first, last = block * ROW_BLOCK, min((block + 1) * ROW_BLOCK, 2 * intermediate)
-            _rows(records[e], gate_up, first, last, laid, laid16, token_of_row[starts[e]:starts[e + 1]],
-                  hidden_rows[starts[e]:starts[e + 1]], bf16)
-
-        acts = np.empty((rows, intermediate), np.float32)
-        acts16 = np.empty((rows, intermediate), np.uint16)
-        act = np.empty(intermediate, np.float32)
-        for row in range(rows):
-            _swiglu_laid_out(hidden_rows[row], act, acts[row], acts16[row], down, bf16)
-        outputs = np.empty((rows, hidden), np.float32)
-        per_expert = (hidden + ROW_BLOCK - 1) // ROW_BLOCK
-        for item in numba.prange(groups * per_expert):
-            g, block = item // per_expert, item % per_expert
-            e = experts[g]
-            first, last = block * ROW_BLOCK, min((block + 1) * ROW_BLOCK, hidden)
-            _rows(records[e], down, first, last, acts, acts16, own_rows[starts[e]:starts[e + 1]],
-                  outputs[starts[e]:starts[e + 1]], bf16)
-
-        for t in range(tokens):
-            for j in range(top_k):
-                row = row_of[t, j]
-                if row >= 0:
-                    weight = expert_weights[t, j]
-                    for i in range(hidden):
-                        out[t, i] += weight * outputs[row, i]
+        acts, acts16 = np.empty((rows, intermediate), np.float32), np.empty((rows, intermediate), np.uint16)
+        outputs, own_rows = np.empty((rows, hidden), np.float32), np.arange(rows)
+        base, record_bytes = np.int64(records.ctypes.data), records.shape[1]
+        for _ in numba.prange(threads):
+            _layer_part(base, record_bytes, meta, groups, group_experts, starts, token_of_row, own_rows, row_of,
+                        expert_weights, laid, laid16, counters.ctypes.data, hidden_rows, acts, acts16, outputs, out,
+                        bf16, never.ctypes.data)
+        return True

@@ -78,7 +78,7 @@ class CpuShareWorker:
         self._hidden_rows = np.zeros((top_k, 2 * intermediate), dtype=np.float32)
         self._acts = np.zeros((top_k, intermediate), dtype=np.float32)
         self._acts16 = np.zeros((top_k, intermediate), dtype=np.uint16)
-        self._products = np.zeros((top_k, kernel.hidden), dtype=np.float32)  # shared: one thread sums them all
+        self._outputs = np.zeros((top_k, kernel.hidden), dtype=np.float32)  # shared: one thread sums them all
         self._views = [t.numpy() for t in (mailbox.flags, mailbox.ids, mailbox.weights, mailbox.x, mailbox.out)]
         self._pool = ThreadPoolExecutor(1, thread_name_prefix="cpu-experts")
         self._running = None
@@ -137,27 +137,32 @@ class CpuShareWorker:
         try:
             with cpu_experts._launch:
                 cpu_experts.numba_threads(self.threads)
-                return int(_serve_step(self._addresses, self._record_bytes, self.kernel._meta, flags, ids, weights,
-                                       x, out, first, layers, self._counters, self._hidden_rows, self._acts,
-                                       self._acts16, self._products, self.kernel.activations == "bf16", self.threads))
+                return int(_serve_step(self._addresses, self._records[0].shape[0], self._record_bytes,
+                                       self.kernel._meta, flags, ids, weights, x, out, first, layers, self._counters,
+                                       self._hidden_rows, self._acts, self._acts16, self._outputs,
+                                       self.kernel.activations == "bf16", self.threads))
         except BaseException:
             self.cancel()  # the GPU's waits end now, not when the host notices
             raise
 
 
 if numba is not None:
-    from engine.kernels.cpu_experts import (ENDED_GATE_UP, FINISHER, M_OUT, _counter, _fetch_add, _lay_out,
-                                            _lay_out_bf16, _layer_part, _load_acquire, _raise_to, _wait_for)
+    from engine.kernels.cpu_experts import (ENDED_GATE_UP, FINISHER, M_OUT, _counter, _fetch_add, _group_rows,
+                                            _lay_out, _lay_out_bf16, _layer_part, _load_acquire, _raise_to,
+                                            _wait_for)
 
     @numba.njit(nogil=True, cache=True)
-    def _serve_layers(addresses, record_bytes, meta, flags, ids, weights, x, out, first, layers, counters,
-                      hidden_rows, acts, acts16, products, bf16):
+    def _serve_layers(addresses, num_experts, record_bytes, meta, flags, ids, weights, x, out, first, layers,
+                      counters, hidden_rows, acts, acts16, outputs, bf16):
         """One thread's part of a step (the protocol in the module's docstring); experts it ended, -1 if cancelled."""
         hidden, top_k = meta[1][M_OUT], ids.shape[0]
         flags_at = flags.ctypes.data
         request_at, done_at, cancel_at = flags_at + 4 * REQUEST, flags_at + 4 * DONE, flags_at + 4 * CANCEL
         laid, laid16 = np.empty((1, hidden), np.float32), np.empty((1, hidden), np.uint16)
-        chosen, chosen_weights = np.empty(top_k, np.int64), np.empty(top_k, np.float32)
+        chosen_ids, on_cpu = ids.reshape((1, top_k)), np.empty((1, top_k), np.bool_)
+        counts, group_experts = np.empty(num_experts + 1, np.int64), np.empty(top_k, np.int64)
+        starts = np.empty(top_k + 1, np.int64)
+        token_of_row, row_of, own_rows = np.empty(top_k, np.int64), np.empty((1, top_k), np.int64), np.arange(top_k)
         ended = 0
         for layer in range(layers):
             sequence = first + layer
@@ -166,24 +171,26 @@ if numba is not None:
                 return -1
             if seen != sequence:
                 continue  # the GPU is past this layer: it was done without this thread
-            n = 0
             for j in range(top_k):
-                if ids[j] >= 0:
-                    chosen[n], chosen_weights[n] = ids[j], weights[j]
-                    n += 1
-            if n:
+                on_cpu[0, j] = ids[j] >= 0
+            groups = _group_rows(chosen_ids, on_cpu, num_experts, counts, group_experts, starts, token_of_row, row_of)
+            if groups:
                 _lay_out(x, laid[0], meta[0])
                 if bf16:
                     _lay_out_bf16(x, laid16[0])
             if _load_acquire(done_at) >= sequence:
                 continue  # ended while this thread read: what it read may be the next layer's
+            if groups < 0:  # the GPU sent an expert outside the records: end the step, its caller raises
+                _raise_to(cancel_at, 1)
+                return -1
             counters_at = counters[layer].ctypes.data
-            if n == 0:
+            if groups == 0:
                 if _fetch_add(_counter(counters_at, FINISHER), 1) == 0:
                     _raise_to(done_at, sequence)
                 continue
-            summed = _layer_part(addresses[layer], record_bytes, meta, chosen, chosen_weights, n, laid, laid16,
-                                 counters_at, hidden_rows, acts, acts16, products, out, bf16, cancel_at)
+            summed = _layer_part(addresses[layer], record_bytes, meta, groups, group_experts, starts, token_of_row,
+                                 own_rows, row_of, weights.reshape((1, top_k)), laid, laid16, counters_at,
+                                 hidden_rows, acts, acts16, outputs, out.reshape((1, hidden)), bf16, cancel_at)
             if summed < 0:
                 return -1
             if summed:
@@ -192,10 +199,10 @@ if numba is not None:
         return ended
 
     @numba.njit(parallel=True, nogil=True, cache=True)
-    def _serve_step(addresses, record_bytes, meta, flags, ids, weights, x, out, first, layers, counters,
-                    hidden_rows, acts, acts16, products, bf16, threads):
+    def _serve_step(addresses, num_experts, record_bytes, meta, flags, ids, weights, x, out, first, layers, counters,
+                    hidden_rows, acts, acts16, outputs, bf16, threads):
         ended = np.zeros(threads, np.int64)
         for t in numba.prange(threads):
-            ended[t] = _serve_layers(addresses, record_bytes, meta, flags, ids, weights, x, out, first, layers,
-                                     counters, hidden_rows, acts, acts16, products, bf16)
+            ended[t] = _serve_layers(addresses, num_experts, record_bytes, meta, flags, ids, weights, x, out, first,
+                                     layers, counters, hidden_rows, acts, acts16, outputs, bf16)
         return -1 if ended.min() < 0 else ended.sum()
