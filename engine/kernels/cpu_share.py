@@ -15,9 +15,9 @@ The protocol, one sequence number per MoE layer of a step, chosen by the host (`
 - the threads take work items from the layer's counters (cpu_experts._layer_part): blocks of 64 gate_up rows
   of one expert (whoever ends an expert's last block computes its activation), then blocks of 64 down rows of
   one expert (eight experts make 256 such items, enough to keep 15 threads evenly busy; dealt statically
-  instead, threads waited up to 96 us a layer at the barrier on the H200 machine's Xeon); whoever ends the last
-  block sums the experts' outputs, weighted, and sets `done`, and so does the first thread to see a layer with
-  nothing for the CPU;
+  instead, threads waited up to 96 us a layer at the barrier on the H200 machine's Xeon); once every down item
+  has ended, one thread sums the experts' outputs, weighted, and sets `done`, and so does the first thread to
+  see a layer with nothing for the CPU;
 - the GPU waits for `done`, then reads the sum.
 Items are taken, not dealt, so a thread the OS holds back delays only the item it holds, and a thread that
 comes late finds the items gone and moves on. `cancel` stops everyone (the host sets it when a step fails).
