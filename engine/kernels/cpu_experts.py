@@ -923,6 +923,20 @@ if numba is not None:
         return groups
 
     @numba.njit(nogil=True, cache=True)
+    def _next_item(counter_at, groups, items, base, record_bytes, group_experts, starts, matrix, inputs, inputs16,
+                   picks, results, bf16):
+        """Take a phase's next item from its counter and compute it: rows item * ITEM_ROWS onwards of a group's
+        `matrix` (records from address `base`), for each of the group's rows r the inputs of picks[r], into
+        results[r]. The group, or -1 once every item is taken."""
+        g, item = _take(counter_at, groups, items)
+        if g >= 0:
+            first, last = starts[g], starts[g + 1]
+            _rows(_record(base, group_experts[g], record_bytes), matrix, item * ITEM_ROWS,
+                  min((item + 1) * ITEM_ROWS, matrix[M_OUT]), inputs, inputs16, picks[first:last],
+                  results[first:last], bf16)
+        return g
+
+    @numba.njit(nogil=True, cache=True)
     def _layer_part(base, record_bytes, meta, groups, group_experts, starts, token_of_row, own_rows, row_of, weights,
                     laid, laid16, counters_at, hidden_rows, acts, acts16, outputs, out, bf16, cancel_at):
         """One thread's part of a layer's experts (_group_rows' groups; records from address `base`) for tokens
@@ -938,26 +952,18 @@ if numba is not None:
         down_items = (hidden + ITEM_ROWS - 1) // ITEM_ROWS
         act = np.empty(intermediate, np.float32)
         while True:
-            g, item = _take(_counter(counters_at, TAKEN_GATE_UP), groups, per_group)
+            g = _next_item(_counter(counters_at, TAKEN_GATE_UP), groups, per_group, base, record_bytes, group_experts,
+                           starts, gate_up, laid, laid16, token_of_row, hidden_rows, bf16)
             if g < 0:
                 break
-            first, last = starts[g], starts[g + 1]
-            _rows(_record(base, group_experts[g], record_bytes), gate_up, item * ITEM_ROWS,
-                  min((item + 1) * ITEM_ROWS, 2 * intermediate), laid, laid16, token_of_row[first:last],
-                  hidden_rows[first:last], bf16)
             if _fetch_add(_counter(counters_at, ENDED_GATE_UP + g), 1) == per_group - 1:
-                for row in range(first, last):
+                for row in range(starts[g], starts[g + 1]):
                     _swiglu_laid_out(hidden_rows[row], act, acts[row], acts16[row], down, bf16)
                 _fetch_add(_counter(counters_at, ACTIVATED), 1)
         if _wait_for(_counter(counters_at, ACTIVATED), groups, cancel_at) < 0:
             return -1
-        while True:
-            g, item = _take(_counter(counters_at, TAKEN_DOWN), groups, down_items)
-            if g < 0:
-                break
-            first, last = starts[g], starts[g + 1]
-            _rows(_record(base, group_experts[g], record_bytes), down, item * ITEM_ROWS,
-                  min((item + 1) * ITEM_ROWS, hidden), acts, acts16, own_rows[first:last], outputs[first:last], bf16)
+        while _next_item(_counter(counters_at, TAKEN_DOWN), groups, down_items, base, record_bytes, group_experts,
+                         starts, down, acts, acts16, own_rows, outputs, bf16) >= 0:
             _fetch_add(_counter(counters_at, ENDED_DOWN), 1)
         if _wait_for(_counter(counters_at, ENDED_DOWN), groups * down_items, cancel_at) < 0:
             return -1
