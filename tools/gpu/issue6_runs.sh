@@ -7,6 +7,8 @@
 #   presets 8gb and 12gb at 4,096 tokens with every backend, random decode inputs (about 4)
 #   hf      the transformers + accelerate row beside every backend at a 128-token prompt (builds the bf16
 #           model: 70 GB of host RAM; about 3)
+#   profiles where a step's GPU time goes: the cpu backend at 12gb (nearly every expert a hit: the GPU's own
+#           work) and hybrid at 4gb (about 4)
 # Run from the repository root on a CUDA machine, e.g. `bash tools/gpu/issue6_runs.sh tests 4gb`; results go to
 # $OUT (default ./gpu-results).
 set -u
@@ -34,11 +36,16 @@ for part in "$@"; do
             bench 4gb 4096,16896 330 4gb
             bench 4gb 4096 200 4gb_random "--decode-inputs random" ;;
         presets)
-            bench 8gb 4096 120 8gb "--decode-inputs random"
-            bench 12gb 4096 120 12gb "--decode-inputs random" ;;
+            bench 8gb 4096 150 8gb "--decode-inputs random"
+            bench 12gb 4096 150 12gb "--decode-inputs random" ;;
         hf)
             bench 4gb 128 280 hf "--hf-baseline" ;;
+        profiles)
+            for run in "cpu 12gb" "hybrid 4gb"; do
+                timeout 150 python3 tools/gpu/decode_profile.py $run > "$OUT/profile_${run// /_}.txt" 2>&1
+                echo "profile $run rc=$?"; grep -E "graph|decode step|GPU busy|  [a-z]" "$OUT/profile_${run// /_}.txt"
+            done ;;
         *)
-            echo "unknown part $part: tests, 4gb, presets or hf"; exit 2 ;;
+            echo "unknown part $part: tests, 4gb, presets, hf or profiles"; exit 2 ;;
     esac
 done
