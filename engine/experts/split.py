@@ -23,7 +23,9 @@ BACKENDS = ("auto", "gpu", "offload", "cpu", "hybrid")
 CALIBRATION_RECORDS = 16  # records copied, and experts computed, per measurement: a few ms of work each
 TOKEN_MISSES = 8  # a decode token's misses in a layer when nothing is cached (Qwen3.5/3.6 route to 8 experts)
 CHUNK_TOKENS = 8  # tokens per expert in the calibration's prompt-chunk call
-CALIBRATION_VERSION = 2  # in the machine key: version 1 read records the CPU's cache could hold (too fast)
+# In the machine key, so figures measured another way are measured again: version 1 read records the CPU's cache
+# could hold (too fast); version 2 timed the two-phase CPU kernel that the item loop replaced (0b18c63)
+CALIBRATION_VERSION = 3
 
 
 @dataclass(frozen=True)
