@@ -113,6 +113,20 @@ def test_a_step_the_gpu_never_posts_ends_in_a_plain_error(layers, make_worker):
     assert computed > 0
 
 
+def test_an_expert_beyond_the_records_ends_the_step_in_a_plain_error(layers, make_worker):
+    layout, records = layers
+    worker = make_worker(cpu_experts.CpuExpertKernel(layout, "float32"), records,
+                         cpu_share.Mailbox(TOP_K, HIDDEN, pin=False))
+    base = torch.tensor([worker.start(len(records))], dtype=torch.int32)
+    routed, waits = torch.zeros(1, HIDDEN), torch.zeros(2, dtype=torch.int32)
+    gpu_rows = torch.zeros(TOP_K)
+    reference.post_cpu_share(torch.tensor([0, 1, 2, 99]), torch.rand(TOP_K), gpu_rows, torch.randn(1, HIDDEN), base, 0,
+                             worker.mailbox)
+    reference.wait_cpu_share(gpu_rows, base, 0, worker.mailbox, routed, waits)  # released by cancel, not a hang
+    with pytest.raises(cpu_share.CpuShareError, match="cancelled"):
+        worker.finish(timeout=10)
+
+
 def test_cancel_releases_a_gpu_wait(layers):
     """The GPU's wait ends on cancel (the host sets it when a step fails), so no step can hang the device."""
     box = cpu_share.Mailbox(TOP_K, HIDDEN, pin=False)

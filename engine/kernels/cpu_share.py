@@ -174,7 +174,7 @@ if numba is not None:
             for j in range(top_k):
                 on_cpu[0, j] = ids[j] >= 0
             groups = _group_rows(chosen_ids, on_cpu, num_experts, counts, group_experts, starts, token_of_row, row_of)
-            if groups:
+            if groups > 0:
                 _lay_out(x, laid[0], meta[0])
                 if bf16:
                     _lay_out_bf16(x, laid16[0])
