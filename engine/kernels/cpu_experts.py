@@ -876,7 +876,6 @@ if numba is not None:
         """An expert's record, from its layer's records at address `base`."""
         return numba.carray(_bytes_at(base + expert * record_bytes), (record_bytes,))
 
-
     # A layer's experts for its tokens are computed by threads that take work items from atomic counters: the
     # CPU share's threads (cpu_share.py) run each of a step's layers through _layer_part, and run() a call the
     # same way, in one parallel region. Counters, COUNTER_STRIDE int32s apart: gate_up items taken, groups
