@@ -321,6 +321,25 @@ def test_slot_linear_matches_reference(fmt, out_features, in_features, splits):
     assert _rel_error(got, expected) <= (BF16_TOLERANCE if dtype == torch.bfloat16 else FLOAT32_TOLERANCE)
 
 
+@pytest.mark.parametrize("fmt, out_features, in_features", GROUPED)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_slot_linear_takes_swiglu_inputs(fmt, out_features, in_features, dtype):
+    """The down projection reading gate and up rows, silu(gate) * up computed inside the kernel, against the
+    activation written out first (in the input's dtype, as the unfused path stores it), then the matmul."""
+    weight, _pool = _stacked_experts(fmt, 5, out_features, in_features, seed=61)
+    dtype = torch.bfloat16 if fmt == "dense bf16" else dtype
+    gate_up = (2 * torch.randn(3, 2 * in_features, generator=_gen(17))).to(DEVICE).to(dtype)
+    slots = torch.tensor([4, 0, 4], dtype=torch.int32, device=DEVICE)
+    got = triton_linear.slot_linear(gate_up, weight, slots, swiglu=True)
+    gate, up = gate_up[:, :in_features], gate_up[:, in_features:]
+    activation = (F.silu(gate.float()) * up.float()).to(dtype)
+    expected = reference.slot_linear(activation.float(), weight, slots)
+    assert torch.allclose(reference.slot_linear(gate_up, weight, slots, swiglu=True).float(),
+                          reference.slot_linear(F.silu(gate) * up, weight, slots).float())
+    assert got.shape == (3, out_features) and got.dtype == dtype
+    assert _rel_error(got, expected) <= (BF16_TOLERANCE if dtype == torch.bfloat16 else FLOAT32_TOLERANCE)
+
+
 @pytest.mark.parametrize("fmt", [FP8_BLOCK, NVFP4_CT])
 def test_grouped_formats_without_a_kernel_go_to_the_reference(fmt):
     weight, _pool = _stacked_experts(fmt, 3, 24, 64, seed=40)

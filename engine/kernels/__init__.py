@@ -87,6 +87,13 @@ def wait_cpu_share(gpu_rows, sequence_base, ordinal, mailbox, cpu_routed, waits)
     _kernel("wait_cpu_share", gpu_rows)(gpu_rows, sequence_base, ordinal, mailbox, cpu_routed, waits)
 
 
+def combine_experts(h, routed, weights, gpu_rows=None, shared=None, cpu_routed=None):
+    """The residual h [1, H] plus a token's MoE output: its shared expert [1, H], routed rows [k, H] times
+    weights [k] (rows with gpu_rows 0 masked out) and the CPU's sum [1, H], in float32 (reference.combine_experts).
+    On CUDA one kernel: a captured decode step's layer ends in one launch."""
+    return _kernel("combine_experts", h)(h, routed, weights, gpu_rows, shared, cpu_routed)
+
+
 def assign_slots_capturable(keys) -> bool:
     """Whether assign_slots runs on the device without the host reading the table (the reference reads it)."""
     return _capturable("assign_slots", keys.device, keys)
@@ -109,10 +116,11 @@ def grouped_linear(x, weight, groups):
     return _kernel("grouped_linear", x)(x, weight, groups)
 
 
-def slot_linear(x, weight, slots):
+def slot_linear(x, weight, slots, swiglu=False):
     """Row r of x [M, K] times the expert in slot slots[r] of the stacked weight [S, N, K]; [M, N] in x's dtype.
-    slots: int [M] on x's device, read by the kernel, so a captured decode step takes new slots every replay."""
-    return _kernel("slot_linear", x)(x, weight, slots)
+    slots: int [M] on x's device, read by the kernel, so a captured decode step takes new slots every replay.
+    With swiglu, x [M, 2K] holds gate then up, and the rows are silu(gate) * up (SwiGLU's activation, fused)."""
+    return _kernel("slot_linear", x)(x, weight, slots, swiglu=swiglu)
 
 
 def slot_linear_capturable(weight, device) -> bool:
@@ -127,14 +135,15 @@ def _register_cuda_kernels() -> None:
     from engine.kernels import sdpa_attention
     register("cuda", sdpa_attention, ["causal_attention"])
     try:
-        from engine.kernels import (triton_attention, triton_cpu_share, triton_gather, triton_gdn, triton_linear,
-                                    triton_norm, triton_router, triton_slots)
+        from engine.kernels import (triton_attention, triton_combine, triton_cpu_share, triton_gather, triton_gdn,
+                                    triton_linear, triton_norm, triton_router, triton_slots)
     except ImportError:
         return
     register("cuda", triton_router, ["router_topk"])
     register("cuda", triton_slots, ["assign_slots", "assign_slots_capturable"])
     register("cuda", triton_gather, ["gather_records", "gather_records_capturable"])
     register("cuda", triton_cpu_share, ["post_cpu_share", "wait_cpu_share"])
+    register("cuda", triton_combine, ["combine_experts"])
     register("cuda", triton_attention, ["decode_attention", "decode_attention_capturable"])
     register("cuda", triton_gdn, ["gated_deltanet"])
     register("cuda", triton_norm, ["rms_norm"])

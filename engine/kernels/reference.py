@@ -27,11 +27,19 @@ def grouped_linear(x: torch.Tensor, weight: StoredWeight, groups: ExpertGroups) 
     return out
 
 
-def slot_linear(x: torch.Tensor, weight: StoredWeight, slots: torch.Tensor) -> torch.Tensor:
+def slot_linear(x: torch.Tensor, weight: StoredWeight, slots: torch.Tensor, swiglu: bool = False) -> torch.Tensor:
+    if swiglu:
+        x = silu_mul(x)
     out = x.new_empty(x.shape[0], weight.shape[-2])
     for row, slot in enumerate(slots.tolist()):
         out[row:row + 1] = linear(x[row:row + 1], weight.select(slot))
     return out
+
+
+def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:
+    """SwiGLU's activation: silu(gate) * up of [..., 2I] rows holding gate then up."""
+    gate, up = gate_up.chunk(2, dim=-1)
+    return F.silu(gate) * up
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, offset: float) -> torch.Tensor:
@@ -209,6 +217,21 @@ def wait_cpu_share(gpu_rows: torch.Tensor, sequence_base: torch.Tensor, ordinal:
         cpu_routed.copy_(mailbox.out.reshape(cpu_routed.shape))
     else:
         cpu_routed.zero_()
+
+
+def combine_experts(h: torch.Tensor, routed: torch.Tensor, weights: torch.Tensor, gpu_rows: torch.Tensor | None = None,
+                    shared: torch.Tensor | None = None, cpu_routed: torch.Tensor | None = None) -> torch.Tensor:
+    """One token's MoE layer output plus its residual, in float32, returned in h's dtype: h [1, H] + shared
+    [1, H] + the sum of routed [k, H] rows times weights [k] + cpu_routed [1, H]. Rows whose gpu_rows [k] is 0
+    (the CPU's: they read any slot) count for nothing, even as NaN; shared and cpu_routed may be absent."""
+    weight = weights.reshape(-1, 1).float()
+    if gpu_rows is not None:
+        weight = torch.where(gpu_rows.reshape(-1, 1) > 0, weight, 0.0)
+    total = h.float() + torch.where(weight != 0, routed.float() * weight, 0.0).sum(0, keepdim=True)
+    for extra in (shared, cpu_routed):
+        if extra is not None:
+            total = total + extra.float()
+    return total.to(h.dtype)
 
 
 def gather_records(records: torch.Tensor, pool: torch.Tensor, table: torch.Tensor) -> None:

@@ -89,19 +89,33 @@ def _below(index, limit, ALWAYS: tl.constexpr):
 _NOT_SPECIALISED = ("M", "N", "split_steps", "stride_rn", "stride_sk", "stride_r_slot", "block_rows", "block_cols")
 
 
+@triton.jit
+def _gemv_input(x_row, offsets, mask, K, SWIGLU: tl.constexpr):
+    """Inputs of a GEMV row in float32; with SWIGLU the row holds [gate | up] (K each) and the input is
+    silu(gate) * up, rounded once to the row's dtype as if it had been stored."""
+    if SWIGLU:
+        gate = tl.load(x_row + offsets, mask=mask, other=0.0).to(tl.float32)
+        up = tl.load(x_row + K + offsets, mask=mask, other=0.0).to(tl.float32)
+        return (gate / (1.0 + tl.exp(-gate)) * up).to(x_row.dtype.element_ty).to(tl.float32)
+    return tl.load(x_row + offsets, mask=mask, other=0.0).to(tl.float32)
+
+
 @triton.jit(do_not_specialize=_NOT_SPECIALISED)
 def _linear_kernel(x_ptr, w_ptr, s_ptr, r_ptr, out_ptr, table_ptr, M, N, K, split_steps,
                    stride_xm, stride_om, stride_w_slot, stride_wn, stride_s_slot, stride_sn, stride_sk,
                    stride_r_slot, stride_rn, block_rows, block_cols,
-                   FORMAT: tl.constexpr, GROUPED: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr,
+                   FORMAT: tl.constexpr, TABLE: tl.constexpr, SWIGLU: tl.constexpr, BM: tl.constexpr,
+                   BN: tl.constexpr,
                    BK: tl.constexpr, ATOMIC: tl.constexpr, DOT_DTYPE: tl.constexpr, PRECISION: tl.constexpr,
                    ROW_SCALE: tl.constexpr, DIVIDE: tl.constexpr, SCALE_COLS: tl.constexpr,
                    SCALE_GROUPS: tl.constexpr, EVEN_K: tl.constexpr):
     """out[rows, cols] (+)= x[rows, k-range] @ W[cols, k-range]^T for one (row tile, column tile, K split).
 
-    GROUPED: program_id(0) indexes a table of (slot, first row, group end row); the weight tensors are stacked
-    [S, ...] with slot strides stride_*_slot (any value: slots are records in a byte pool). Otherwise slot 0 and
-    rows program_id(0) * BM + ... below M.
+    TABLE 1 (grouped): program_id(0) indexes a table of (slot, first row, group end row); the weight tensors are
+    stacked [S, ...] with slot strides stride_*_slot (any value: slots are records in a byte pool). TABLE 2
+    (slots): the table holds one slot per row, and program_id(0) is the row. TABLE 0: slot 0 and rows
+    program_id(0) * BM + ... below M.
+    SWIGLU (GEMV only): x rows hold [gate | up] and the input is silu(gate) * up (_gemv_input).
     w: codes (uint8 bytes: packed E2M1 pairs, E4M3, or a dense float); s: NVFP4 block scales [N, K/16] (E4M3
     bytes) or FP8_BLOCK scale_inv [ceil(N/block_rows), ceil(K/block_cols)] float32; r: one scale per output
     row (stride_rn 0 for a scalar) that multiplies, or divides with DIVIDE.
@@ -109,10 +123,15 @@ def _linear_kernel(x_ptr, w_ptr, s_ptr, r_ptr, out_ptr, table_ptr, M, N, K, spli
     pid_m = tl.program_id(0)
     pid_n = tl.program_id(1)
     pid_k = tl.program_id(2)
-    if GROUPED:
-        slot = tl.load(table_ptr + 3 * pid_m).to(tl.int64)
-        row_begin = tl.load(table_ptr + 3 * pid_m + 1)
-        row_end = tl.load(table_ptr + 3 * pid_m + 2)
+    if TABLE != 0:
+        if TABLE == 1:
+            slot = tl.load(table_ptr + 3 * pid_m).to(tl.int64)
+            row_begin = tl.load(table_ptr + 3 * pid_m + 1)
+            row_end = tl.load(table_ptr + 3 * pid_m + 2)
+        else:
+            slot = tl.load(table_ptr + pid_m).to(tl.int64)
+            row_begin = pid_m
+            row_end = pid_m + 1
         w_ptr += slot * stride_w_slot
         s_ptr += slot * stride_s_slot
         r_ptr += slot * stride_r_slot
@@ -137,8 +156,8 @@ def _linear_kernel(x_ptr, w_ptr, s_ptr, r_ptr, out_ptr, table_ptr, M, N, K, spli
                 byte_ok = _below(2 * byte, K, EVEN_K)
                 packed = tl.load(w_ptr + cols[:, None] * stride_wn + byte[None, :],
                                  mask=col_ok[:, None] & byte_ok[None, :], other=0).to(tl.int32)
-                pair = tl.load(x_row + 2 * byte[:, None] + tl.arange(0, 2)[None, :], mask=byte_ok[:, None], other=0.0)
-                x_even, x_odd = tl.split(pair.to(tl.float32))
+                pair = _gemv_input(x_row, 2 * byte[:, None] + tl.arange(0, 2)[None, :], byte_ok[:, None], K, SWIGLU)
+                x_even, x_odd = tl.split(pair)
                 group = k0 // 16 + groups
                 group_ok = _below(16 * group, K, EVEN_K)
                 scale_bits = tl.load(s_ptr + cols[:, None] * stride_sn + group[None, :],
@@ -153,7 +172,7 @@ def _linear_kernel(x_ptr, w_ptr, s_ptr, r_ptr, out_ptr, table_ptr, M, N, K, spli
             for k0 in range(k_lo, k_hi, BK):
                 kk = k0 + ks
                 in_ok = _below(kk, K, EVEN_K)
-                xv = tl.load(x_row + kk, mask=in_ok, other=0.0).to(tl.float32)
+                xv = _gemv_input(x_row, kk, in_ok, K, SWIGLU)
                 raw = tl.load(w_ptr + cols[:, None] * stride_wn + kk[None, :],
                               mask=col_ok[:, None] & in_ok[None, :], other=0)
                 if FORMAT == 0:
@@ -177,6 +196,7 @@ def _linear_kernel(x_ptr, w_ptr, s_ptr, r_ptr, out_ptr, table_ptr, M, N, K, spli
             tl.store(out, acc, mask=col_ok)
     else:
         # ---------------------------------------------------------------- tiles: tl.dot
+        tl.static_assert(not SWIGLU, "SWIGLU inputs take the GEMV path")
         rows = row_begin + tl.arange(0, BM)
         row_ok = rows < row_end
         x_rows = x_ptr + rows.to(tl.int64)[:, None] * stride_xm
@@ -389,8 +409,9 @@ def _split_k(programs: int, k_in: int, bk: int, sms: int) -> tuple[int, int]:
 
 
 def _launch(x: torch.Tensor, ops: _Operands, n_out: int, k_in: int, table: torch.Tensor | None, tiles_m: int,
-            bm: int, gemv: bool, splits: int | None = None) -> torch.Tensor:
-    """Run the kernel over x [M, K] (row-contiguous); table: the grouped tile table, else None."""
+            bm: int, gemv: bool, splits: int | None = None, table_kind: int = 1, swiglu: bool = False) -> torch.Tensor:
+    """Run the kernel over x [M, K] (row-contiguous; [M, 2K] of gate and up with swiglu); table: the grouped
+    tile table (table_kind 1) or one slot per row (2), else None."""
     rows = x.shape[0]
     sms = _sm_count(x.device)
     if gemv:
@@ -412,7 +433,7 @@ def _launch(x: torch.Tensor, ops: _Operands, n_out: int, k_in: int, table: torch
     tensors = (x, ops.w, ops.s, ops.r, out, table if table is not None else x)
     scalars = (rows, n_out, k_in, per_split // bk, x.stride(0), out.stride(0), *ops.w_strides, *ops.s_strides,
                *ops.r_strides, *ops.block)
-    constexprs = (ops.fmt, table is not None, 1 if gemv else bm, bn, bk, atomic, dot_dtype,
+    constexprs = (ops.fmt, table_kind if table is not None else 0, swiglu, 1 if gemv else bm, bn, bk, atomic, dot_dtype,
                   "ieee" if dot_dtype == tl.float32 else "tf32", ops.fmt in (_F_NVFP4, _F_FP8), ops.divide,
                   *_scale_columns(ops, bk), k_in % bk == 0)
     _run((tiles_m, tiles_n, splits), tensors, scalars, constexprs, warps, stages)
@@ -428,7 +449,7 @@ def _scale_columns(ops: _Operands, bk: int) -> tuple[int, int]:
     return cols, max(1, bk // cols)
 
 
-_CONSTEXPR_NAMES = ("FORMAT", "GROUPED", "BM", "BN", "BK", "ATOMIC", "DOT_DTYPE", "PRECISION", "ROW_SCALE", "DIVIDE",
+_CONSTEXPR_NAMES = ("FORMAT", "TABLE", "SWIGLU", "BM", "BN", "BK", "ATOMIC", "DOT_DTYPE", "PRECISION", "ROW_SCALE", "DIVIDE",
                     "SCALE_COLS", "SCALE_GROUPS", "EVEN_K")
 _SCALAR_NAMES = ("M", "N", "K", "split_steps", "stride_xm", "stride_om", "stride_w_slot", "stride_wn", "stride_s_slot",
                  "stride_sn", "stride_sk", "stride_r_slot", "stride_rn", "block_rows", "block_cols")
@@ -551,14 +572,14 @@ def slot_linear_capturable(weight: StoredWeight) -> bool:
     return _stacked_operands(weight) is not None
 
 
-def slot_linear(x: torch.Tensor, weight: StoredWeight, slots: torch.Tensor, *,
+def slot_linear(x: torch.Tensor, weight: StoredWeight, slots: torch.Tensor, *, swiglu: bool = False,
                 splits: int | None = None) -> torch.Tensor:
     """Row r of x [M, K] (a zero row stride is fine) times slot slots[r] of the stacked weight [S, N, K], by the
-    GEMV path; the tile table is made on the device from `slots`, so nothing here reads them on the host."""
+    GEMV path, which reads `slots` (int32) on the device: nothing here reads them on the host. With swiglu, x
+    is [M, 2K] of gate and up and the input silu(gate) * up (reference.slot_linear)."""
     stacked = _stacked_inputs(x, weight)
     if stacked is None:
-        return reference.slot_linear(x, weight, slots)
+        return reference.slot_linear(x, weight, slots, swiglu=swiglu)
     ops, x, n_out, k_in = stacked
-    rows = torch.arange(x.shape[0], device=x.device, dtype=torch.int32)
-    table = torch.stack([slots.to(torch.int32), rows, rows + 1], dim=1)
-    return _launch(x, ops, n_out, k_in, table, x.shape[0], 1, True, splits)
+    table = slots if slots.dtype == torch.int32 else slots.to(torch.int32)
+    return _launch(x, ops, n_out, k_in, table, x.shape[0], 1, True, splits, table_kind=2, swiglu=swiglu)

@@ -337,24 +337,19 @@ class DecodeSteps:
             if gather and not on_device:
                 self.executor.gather_misses(layer.index, self.copy_table)
             y, k = buf["y"], mlp.top_k
-            routed = self.executor.slot_swiglu(y.expand(k, y.shape[-1]), self.slots, mlp.experts.intermediate)
-            weighted = routed * buf["weights"].reshape(k, 1).to(routed.dtype)
-            if self.with_cpu_share:  # the CPU's rows read any slot: masked, not weighed, so no NaN comes through
-                weighted = torch.where(self.gpu_rows.reshape(k, 1) > 0, weighted, 0)
-            out = weighted.sum(0, keepdim=True)
-            if self.with_cpu_share:  # the CPU's share comes later: add_cpu_share ends the layer
-                buf["routed"] = out
-            else:
-                add_residual(out)
+            buf["routed"] = self.executor.slot_swiglu(y.expand(k, y.shape[-1]), self.slots, mlp.experts.intermediate)
+            if not self.with_cpu_share:  # else the CPU's share comes later: add_cpu_share ends the layer
+                combine()
 
         def add_cpu_share():
             if share:
                 kernels.wait_cpu_share(self.gpu_rows, self.share_base, ordinal, self._share.mailbox, self.cpu_routed,
                                        self.share_waits)
-            add_residual(buf["routed"] + self.cpu_routed.to(buf["routed"].dtype))
+            combine(self.gpu_rows, self.cpu_routed)
 
-        def add_residual(routed):
-            buf["x"] = buf["h"] + (routed if mlp.shared_expert is None else routed + buf["shared"])
+        def combine(gpu_rows=None, cpu_routed=None):  # the CPU's rows (gpu_rows 0) read any slot: masked there
+            buf["x"] = kernels.combine_experts(buf["h"], buf["routed"], buf["weights"], gpu_rows,
+                                               buf["shared"] if mlp.shared_expert is not None else None, cpu_routed)
         # the shared expert runs while the host waits for the ids; without one, no (empty) graph there
         beside = [("segment", shared)] if mlp.shared_expert is not None else []
         if on_device:

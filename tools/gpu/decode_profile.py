@@ -9,8 +9,11 @@ GPU's busy time per step (and how much of it is expert copies). From the reposit
 At 12gb nearly every expert hits the GPU's cache, so the profile is the GPU's own work of a step.
 """
 
+import json
 import sys
+import tempfile
 import time
+from pathlib import Path
 
 import torch
 from torch.profiler import ProfilerActivity, profile
@@ -67,6 +70,7 @@ def main() -> None:
     busy = sum(e.self_device_time_total for e in gpu) / 4
     copies = sum(e.self_device_time_total for e in gpu if "Memcpy" in e.key) / 4
     print(f"GPU busy per step {busy / 1e3:.2f} ms, of which copies {copies / 1e3:.2f} ms")
+    timeline(profiled)
     host_breakdown(model, state, token)
     print(measured_peak())
 
@@ -79,6 +83,41 @@ def timed_steps(model, state, token: int) -> tuple[float, int]:
         token = int(model.forward([token], state).argmax())
     torch.cuda.synchronize()
     return (time.perf_counter() - started) / STEPS, token
+
+
+def timeline(profiled) -> None:
+    """The GPU's kernels in time order: per step its span, busy time and the idle gaps between kernels (graph
+    launch and kernel-to-kernel latency), the idle time between steps (the host's), and one middle MoE layer's
+    kernels one by one, so the per-layer chain can be read."""
+    with tempfile.TemporaryDirectory() as folder:
+        path = Path(folder) / "trace.json"
+        profiled.export_chrome_trace(str(path))
+        trace = json.loads(path.read_text())
+    kernels = sorted((e["ts"], e["dur"], e["name"]) for e in trace["traceEvents"]
+                     if e.get("cat") in ("kernel", "gpu_memcpy", "gpu_memset") and "ts" in e)
+    ends = [i for i, (_, _, name) in enumerate(kernels) if "argmax" in name or "ArgMax" in name]
+    starts = [0] + [i + 1 for i in ends[:-1]]
+    print(f"timeline: {len(kernels)} device activities, {len(ends)} steps found (ended by argmax)")
+    for first, last in zip(starts, ends):
+        span = kernels[last][0] + kernels[last][1] - kernels[first][0]
+        busy = sum(d for _, d, _ in kernels[first:last + 1])
+        print(f"  step: {last - first + 1} kernels, span {span / 1e3:.2f} ms, busy {busy / 1e3:.2f} ms, "
+              f"idle between kernels {(span - busy) / 1e3:.2f} ms")
+    for before, after in zip(ends, starts[1:]):
+        print(f"  between steps: {(kernels[after][0] - kernels[before][0] - kernels[before][1]) / 1e3:.2f} ms")
+    if len(ends) < 2:
+        return
+    first, last = starts[1], ends[1]
+    routers = [i for i in range(first, last) if "router" in kernels[i][2]]
+    if len(routers) < 3:
+        return
+    middle = len(routers) // 2
+    print("one MoE layer (router to router): start offset us, duration us, idle before us, kernel")
+    layer_start = kernels[routers[middle]][0]
+    for i in range(routers[middle], routers[middle + 1]):
+        ts, dur, name = kernels[i]
+        idle = ts - kernels[i - 1][0] - kernels[i - 1][1]
+        print(f"  {ts - layer_start:8.1f} {dur:7.1f} {idle:6.1f}  {name[:90]}")
 
 
 class _Timed:
