@@ -111,6 +111,10 @@ def timeline(profiled) -> None:
     routers = [i for i in range(first, last) if "router" in kernels[i][2]]
     if len(routers) < 3:
         return
+    print("each MoE layer (router to router, us): span, its longest kernels")
+    for begin, end in zip(routers, routers[1:] + [last]):
+        longest = sorted(kernels[begin:end], key=lambda e: -e[1])[:3]
+        print(f"  {kernels[end][0] - kernels[begin][0]:7.1f}  " + ", ".join(f"{n[:24]} {d:.1f}" for _, d, n in longest))
     middle = len(routers) // 2
     print("one MoE layer (router to router): start offset us, duration us, idle before us, kernel")
     layer_start = kernels[routers[middle]][0]
