@@ -8,7 +8,8 @@ import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 
-from engine.kernels import triton_attention, triton_gather, triton_gdn, triton_linear, triton_norm, triton_router, triton_slots
+from engine.kernels import (triton_attention, triton_combine, triton_cpu_share, triton_gather, triton_gdn,
+                            triton_linear, triton_norm, triton_router, triton_slots)
 
 
 def _signature(kernel, pointers: dict, constexprs: dict, floats=()) -> dict:
@@ -16,12 +17,13 @@ def _signature(kernel, pointers: dict, constexprs: dict, floats=()) -> dict:
             for name in kernel.arg_names}
 
 
-def _linear_case(fmt, gemv, grouped):
+def _linear_case(fmt, gemv, table, swiglu=False):
     pointers = {"x_ptr": "*bf16", "w_ptr": "*u8", "s_ptr": "*u8", "r_ptr": "*fp32", "out_ptr": "*fp32",
                 "table_ptr": "*i32"}
-    constexprs = dict(zip(triton_linear._CONSTEXPR_NAMES,
-                          (fmt, grouped, 1 if gemv else 16, 32, 128, True, triton.language.float16, "tf32", True, False,
-                           0, 1, True)))
+    constexprs = dict(FORMAT=fmt, TABLE=table, SWIGLU=swiglu, BM=1 if gemv else 16, BN=32, BK=128, ATOMIC=True,
+                      DOT_DTYPE=triton.language.float16, PRECISION="tf32", ROW_SCALE=True, DIVIDE=False, SCALE_COLS=0,
+                      SCALE_GROUPS=1, EVEN_K=True)
+    assert tuple(constexprs) == triton_linear._CONSTEXPR_NAMES
     return triton_linear._linear_kernel, pointers, constexprs, ()
 
 
@@ -48,13 +50,28 @@ CASES = {
                        {"BLOCK": triton_gather.BLOCK}, ()),
     "assign slots": (triton_slots._assign_kernel,
                      {"ids_ptr": "*i64", "keys_ptr": "*i32", "ages_ptr": "*i32", "clock_ptr": "*i32", "slots_ptr": "*i32",
-                      "table_ptr": "*i32", "counts_ptr": "*i64"}, {"K": 8, "BLOCK": 256}, ()),
+                      "table_ptr": "*i32", "counts_ptr": "*i64", "cpu_counts_ptr": "*i32", "gpu_rows_ptr": "*fp32"},
+                     {"K": 8, "BLOCK": 256, "SPLIT": True}, ()),
     "router top-k": (triton_router._router_kernel, {"logits_ptr": "*bf16", "ids_ptr": "*i64", "weights_ptr": "*fp32"},
                      {"K": 8, "K_PAD": 8, "BLOCK": 256, "NORMALISE": True}, ()),
-    "nvfp4 gemv grouped": _linear_case(triton_linear._F_NVFP4, True, True),
-    "nvfp4 tiles": _linear_case(triton_linear._F_NVFP4, False, False),
-    "fp8 gemv": _linear_case(triton_linear._F_FP8, True, False),
-    "fp8 block tiles": _linear_case(triton_linear._F_FP8_BLOCK, False, False),
+    "post cpu share": (triton_cpu_share._post_kernel,
+                       {"ids_ptr": "*i64", "weights_ptr": "*fp32", "gpu_rows_ptr": "*fp32", "y_ptr": "*bf16",
+                        "base_ptr": "*i32", "box_ids_ptr": "*i32", "box_weights_ptr": "*fp32", "box_x_ptr": "*fp32",
+                        "flags_ptr": "*i32"}, {"K": 8, "K_BLOCK": 8, "BLOCK": triton_cpu_share.BLOCK}, ()),
+    "wait cpu share": (triton_cpu_share._wait_kernel,
+                       {"gpu_rows_ptr": "*fp32", "base_ptr": "*i32", "flags_ptr": "*i32", "box_out_ptr": "*fp32",
+                        "routed_ptr": "*fp32", "waits_ptr": "*i32"}, {"K": 8, "K_BLOCK": 8, "BLOCK": triton_cpu_share.BLOCK},
+                       ()),
+    "combine experts": (triton_combine._combine_kernel,
+                        {"h_ptr": "*bf16", "routed_ptr": "*bf16", "weights_ptr": "*fp32", "rows_ptr": "*fp32",
+                         "shared_ptr": "*bf16", "cpu_ptr": "*fp32", "out_ptr": "*bf16"},
+                        {"K": 8, "K_BLOCK": 8, "BLOCK": triton_combine.BLOCK, "ROWS": True, "SHARED": True, "CPU": True},
+                        ()),
+    "nvfp4 gemv grouped": _linear_case(triton_linear._F_NVFP4, True, 1),
+    "nvfp4 gemv slots swiglu": _linear_case(triton_linear._F_NVFP4, True, 2, swiglu=True),
+    "nvfp4 tiles": _linear_case(triton_linear._F_NVFP4, False, 0),
+    "fp8 gemv": _linear_case(triton_linear._F_FP8, True, 0),
+    "fp8 block tiles": _linear_case(triton_linear._F_FP8_BLOCK, False, 0),
 }
 
 
