@@ -257,7 +257,7 @@ class CachedExpertExecutor:
         """The CPU's share of a layer's routed output, float32 [T, H] on the host (inputs on the host)."""
         return self.cpu_kernel.run(self.packed[layer].records, x, expert_ids, expert_weights, on_cpu)
 
-    def slot_swiglu(self, rows: torch.Tensor, slots: torch.Tensor, intermediate: int) -> torch.Tensor:
+    def slot_swiglu(self, rows: torch.Tensor, slots: torch.Tensor) -> torch.Tensor:
         """Row r of `rows` through the expert in cache slot slots[r] (a device tensor: capturable)."""
         weights = self.cache.weights
         gate_up = kernels.slot_linear(rows, weights["gate_up"], slots)

@@ -105,8 +105,7 @@ def _linear_kernel(x_ptr, w_ptr, s_ptr, r_ptr, out_ptr, table_ptr, M, N, K, spli
                    stride_xm, stride_om, stride_w_slot, stride_wn, stride_s_slot, stride_sn, stride_sk,
                    stride_r_slot, stride_rn, block_rows, block_cols,
                    FORMAT: tl.constexpr, TABLE: tl.constexpr, SWIGLU: tl.constexpr, BM: tl.constexpr,
-                   BN: tl.constexpr,
-                   BK: tl.constexpr, ATOMIC: tl.constexpr, DOT_DTYPE: tl.constexpr, PRECISION: tl.constexpr,
+                   BN: tl.constexpr, BK: tl.constexpr, ATOMIC: tl.constexpr, DOT_DTYPE: tl.constexpr, PRECISION: tl.constexpr,
                    ROW_SCALE: tl.constexpr, DIVIDE: tl.constexpr, SCALE_COLS: tl.constexpr,
                    SCALE_GROUPS: tl.constexpr, EVEN_K: tl.constexpr):
     """out[rows, cols] (+)= x[rows, k-range] @ W[cols, k-range]^T for one (row tile, column tile, K split).
@@ -409,9 +408,9 @@ def _split_k(programs: int, k_in: int, bk: int, sms: int) -> tuple[int, int]:
 
 
 def _launch(x: torch.Tensor, ops: _Operands, n_out: int, k_in: int, table: torch.Tensor | None, tiles_m: int,
-            bm: int, gemv: bool, splits: int | None = None, table_kind: int = 1, swiglu: bool = False) -> torch.Tensor:
+            bm: int, gemv: bool, splits: int | None = None, table_kind: int = 0, swiglu: bool = False) -> torch.Tensor:
     """Run the kernel over x [M, K] (row-contiguous; [M, 2K] of gate and up with swiglu); table: the grouped
-    tile table (table_kind 1) or one slot per row (2), else None."""
+    tile table (table_kind 1) or one slot per row (2), else None (0)."""
     rows = x.shape[0]
     sms = _sm_count(x.device)
     if gemv:
@@ -433,7 +432,7 @@ def _launch(x: torch.Tensor, ops: _Operands, n_out: int, k_in: int, table: torch
     tensors = (x, ops.w, ops.s, ops.r, out, table if table is not None else x)
     scalars = (rows, n_out, k_in, per_split // bk, x.stride(0), out.stride(0), *ops.w_strides, *ops.s_strides,
                *ops.r_strides, *ops.block)
-    constexprs = (ops.fmt, table_kind if table is not None else 0, swiglu, 1 if gemv else bm, bn, bk, atomic, dot_dtype,
+    constexprs = (ops.fmt, table_kind, swiglu, 1 if gemv else bm, bn, bk, atomic, dot_dtype,
                   "ieee" if dot_dtype == tl.float32 else "tf32", ops.fmt in (_F_NVFP4, _F_FP8), ops.divide,
                   *_scale_columns(ops, bk), k_in % bk == 0)
     _run((tiles_m, tiles_n, splits), tensors, scalars, constexprs, warps, stages)
@@ -449,8 +448,8 @@ def _scale_columns(ops: _Operands, bk: int) -> tuple[int, int]:
     return cols, max(1, bk // cols)
 
 
-_CONSTEXPR_NAMES = ("FORMAT", "TABLE", "SWIGLU", "BM", "BN", "BK", "ATOMIC", "DOT_DTYPE", "PRECISION", "ROW_SCALE", "DIVIDE",
-                    "SCALE_COLS", "SCALE_GROUPS", "EVEN_K")
+_CONSTEXPR_NAMES = ("FORMAT", "TABLE", "SWIGLU", "BM", "BN", "BK", "ATOMIC", "DOT_DTYPE", "PRECISION", "ROW_SCALE",
+                    "DIVIDE", "SCALE_COLS", "SCALE_GROUPS", "EVEN_K")
 _SCALAR_NAMES = ("M", "N", "K", "split_steps", "stride_xm", "stride_om", "stride_w_slot", "stride_wn", "stride_s_slot",
                  "stride_sn", "stride_sk", "stride_r_slot", "stride_rn", "block_rows", "block_cols")
 assert tuple(_linear_kernel.arg_names) == ("x_ptr", "w_ptr", "s_ptr", "r_ptr", "out_ptr", "table_ptr",
@@ -565,7 +564,7 @@ def grouped_linear(x: torch.Tensor, weight: StoredWeight, groups: ExpertGroups, 
     ops, x, n_out, k_in = stacked
     bm = block_m if block_m is not None else _group_block_m(groups)
     table = _tile_table(groups, bm, x.device)
-    return _launch(x, ops, n_out, k_in, table, table.shape[0], bm, bm == 1, splits)
+    return _launch(x, ops, n_out, k_in, table, table.shape[0], bm, bm == 1, splits, table_kind=1)
 
 
 def slot_linear_capturable(weight: StoredWeight) -> bool:

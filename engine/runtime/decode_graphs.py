@@ -337,7 +337,7 @@ class DecodeSteps:
             if gather and not on_device:
                 self.executor.gather_misses(layer.index, self.copy_table)
             y, k = buf["y"], mlp.top_k
-            buf["routed"] = self.executor.slot_swiglu(y.expand(k, y.shape[-1]), self.slots, mlp.experts.intermediate)
+            buf["routed"] = self.executor.slot_swiglu(y.expand(k, y.shape[-1]), self.slots)
             if not self.with_cpu_share:  # else the CPU's share comes later: add_cpu_share ends the layer
                 combine()
 
