@@ -3,6 +3,7 @@ and the one engine worker every page talks to."""
 
 from __future__ import annotations
 
+import gc
 from pathlib import Path
 
 from PySide6.QtCore import QSize, Qt, Signal
@@ -180,4 +181,5 @@ class MainWindow(QMainWindow):
         self.worker.stop()
         self.worker_thread.quit()
         self.worker_thread.wait(WORKER_SHUTDOWN_MS)
+        gc.unfreeze()  # what the worker froze at load is finalised at exit like the rest (bindings report leaks)
         super().closeEvent(event)

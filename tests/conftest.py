@@ -1,3 +1,4 @@
+import gc
 import os
 import sys
 import tempfile
@@ -34,6 +35,14 @@ def tiny_checkpoint(tmp_path_factory):
         return made[key]
 
     return make
+
+
+@pytest.fixture(autouse=True)
+def unfrozen():
+    """The engine worker freezes every live object when a model loads (app.engine_worker); each test ends with
+    them back in the collector's reach, so one test's model is never kept alive through the rest."""
+    yield
+    gc.unfreeze()
 
 
 @pytest.fixture

@@ -1,5 +1,9 @@
 """The EngineWorker's load, its slot called directly on the test's thread: the expert backend and CPU threads from
-the settings reach the engine, a backend that cannot run is refused in words, and the backend that runs is logged."""
+the settings reach the engine, a backend that cannot run is refused in words, the backend that runs is logged, and a
+loaded model is frozen out of the garbage collector's passes until it is dropped."""
+
+import gc
+import weakref
 
 import pytest
 import torch
@@ -110,3 +114,28 @@ def test_a_cpu_only_run_logs_no_backend(settings, folder, cpu_only):
     worker.load(str(folder), load_options(settings))
     assert len(seen["loaded"]) == 1 and backend_lines(seen) == []
     assert "expert_backend" not in worker._runtime_measures()
+
+
+def collectable(obj) -> bool:
+    return any(tracked is obj for generation in range(3) for tracked in gc.get_objects(generation))
+
+
+def held_by_a_cycle(obj) -> weakref.ref:
+    """Tie `obj` into a reference cycle (only the collector frees those, refcounts never do); a weak reference to it."""
+    cycle = [obj]
+    cycle.append(cycle)
+    return weakref.ref(obj)
+
+
+def test_a_loaded_model_is_frozen_until_it_is_dropped(settings, folder, cpu_only):
+    worker = EngineWorker()
+    worker.load(str(folder), load_options(settings))
+    assert gc.get_freeze_count() > 0 and not collectable(worker.session.model)  # no pass mid-reply walks the model
+    first = held_by_a_cycle(worker.session.model)
+
+    worker.load(str(folder), load_options(settings))  # the next model: the first is collected, cycle and all
+    assert first() is None and not collectable(worker.session.model)
+
+    second = held_by_a_cycle(worker.session.model)
+    worker.unload()
+    assert second() is None and gc.get_freeze_count() == 0
