@@ -41,6 +41,7 @@ class EngineWorker(QObject):
         super().__init__()
         self.session = None
         self.model_info: dict = {}
+        self._trial_logged = False  # auto's choice is logged once per model
 
     # ---- any thread -----------------------------------------------------------------------------
 
@@ -122,6 +123,7 @@ class EngineWorker(QObject):
         """Drop the session and collect it, cycles included, with everything frozen at the last load."""
         self.session = None
         self.model_info = {}
+        self._trial_logged = False
         gc.unfreeze()
         gc.collect()
 
@@ -129,14 +131,27 @@ class EngineWorker(QObject):
         """Which backend computes the cache misses and, when measured, the bandwidths it was chosen from."""
         if "expert_backend" not in stats:  # CPU mode: every expert runs on the CPU, as the placement note says
             return
+        trial = stats.get("expert_backend_trial")
         chosen = " (chosen by auto)" if requested == "auto" else ""
+        running = ("auto: hybrid or offload, whichever decodes faster over the first tokens" if trial
+                   else stats["expert_backend"] + chosen)
         measured = stats.get("calibration")
         pageable = measured.get("pageable_bytes_per_s") if measured else None
         bandwidths = (f"; measured PCIe {measured['pcie_bytes_per_s'] / 1e9:.1f} GB/s"
                       + (f" ({pageable / 1e9:.1f} GB/s from unpinned RAM)" if pageable else "")
                       + f", CPU {measured['cpu_bytes_per_s'] / 1e9:.1f} GB/s with {measured['cpu_threads']} threads"
                       if measured else "")
-        self.log.emit("info", f"expert backend: {stats['expert_backend']}{chosen}{bandwidths}")
+        self.log.emit("info", f"expert backend: {running}{bandwidths}")
+
+    def _log_trial_choice(self, stats: dict) -> None:
+        """Once per model, when auto's trial has chosen: which backend, from which step times."""
+        trial = stats.get("expert_backend_trial")
+        if not trial or trial["chosen"] is None or self._trial_logged:
+            return
+        self._trial_logged = True
+        times = ", ".join(f"{backend} {trial[backend + '_step_seconds'] * 1000:.1f} ms"
+                          for backend in ("hybrid", "offload"))
+        self.log.emit("info", f"expert backend: auto chose {trial['chosen']} by the median decode step ({times})")
 
     def _placement(self, folder: Path, options: dict):
         """The GPU under the preset's plan when one fits, else the CPU, with the reason in the log."""
@@ -213,8 +228,10 @@ class EngineWorker(QObject):
             for event in start_turn(sampling):
                 if isinstance(event, TurnFinished):
                     self._flush(pending)
+                    measures = self._runtime_measures()
                     self.replyFinished.emit({"answer": event.answer, "reasoning": event.reasoning,
-                                             "stats": {**event.stats.to_dict(), **self._runtime_measures()}})
+                                             "stats": {**event.stats.to_dict(), **measures}})
+                    self._log_trial_choice(measures)
                     self._check_peak()
                     return
                 pending[type(event)].append(event.text)

@@ -16,6 +16,7 @@ import torch
 
 from engine.bench_hf import hf_offload_row
 from engine.checkpoint import Checkpoint, TensorShard
+from engine.experts.split import BackendTrial
 from engine.layers.source import WeightSource
 from engine.loader import expert_executor
 from engine.models import BUILDERS
@@ -85,11 +86,12 @@ def measure(model: CausalLM, device: str, prompt_tokens: int, decode_tokens: int
     the same sequence; the row's decode figures are the first one's, all are under "decode_by_backend".
     `decode_inputs`: "greedy" feeds each step the last one's argmax (random weights tend to repeat a token, and
     so its experts, which the expert cache can then hit); "random" feeds random tokens, which spread the routing
-    (the cache's floor)."""
+    (the cache's floor). `auto` is timed after its trial (BackendTrial) has chosen, which the row reports."""
     generator = torch.Generator().manual_seed(seed)
     prompt = torch.randint(0, model.config.vocab_size, (prompt_tokens,), generator=generator)
     executor = model.expert_executor
-    state = model.new_state(kv_tokens or prompt_tokens + (decode_tokens + 1) * len(backends or [None]))
+    untimed = 1 + (BackendTrial.STEPS if "auto" in (backends or []) else 0)
+    state = model.new_state(kv_tokens or prompt_tokens + (decode_tokens + untimed) * len(backends or [None]))
     before = executor.stats()
     _sync(device)
     started = time.perf_counter()
@@ -106,9 +108,11 @@ def measure(model: CausalLM, device: str, prompt_tokens: int, decode_tokens: int
     by_backend = {}
     for backend in backends or [None]:
         if backend is not None:
-            executor.backend = backend
-        # one untimed step: the first on a new state captures its decode graphs (engine/runtime/decode_graphs.py)
-        token = int(model.forward([token], state).argmax())
+            executor.choose_backend(backend)
+        # untimed: the first step on a new state captures its decode graphs (engine/runtime/decode_graphs.py),
+        # and auto's trial steps time hybrid against offload
+        for _ in range(1 + (BackendTrial.STEPS if getattr(executor, "backend_trial", None) else 0)):
+            token = int(model.forward([token], state).argmax())
         _sync(device)
         inputs = torch.randint(0, model.config.vocab_size, (decode_tokens,), generator=generator).tolist()
         start = executor.stats()
@@ -128,6 +132,8 @@ def measure(model: CausalLM, device: str, prompt_tokens: int, decode_tokens: int
             decode["decode_cpu_expert_share"] = cpu / (cpu + gpu) if cpu + gpu else 0.0
         if backend == "hybrid" and "hybrid_cpu_fraction" in end:  # where the balance settled
             decode["decode_hybrid_cpu_fraction"] = end["hybrid_cpu_fraction"]
+        if "expert_backend_trial" in end:  # auto: the step each backend took in the trial, and the choice
+            decode["decode_auto_trial"] = end["expert_backend_trial"]
         by_backend[backend] = decode
     row.update(next(iter(by_backend.values())))
     if backends:

@@ -85,18 +85,25 @@ def decode_matches_the_cpu(model, cpu_model, prompt_tokens: int, steps: int, see
     return state
 
 
-@pytest.mark.parametrize("backend", ["cpu", "hybrid"])
+@pytest.mark.parametrize("backend", ["cpu", "hybrid", "auto"])
 def test_decode_with_the_cpu_computing_misses_matches_the_cpu_reference(tiny_checkpoint, backend):
-    """The cpu and hybrid expert backends inside captured decode graphs: the CPU's share goes up as one row."""
+    """The cpu and hybrid expert backends inside captured decode graphs: the CPU's share goes up as one row. Auto's
+    trial switches between hybrid and offload mid-sequence, capturing the graphs again each time."""
+    from engine.experts.split import BackendTrial, Calibration
     folder = tiny_checkpoint("qwen3_5_moe", "nvfp4", False)
-    model = engine.load_model(folder, device="cuda", expert_cache_slots=8, expert_backend=backend)
+    model = engine.load_model(folder, device="cuda", expert_cache_slots=8,
+                              expert_backend="hybrid" if backend == "auto" else backend)
     cpu_model = engine.load_model(folder)
-    if backend == "hybrid":  # whatever this machine measured, give the CPU half of each step's misses
-        from engine.experts.split import Calibration
-        model.expert_executor.calibration = Calibration(1e9, 1e9, 0.0, 1)
-    state = decode_matches_the_cpu(model, cpu_model, prompt_tokens=30, steps=12, seed=9)
-    stats = model.expert_executor.stats()
-    assert stats["expert_backend"] == backend and stats["cpu_expert_calls"] > 0
+    executor = model.expert_executor
+    if backend != "cpu":  # whatever this machine measured, give the CPU half of each step's misses
+        executor.calibration = Calibration(1e9, 1e9, 0.0, 1)
+    if backend == "auto":
+        executor.choose_backend("auto")
+    steps = BackendTrial.STEPS + 4 if backend == "auto" else 12
+    state = decode_matches_the_cpu(model, cpu_model, prompt_tokens=30, steps=steps, seed=9)
+    stats = executor.stats()
+    running = executor.backend_trial.chosen if backend == "auto" else backend
+    assert stats["expert_backend"] == running and stats["cpu_expert_calls"] > 0
     assert model.decode_steps._graphs and model.decode_steps._state() is state
 
 

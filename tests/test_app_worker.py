@@ -10,7 +10,7 @@ import torch
 
 from app.engine_worker import EngineWorker
 from app.settings import load_options
-from engine.experts.split import Calibration
+from engine.experts.split import BackendTrial, Calibration
 from engine.loader import load_model
 from engine.runtime import placement
 
@@ -106,6 +106,32 @@ def test_the_measured_bandwidths_are_logged_once(settings, folder, loads, monkey
     worker.load(str(folder), load_options(settings))
     assert backend_lines(seen) == [f"expert backend: hybrid (chosen by auto); measured PCIe 12.5 GB/s{said}, "
                                    "CPU 31.3 GB/s with 8 threads"]
+
+
+def test_auto_s_trial_is_said_at_load_and_its_choice_once(settings, folder, loads, monkeypatch):
+    load_cached = placement.load_placed
+
+    def load_on_trial(*args, **kwargs):  # a GPU machine where the calibration favours the CPU: auto times both
+        model = load_cached(*args, **kwargs)
+        model.expert_executor.calibration = Calibration(12.5e9, 31.3e9, 2e-5, 8)
+        model.expert_executor.backend_trial = BackendTrial()
+        return model
+
+    monkeypatch.setattr(placement, "load_placed", load_on_trial)
+    worker = EngineWorker()
+    seen = recorded(worker)
+    worker.load(str(folder), load_options(settings))
+    assert backend_lines(seen) == ["expert backend: auto: hybrid or offload, whichever decodes faster over the "
+                                   "first tokens; measured PCIe 12.5 GB/s, CPU 31.3 GB/s with 8 threads"]
+    options = {"sampling": {"max_new_tokens": 2, "seed": 1}}
+    worker.send([], "Hi", options)
+    assert len(backend_lines(seen)) == 1  # still timing: nothing chosen to say
+    trial = worker.session.model.expert_executor.backend_trial
+    trial.seconds, trial.chosen = {"hybrid": [0.0084], "offload": [0.0076]}, "offload"
+    for text in ("Hi again", "And again"):
+        worker.send(worker.session.messages, text, options)
+    assert backend_lines(seen)[1:] == ["expert backend: auto chose offload by the median decode step (hybrid 8.4 ms, "
+                                       "offload 7.6 ms)"]
 
 
 def test_a_cpu_only_run_logs_no_backend(settings, folder, cpu_only):

@@ -133,6 +133,44 @@ def test_misses_computed_on_the_cpu_give_the_same_step(tiny_checkpoint, backend,
     assert not steps.with_cpu_share and executor.stats()["cpu_expert_calls"] == stats["cpu_expert_calls"]
 
 
+@pytest.mark.parametrize("slower", ["hybrid", "offload"])
+def test_auto_times_hybrid_against_offload_and_keeps_the_faster(tiny_checkpoint, slower):
+    """Where the calibration favours the CPU, auto's decode steps take turns under hybrid and offload (each switch
+    remakes the steps, the logits unchanged), timed on the executor's clock, and the faster stays. A prompt
+    between two steps is not a step's time."""
+    from engine.experts.split import BackendTrial, Calibration
+    from engine.kernels.cpu_experts import CpuExpertKernel
+    folder = tiny_checkpoint("qwen3_5_moe", "nvfp4")
+    plain, auto = engine.load_model(folder, expert_cache_slots=8), engine.load_model(folder, expert_cache_slots=8)
+    executor = auto.expert_executor
+    executor.cpu_kernel = CpuExpertKernel(executor.cache.layout, "float32")  # on CUDA prepare() makes these
+    executor.calibration = Calibration(1e9, 1e9, 0.0, 1)
+    executor.choose_backend("auto")
+    now, ran = [0.0], []
+
+    def clock():  # called as a step begins: the step before it took 2 ms under the slower backend, else 1
+        ran.append(executor.backend)
+        now[0] += 0.002 if executor.backend == slower else 0.001
+        return now[0]
+    executor.clock = clock
+    steps = DecodeSteps(auto, use_graphs=False)
+    states = plain.new_state(80), auto.new_state(80)
+    prompt = torch.randint(2, 320, (9,), generator=torch.Generator().manual_seed(8))
+    plain.forward(prompt, states[0])
+    auto.forward(prompt, states[1])
+    token = _step_alongside(plain, steps, states, 4, 5)
+    plain.forward(prompt[:3], states[0])
+    auto.forward(prompt[:3], states[1])
+    token = _step_alongside(plain, steps, states, token, BackendTrial.STEPS - 4)  # STEPS + 1 steps, STEPS - 1 timed
+    assert executor.backend_trial.chosen is None  # a step short: the prompt broke one pair of steps
+    assert {"hybrid", "offload"} <= set(ran) and executor.stats()["cpu_expert_calls"] > 0
+    _step_alongside(plain, steps, states, token, 3)
+    faster = "offload" if slower == "hybrid" else "hybrid"
+    assert executor.backend == executor.backend_trial.chosen == faster
+    assert steps.with_cpu_share == (faster == "hybrid")
+    assert executor.stats()["expert_backend_trial"][f"{slower}_step_seconds"] == pytest.approx(0.002)
+
+
 @pytest.mark.parametrize("backend", ["offload", "cpu", "hybrid"])
 def test_a_layer_the_host_copies_keeps_every_slot_choice_on_the_host(tiny_checkpoint, monkeypatch, backend):
     """Records beyond the pin budget are copied by the host, which then chooses their slots; the device table

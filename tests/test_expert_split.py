@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from engine.experts import split
-from engine.experts.split import Calibration, cpu_faster_for_chunk, cpu_share, resolve
+from engine.experts.split import BackendTrial, Calibration, cpu_faster_for_chunk, cpu_share, resolve
 
 RECORD = 1_000_000  # bytes of one expert record
 
@@ -43,6 +43,23 @@ def test_auto_takes_hybrid_only_when_the_cpu_would_help():
     assert resolve("auto", Calibration(50e9, 30e9, 1e-3, 16), RECORD) == "offload"  # calls too dear
     assert resolve("auto", None, RECORD) == "offload"
     assert resolve("cpu", None, RECORD) == "cpu"
+
+
+def test_auto_s_trial_alternates_the_backends_and_keeps_the_shorter_median_step():
+    trial = BackendTrial()
+    ran = []
+    for step in range(BackendTrial.STEPS):
+        ran.append(trial.backend)
+        slow = step == BackendTrial.SETTLE  # an outlier (a collection, another program) in hybrid's first window
+        trial.record(0.5 if slow else 0.010 if trial.backend == "hybrid" else 0.012)
+    window = BackendTrial.WINDOW
+    assert ran == (["hybrid"] * window + ["offload"] * window) * BackendTrial.ROUNDS
+    counted = BackendTrial.ROUNDS * (window - BackendTrial.SETTLE)  # a window's first steps capture graphs again
+    assert [len(trial.seconds[b]) for b in BackendTrial.CANDIDATES] == [counted, counted]
+    assert trial.chosen == trial.backend == "hybrid"  # the median, not the mean, which the outlier would sway
+    assert trial.to_dict() == {"chosen": "hybrid", "hybrid_step_seconds": 0.010, "offload_step_seconds": 0.012}
+    trial.record(0.001)  # chosen: later steps change nothing
+    assert trial.backend == "hybrid" and len(trial.seconds["hybrid"]) == counted
 
 
 def test_calibration_is_measured_once_per_machine(tmp_path, monkeypatch):

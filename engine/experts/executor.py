@@ -28,9 +28,8 @@ from engine import kernels
 from engine.experts.bank import ExpertBank, run_expert
 from engine.experts.cache import ExpertCache
 from engine.experts.packed import PackedExperts, pack_banks
-from engine.experts.split import (BACKENDS, CALIBRATION_RECORDS, TOKEN_MISSES, HybridBalance, cached_calibration,
-                                  calibrate, cpu_faster_for_chunk,
-                                  cpu_share, machine_key, resolve)
+from engine.experts.split import (BACKENDS, CALIBRATION_RECORDS, TOKEN_MISSES, BackendTrial, HybridBalance,
+                                  cached_calibration, calibrate, cpu_faster_for_chunk, cpu_share, machine_key, resolve)
 from engine.kernels.groups import ExpertGroups
 
 
@@ -76,6 +75,9 @@ class CachedExpertExecutor:
         self.expert_calls = self.cpu_expert_calls = 0
         self._calibration_calls = 0  # CPU calls the calibration made: where the next one's experts start
         self.hybrid_balance: HybridBalance | None = None  # hybrid's split where the device applies it
+        self.backend_trial: BackendTrial | None = None  # auto timing hybrid against offload
+        self.clock = time.perf_counter  # what the trial's steps are timed with
+        self._last_decode_step: tuple[float, int] | None = None  # (clock, position) when the last step began
 
     def prepare(self, banks: dict[int, ExpertBank], dtype: torch.dtype = torch.float32) -> None:
         """Repack every layer's experts into host records (pinned within the budget) and allocate the cache.
@@ -91,10 +93,30 @@ class CachedExpertExecutor:
         self._gather_works = self.device.type == "cuda" and self._probe_gather()
         if self.requested_backend in ("auto", "cpu", "hybrid") and self.device.type == "cuda":
             self._prepare_cpu(first.layout, dtype)
-        self.backend = resolve(self.requested_backend, self.calibration, first.layout.record_bytes,
-                               all(packed.pinned for packed in self.packed.values()))
+        self.choose_backend(self.requested_backend)
         if self.backend not in ("cpu", "hybrid"):
             self.cpu_kernel = None
+
+    def choose_backend(self, backend: str) -> None:
+        """Run `backend` from the next step on; `auto` resolves by the calibration, and where that favours the
+        CPU, decode steps time hybrid against offload (`note_decode_step`) before one stays."""
+        self.backend = resolve(backend, self.calibration, self.cache.layout.record_bytes,
+                               all(packed.pinned for packed in self.packed.values()))
+        self.backend_trial = BackendTrial() if backend == "auto" and self.backend == "hybrid" else None
+        if self.backend_trial is not None:
+            self.backend = self.backend_trial.backend
+        self._last_decode_step = None
+
+    def note_decode_step(self, position: int) -> None:
+        """A graphed decode step for `position` begins: the time since the last began, if that was the one
+        before it (not a prompt between), goes to auto's trial, which says the backend of this step."""
+        if self.backend_trial is None or self.backend_trial.chosen is not None:
+            return
+        now = self.clock()
+        if self._last_decode_step is not None and position == self._last_decode_step[1] + 1:
+            self.backend_trial.record(now - self._last_decode_step[0])
+            self.backend = self.backend_trial.backend
+        self._last_decode_step = (now, position)
 
     def _prepare_cpu(self, layout, dtype: torch.dtype) -> None:
         from engine.kernels import cpu_experts
@@ -268,6 +290,7 @@ class CachedExpertExecutor:
         return {"expert_calls": self.expert_calls, "expert_backend": self.backend,
                 "cpu_expert_calls": self.cpu_expert_calls,
                 **({"hybrid_cpu_fraction": self.hybrid_balance.fraction} if self.hybrid_balance else {}),
+                **({"expert_backend_trial": self.backend_trial.to_dict()} if self.backend_trial else {}),
                 "cpu_expert_share": self.cpu_expert_calls / computed if computed else 0.0,
                 **({"calibration": self.calibration.to_dict()} if self.calibration else {}),
                 **self.host_report, **self.cache.stats()}

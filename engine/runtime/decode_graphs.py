@@ -103,6 +103,7 @@ class DecodeSteps:
         """Feed one token to `state`; float32 logits [vocab] of it."""
         if state.max_tokens is not None and state.position + 1 > state.max_tokens:
             raise ContextOverflowError(state.position + 1, state.max_tokens)
+        self.executor.note_decode_step(state.position)  # auto's trial may switch the backend for this step
         if self._stream is None:
             return self._step(token, state)
         logits = self._step(token, state).clone()
