@@ -1,5 +1,7 @@
 """The graphed decode step's cuts (engine/runtime/decode_graphs.py), run eagerly on the CPU: the same segments
 and host actions a CUDA graph replays must give the plain forward's logits, state and cache traffic."""
+import contextlib
+
 import pytest
 import torch
 
@@ -169,6 +171,40 @@ def test_auto_times_hybrid_against_offload_and_keeps_the_faster(tiny_checkpoint,
     assert executor.backend == executor.backend_trial.chosen == faster
     assert steps.with_cpu_share == (faster == "hybrid")
     assert executor.stats()["expert_backend_trial"][f"{slower}_step_seconds"] == pytest.approx(0.002)
+
+
+def test_a_failed_capture_hands_decode_to_the_plain_forward_and_ends_auto_s_trial(tiny_checkpoint, monkeypatch):
+    """A step that cannot be captured: a warning, the plain forward takes that step and the rest with the same
+    logits, and auto's trial, which only graphed steps can time, ends on the calibration's choice."""
+    from engine.experts.split import Calibration
+    from engine.kernels.cpu_experts import CpuExpertKernel
+    from engine.runtime.decode_graphs import GraphCaptureError
+    folder = tiny_checkpoint("qwen3_5_moe", "nvfp4")
+    plain, model = engine.load_model(folder, expert_cache_slots=8), engine.load_model(folder, expert_cache_slots=8)
+    executor = model.expert_executor
+    executor.cpu_kernel = CpuExpertKernel(executor.cache.layout, "float32")
+    executor.calibration = Calibration(1e9, 1e9, 0.0, 1)
+    executor.choose_backend("auto")
+    model.decode_steps = DecodeSteps(model, use_graphs=False)  # on CUDA the model makes them
+    states = plain.new_state(30), model.new_state(30)
+    prompt = torch.randint(2, 320, (9,), generator=torch.Generator().manual_seed(6))
+    plain.forward(prompt, states[0])
+    model.forward(prompt, states[1])
+
+    def fail(token, state):
+        raise GraphCaptureError("an op that cannot be captured")
+    token = 5
+    for step in range(4):
+        if step == 2:
+            assert executor.stats()["expert_backend_trial"]["chosen"] is None
+            monkeypatch.setattr(model.decode_steps, "step", fail)
+        expected = plain.forward([token], states[0])
+        with pytest.warns(RuntimeWarning, match="without CUDA graphs") if step == 2 else contextlib.nullcontext():
+            got = model.forward([token], states[1])
+        assert torch.allclose(got, expected, rtol=0, atol=1e-5 * float(expected.abs().max()))
+        token = int(expected.argmax())
+    assert model.decode_steps is None and executor.backend == "hybrid"
+    assert "expert_backend_trial" not in executor.stats()
 
 
 @pytest.mark.parametrize("backend", ["offload", "cpu", "hybrid"])

@@ -107,6 +107,12 @@ class CachedExpertExecutor:
             self.backend = self.backend_trial.backend
         self._last_decode_step = None
 
+    def end_trial(self) -> None:
+        """Decode steps are no longer graphed (their capture failed): nothing times them, and the plain forward
+        never splits a one-token step, so the calibration's choice stands and the trial stops saying it is timing."""
+        if self.backend_trial is not None and self.backend_trial.chosen is None:
+            self.choose_backend("hybrid")
+
     def note_decode_step(self, position: int) -> None:
         """A graphed decode step for `position` begins: the time since the last began, if that was the one
         before it (not a prompt between), goes to auto's trial, which says the backend of this step."""

@@ -129,6 +129,7 @@ class CausalLM:
                 except GraphCaptureError as error:  # nothing ran: the plain forward takes this step and the next
                     warnings.warn(f"decode runs without CUDA graphs, slower: {error}", RuntimeWarning, stacklevel=2)
                     self.decode_steps = None
+                    self.expert_executor.end_trial()
             return self._handed_back(self._run(ids, state, all_logits=False, interrupt=interrupt)[-1], caller)
 
     @torch.inference_mode()
