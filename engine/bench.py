@@ -1,8 +1,8 @@
 """`python -m engine bench`: prefill and decode speed of a full-size model with random weights, built in
-memory from its real shapes and formats (no download, no file), with the ceilings it is judged against.
+memory in its real checkpoint layout (no download, no file), with the ceilings it is judged against.
 
-Random router weights spread tokens evenly over the experts, so expert-cache hit rates measured here
-are a pessimistic floor for real models; every result says so.
+Random weights route however their random numbers fall, so the bench forces the routing (`--routing`,
+engine/experts/routing.py) and every result names the mode it ran under and what that implies.
 """
 
 from __future__ import annotations
@@ -16,6 +16,8 @@ import torch
 
 from engine.bench_hf import hf_offload_row
 from engine.checkpoint import Checkpoint, TensorShard
+from engine.experts.routing import NOTES as ROUTING_NOTES
+from engine.experts.routing import ForcedRouting, force_routing
 from engine.experts.split import BackendTrial
 from engine.layers.source import WeightSource
 from engine.loader import expert_executor
@@ -23,32 +25,32 @@ from engine.models import BUILDERS
 from engine.models.base import CausalLM
 from engine.runtime.planner import MemoryPlan, footprint_from_synthetic, plan_memory, preset_budget_bytes
 from engine.runtime.vram import cap_process_memory, measured_peak
-from engine.synthetic import SYNTHETIC_MODELS, checkpoint_format, text_config
-from engine.testing.tiny_checkpoints import checkpoint_tensors
+from engine.synthetic import SYNTHETIC_MODELS
+from engine.testing.random_weights import random_tensors
 
-ROUTING_NOTE = ("random weights: the router spreads tokens evenly over the experts, so with random decode inputs "
-                "the expert-cache hit rates are a pessimistic floor for a real model; greedy decoding can repeat a "
-                "token, and its experts, more than a real model would")
+MODEL_ROUTING = "model"  # the random routers decide
+ROUTING_NOTES = {MODEL_ROUTING: "routing by the random routers: random weights route however their numbers fall, "
+                                "so expert-cache hit rates say nothing of a real model; force a routing with "
+                                "--routing uniform|locality", **ROUTING_NOTES}
 DEFAULT_PREFILL_CHUNK = 512  # without a plan (CPU runs)
 BANDWIDTH_PROBE_BYTES = 256 * 2**20
 HF_BASELINE_TOKENS = 128  # the baseline's prompt at most (its decode takes seconds a token)
 # Of the capped allocator, what accelerate may place weights in (the rest: activations). accelerate keeps room for
-# the largest layer (an MoE layer: 1.6 GB in bf16) on the GPU: at 0.75 of the 4gb cap nothing else fit, not even
-# the embedding, and the whole model ran in host RAM on the CPU (H200, 2026-11-30)
+# the largest layer (an MoE layer: 1.6 GB in bf16) on the GPU: below this share nothing else fit on the GPU
 HF_GPU_SHARE = 0.9
 
 
 def build_random_model(name: str, device: str, dtype: torch.dtype, expert_cache_slots: int | None,
-                       pin_budget_bytes: int | None = None, expert_backend: str = "offload") -> CausalLM:
-    """The synthetic model `name` with random weights of its real shapes and formats, in memory."""
+                       pin_budget_bytes: int | None = None, expert_backend: str = "offload",
+                       cpu_threads: int | None = None, seed: int = 0) -> CausalLM:
+    """The synthetic model `name` in its real checkpoint layout, with honest random weights, in memory."""
     synthetic = SYNTHETIC_MODELS[name]
     config = synthetic.config
-    tensors, quant = checkpoint_tensors(config.model_type, checkpoint_format(synthetic), text_config(config),
-                                        tiled=True)
+    tensors = random_tensors(synthetic.tensor_layout(), config.zero_centered_norms, seed)
     where = Path(f"<random {name}>")
-    checkpoint = Checkpoint(where, quant, shards=[TensorShard(tensors, where)])
+    checkpoint = Checkpoint(where, synthetic.quantization_config, shards=[TensorShard(tensors, where)])
     source = WeightSource(checkpoint, config, torch.device(device), dtype)
-    executor = expert_executor(device, expert_cache_slots, pin_budget_bytes, expert_backend)
+    executor = expert_executor(device, expert_cache_slots, pin_budget_bytes, expert_backend, cpu_threads)
     return BUILDERS[config.model_type](source, executor)
 
 
@@ -79,19 +81,26 @@ def _host_peak_memory() -> dict:
 
 
 def measure(model: CausalLM, device: str, prompt_tokens: int, decode_tokens: int, chunk: int, seed: int,
-            kv_tokens: int | None = None, backends: list[str] | None = None, decode_inputs: str = "greedy") -> dict:
+            kv_tokens: int | None = None, backends: list[str] | None = None, decode_inputs: str = "greedy",
+            routing: ForcedRouting | None = None) -> dict:
     """Prefill a random prompt in chunks, then decode; speeds, time to first token and cache traffic.
     `kv_tokens`: the plan's KV cache, allocated whole as the app would (default: just enough). `backends`:
     decode `decode_tokens` with each expert backend in turn (engine/experts/split.py), one after the other on
     the same sequence; the row's decode figures are the first one's, all are under "decode_by_backend".
-    `decode_inputs`: "greedy" feeds each step the last one's argmax (random weights tend to repeat a token, and
-    so its experts, which the expert cache can then hit); "random" feeds random tokens, which spread the routing
-    (the cache's floor). `auto` is timed after its trial (BackendTrial) has chosen, which the row reports."""
+    `decode_inputs`: "greedy" feeds each step the last one's argmax, "random" feeds random tokens. `routing`:
+    the forced routing installed in the model (its next step's experts are drawn before each step). `auto` is
+    timed after its trial (BackendTrial) has chosen, which the row reports."""
     generator = torch.Generator().manual_seed(seed)
     prompt = torch.randint(0, model.config.vocab_size, (prompt_tokens,), generator=generator)
     executor = model.expert_executor
     untimed = 1 + (BackendTrial.STEPS if "auto" in (backends or []) else 0)
     state = model.new_state(kv_tokens or prompt_tokens + (decode_tokens + untimed) * len(backends or [None]))
+
+    def step(token: int) -> int:
+        if routing is not None:
+            routing.advance()
+        return int(model.forward([token], state).argmax())  # read back either way: the same wait per step
+
     before = executor.stats()
     _sync(device)
     started = time.perf_counter()
@@ -101,7 +110,7 @@ def measure(model: CausalLM, device: str, prompt_tokens: int, decode_tokens: int
     _sync(device)
     first_token = time.perf_counter()
     row = {"prompt_tokens": prompt_tokens, "decode_tokens": decode_tokens, "decode_inputs": decode_inputs,
-           "prefill_chunk_tokens": chunk,
+           "routing": routing.mode if routing is not None else MODEL_ROUTING, "prefill_chunk_tokens": chunk,
            "time_to_first_token_s": first_token - started,
            "prefill_tokens_per_s": prompt_tokens / (first_token - started)}
     row.update(_traffic("prefill", before, executor.stats()))
@@ -110,17 +119,17 @@ def measure(model: CausalLM, device: str, prompt_tokens: int, decode_tokens: int
         if backend is not None:
             executor.choose_backend(backend)
         # untimed: the first step on a new state captures its decode graphs (engine/runtime/decode_graphs.py),
-        # and auto's trial steps time hybrid against offload
+        # and auto's trial steps time the candidate backends
         for _ in range(1 + (BackendTrial.STEPS if getattr(executor, "backend_trial", None) else 0)):
-            token = int(model.forward([token], state).argmax())
+            token = step(token)
         _sync(device)
         inputs = torch.randint(0, model.config.vocab_size, (decode_tokens,), generator=generator).tolist()
         start = executor.stats()
         began = time.perf_counter()
-        for step in range(decode_tokens):
-            token = int(model.forward([token], state).argmax())  # read back either way: the same wait per step
+        for position in range(decode_tokens):
+            token = step(token)
             if decode_inputs == "random":
-                token = inputs[step]
+                token = inputs[position]
         _sync(device)
         seconds = time.perf_counter() - began
         end = executor.stats()
@@ -152,8 +161,8 @@ def _traffic(phase: str, start: dict, end: dict) -> dict:
 
 
 def _bounds(row: dict, bandwidth: float, expert_bytes: int) -> dict:
-    """Ratios of measured speed to the PCIe-streaming bounds at the measured pinned bandwidth: each prefill
-    chunk streams every MoE layer's experts once; a decode token streams what it missed."""
+    """Ratios of measured speed to the PCIe-streaming bounds at the measured bandwidth of the banks' memory:
+    each prefill chunk streams every MoE layer's experts once; a decode token streams what it missed."""
     chunks = -(-row["prompt_tokens"] // row["prefill_chunk_tokens"])
     prefill_bound = row["prompt_tokens"] / (chunks * expert_bytes / bandwidth)
     bounds = {"prefill_pcie_bound_tokens_per_s": prefill_bound,
@@ -173,66 +182,96 @@ def _decode_bound(decode: dict, bandwidth: float) -> dict:
     return {"decode_pcie_bound_tokens_per_s": bound, "decode_vs_bound": decode["decode_tokens_per_s"] / bound}
 
 
+def decode_ceiling(miss_bytes_per_token: float, gpu_step_seconds: float, pcie_bytes_per_s: float,
+                   cpu_bytes_per_s: float | None, backend: str) -> float:
+    """The fastest decode (tokens/s) the hardware allows a backend: a token's missed expert bytes cross PCIe
+    (offload), are read by the CPU (cpu) or both at once (hybrid), beside the GPU's own step; whichever of the
+    two takes longer sets the pace (an upper bound: they could at best overlap fully)."""
+    rates = {"offload": pcie_bytes_per_s, "cpu": cpu_bytes_per_s or 0.0,
+             "hybrid": pcie_bytes_per_s + (cpu_bytes_per_s or 0.0)}
+    rate = rates.get(backend, pcie_bytes_per_s)
+    transfer = miss_bytes_per_token / rate if rate else float("inf")
+    return 1.0 / max(gpu_step_seconds, transfer)
+
+
+def _add_ceilings(result: dict, record_bytes: int, moe_layers: int, top_k: int) -> None:
+    """Each decode of the run against its combined ceiling, where a `fixed` row measured the GPU's own step."""
+    fixed = [r for r in result["runs"] if r.get("routing") == "fixed" and "decode_tokens_per_s" in r]
+    if not fixed or fixed[0].get("decode_expert_cache_hit_rate", 0.0) < 0.99:
+        return
+    gpu_step = 1.0 / fixed[0]["decode_tokens_per_s"]
+    result["gpu_step_seconds"] = gpu_step
+    pcie = result["expert_link_bytes_per_s"]
+    cpu = result.get("calibration", {}).get("cpu_bytes_per_s")
+    for row in result["runs"]:
+        for backend, decode in (row.get("decode_by_backend") or {None: row}).items():
+            if "decode_expert_cache_hit_rate" not in decode:
+                continue
+            misses = (1.0 - decode["decode_expert_cache_hit_rate"]) * moe_layers * top_k * record_bytes
+            used = backend or result["expert_backend"]
+            ceiling = decode_ceiling(misses, gpu_step, pcie, cpu, used)
+            decode["decode_ceiling_tokens_per_s"] = ceiling
+            decode["decode_vs_ceiling"] = decode["decode_tokens_per_s"] / ceiling
+
+
 def run_bench(name: str, device: str, prompt_lengths: list[int], decode_tokens: int, plan: MemoryPlan | None,
               seed: int = 0, backends: list[str] | None = None, hf_baseline: bool = False,
-              decode_inputs: str = "greedy") -> dict:
+              decode_inputs: str = "greedy", routings: list[str] | None = None, cpu_threads: int | None = None,
+              pageable: bool = False) -> dict:
     """On CUDA with a plan, the process is held to the plan's budget (engine/runtime/vram.py) for the whole
-    run, and each prompt length reports its measured peak against it. `backends` (CUDA): decode with each
-    expert backend in turn after every prefill. `hf_baseline`: then the same shape through transformers +
-    accelerate under the same cap (engine/bench_hf.py), on the shortest prompt, up to HF_BASELINE_TOKENS."""
+    run, and each prompt length reports its measured peak against it. `routings`: forced routing modes
+    (engine/experts/routing.py), each prompt length run under each; None lets the random routers decide.
+    `backends` (CUDA): decode with each expert backend in turn after every prefill. `cpu_threads`: the CPU
+    experts' threads; `pageable`: no expert record pinned (as where pinning is refused). `hf_baseline`: then
+    the same shape through transformers + accelerate under the same cap (engine/bench_hf.py), on the shortest
+    prompt, up to HF_BASELINE_TOKENS."""
     synthetic = SYNTHETIC_MODELS[name]
     slots = plan.expert_slots if plan is not None else None
     chunk = plan.prefill_chunk_tokens if plan is not None else DEFAULT_PREFILL_CHUNK
     dtype = torch.bfloat16 if device == "cuda" else torch.float32
+    modes = routings or [MODEL_ROUTING]
     result = {"model": name, "description": synthetic.description, "device": device,
               "device_name": torch.cuda.get_device_name() if device == "cuda" else "cpu",
-              "dtype": str(dtype).removeprefix("torch."),
-              "plan": plan.to_dict() if plan is not None else None, "notes": [ROUTING_NOTE], "runs": []}
+              "dtype": str(dtype).removeprefix("torch."), "pageable_experts": pageable, "cpu_threads": cpu_threads,
+              "plan": plan.to_dict() if plan is not None else None,
+              "notes": [ROUTING_NOTES[mode] for mode in modes], "runs": []}
     bandwidth = None
     if device == "cuda":
-        bandwidth = host_to_device_bandwidth(pinned=True)
-        result["host_to_device_bytes_per_s"] = {"pinned": bandwidth,
+        result["host_to_device_bytes_per_s"] = {"pinned": host_to_device_bandwidth(pinned=True),
                                                 "pageable": host_to_device_bandwidth(pinned=False)}
+        bandwidth = result["host_to_device_bytes_per_s"]["pageable" if pageable else "pinned"]
+        result["expert_link_bytes_per_s"] = bandwidth
         torch.cuda.empty_cache()
         if plan is not None:
             result["vram_cap"] = cap_process_memory(plan.budget_bytes).to_dict()
     started = time.perf_counter()
     # The CPU kernel and the calibration are made when a backend needs them; the backend then switches per run
     build_backend = "hybrid" if set(backends or []) & {"cpu", "hybrid", "auto"} else "offload"
-    model = build_random_model(name, device, dtype, slots, expert_backend=build_backend)
+    model = build_random_model(name, device, dtype, slots, 0 if pageable else None, build_backend, cpu_threads,
+                               seed)
     result["build_seconds"] = time.perf_counter() - started
-    result["expert_placement"] = dict(model.expert_executor.host_report)
-    if getattr(model.expert_executor, "calibration", None) is not None:
-        result["calibration"] = model.expert_executor.calibration.to_dict()
-    expert_bytes = sum(packed.nbytes for packed in getattr(model.expert_executor, "packed", {}).values())
+    executor = model.expert_executor
+    result["expert_placement"] = dict(executor.host_report)
+    result["expert_backend"] = executor.stats().get("expert_backend")
+    if getattr(executor, "calibration", None) is not None:
+        result["calibration"] = executor.calibration.to_dict()
+    packed = getattr(executor, "packed", {})
+    expert_bytes = sum(p.nbytes for p in packed.values())
+    routing = force_routing(model, modes[0], seed) if modes != [MODEL_ROUTING] else None
+    if routing is not None and slots:
+        result["uniform_floor_hit_rate"] = min(1.0, slots / (len(packed) * model.config.num_experts))
     # Untimed: a chunk and a few tokens compile and load every kernel, so no row pays for it
     measure(model, device, min(chunk, max(prompt_lengths)), 2, chunk, seed + 1,
-            plan.kv_tokens if plan is not None else None)
+            plan.kv_tokens if plan is not None else None, routing=routing)
     for length in prompt_lengths:
-        if plan is not None and length > plan.max_prompt_tokens:
-            result["runs"].append({"prompt_tokens": length, "skipped": f"longer than the plan's guaranteed prompt "
-                                                                      f"of {plan.max_prompt_tokens:,} tokens"})
-            continue
-        if device == "cuda":
-            torch.cuda.reset_peak_memory_stats()
-        try:
-            row = measure(model, device, length, decode_tokens, chunk, seed,
-                          plan.kv_tokens if plan is not None else None, backends, decode_inputs)
-        except torch.OutOfMemoryError as exc:
-            row = {"prompt_tokens": length, "error": f"out of memory: {str(exc).splitlines()[0]}"}
-        except Exception as exc:  # one failing length must not lose the others' figures
-            row = {"prompt_tokens": length, "error": f"{type(exc).__name__}: {exc}"}
-        print(f"bench: {row}", file=sys.stderr, flush=True)
-        if device == "cuda":
-            row.update(measured_peak())
-            if plan is not None:
-                row["peak_within_budget"] = row["peak_process_bytes"] <= plan.budget_bytes
-            if bandwidth is not None and plan is not None and "error" not in row:
-                row.update(_bounds(row, bandwidth, expert_bytes))
-            torch.cuda.empty_cache()
-        result["runs"].append(row)
+        for mode in modes:
+            result["runs"].append(_run_one(model, device, length, decode_tokens, chunk, seed, plan, backends,
+                                           decode_inputs, routing, mode, bandwidth, expert_bytes))
+    if packed and "expert_link_bytes_per_s" in result:
+        _add_ceilings(result, next(iter(packed.values())).layout.record_bytes, len(packed),
+                      model.config.num_experts_per_tok)
     if hf_baseline:
-        del model  # its expert records and weights make room for the other model
+        del model, routing  # its expert records and weights make room for the other model
         gc.collect()
         if device == "cuda":
             torch.cuda.empty_cache()
@@ -248,6 +287,35 @@ def run_bench(name: str, device: str, prompt_lengths: list[int], decode_tokens: 
     return result
 
 
+def _run_one(model: CausalLM, device: str, length: int, decode_tokens: int, chunk: int, seed: int,
+             plan: MemoryPlan | None, backends: list[str] | None, decode_inputs: str,
+             routing: ForcedRouting | None, mode: str, bandwidth: float | None, expert_bytes: int) -> dict:
+    """One prompt length under one routing mode: its row, with the measured peak against the plan on CUDA."""
+    if plan is not None and length > plan.max_prompt_tokens:
+        return {"prompt_tokens": length, "routing": mode,
+                "skipped": f"longer than the plan's guaranteed prompt of {plan.max_prompt_tokens:,} tokens"}
+    if routing is not None:
+        routing.mode = mode  # the same object: captured decode graphs read its step ids
+    if device == "cuda":
+        torch.cuda.reset_peak_memory_stats()
+    try:
+        row = measure(model, device, length, decode_tokens, chunk, seed,
+                      plan.kv_tokens if plan is not None else None, backends, decode_inputs, routing)
+    except torch.OutOfMemoryError as exc:
+        row = {"prompt_tokens": length, "routing": mode, "error": f"out of memory: {str(exc).splitlines()[0]}"}
+    except Exception as exc:  # one failing length must not lose the others' figures
+        row = {"prompt_tokens": length, "routing": mode, "error": f"{type(exc).__name__}: {exc}"}
+    print(f"bench: {row}", file=sys.stderr, flush=True)
+    if device == "cuda":
+        row.update(measured_peak())
+        if plan is not None:
+            row["peak_within_budget"] = row["peak_process_bytes"] <= plan.budget_bytes
+        if bandwidth is not None and plan is not None and "error" not in row:
+            row.update(_bounds(row, bandwidth, expert_bytes))
+        torch.cuda.empty_cache()
+    return row
+
+
 def plan_for(name: str, preset: str | None, vram_gib: float | None, reserve_bytes: int | None = None) -> MemoryPlan | None:
     if preset is None:
         return None
@@ -258,23 +326,28 @@ def plan_for(name: str, preset: str | None, vram_gib: float | None, reserve_byte
 
 def format_result(result: dict) -> str:
     lines = [f"{result['model']} on {result['device_name']} ({result['dtype']}), built in "
-             f"{result['build_seconds']:.1f} s; {result['notes'][0]}"]
+             f"{result['build_seconds']:.1f} s", *(f"note: {note}" for note in result["notes"])]
     if "host_to_device_bytes_per_s" in result:
         bw = result["host_to_device_bytes_per_s"]
-        lines.append(f"host->GPU copy: pinned {bw['pinned'] / 1e9:.1f} GB/s, pageable {bw['pageable'] / 1e9:.1f} GB/s")
-    lines.append(f"{'prompt':>8} {'chunk':>6} {'TTFT s':>8} {'prefill tok/s':>14} {'decode tok/s':>13} "
+        lines.append(f"host->GPU copy: pinned {bw['pinned'] / 1e9:.1f} GB/s, pageable {bw['pageable'] / 1e9:.1f} GB/s"
+                     + ("; expert records pageable" if result.get("pageable_experts") else ""))
+    if "uniform_floor_hit_rate" in result:
+        lines.append(f"uniform routing's hit-rate floor: {result['uniform_floor_hit_rate']:.3f} (slots / experts)")
+    lines.append(f"{'prompt':>8} {'routing':>9} {'chunk':>6} {'TTFT s':>8} {'prefill tok/s':>14} {'decode tok/s':>13} "
                  f"{'hit rate p/d':>13}")
     for row in result["runs"]:
         if "skipped" in row or "error" in row:
-            lines.append(f"{row['prompt_tokens']:>8} {row.get('skipped') or row['error']}")
+            lines.append(f"{row['prompt_tokens']:>8} {row['routing']:>9} {row.get('skipped') or row['error']}")
             continue
         hits = "/".join(f"{row[k]:.2f}" for k in ("prefill_expert_cache_hit_rate", "decode_expert_cache_hit_rate")
                         if k in row) or "-"
-        lines.append(f"{row['prompt_tokens']:>8} {row['prefill_chunk_tokens']:>6} {row['time_to_first_token_s']:>8.2f} "
-                     f"{row['prefill_tokens_per_s']:>14.1f} {row['decode_tokens_per_s']:>13.1f} {hits:>13}")
+        lines.append(f"{row['prompt_tokens']:>8} {row['routing']:>9} {row['prefill_chunk_tokens']:>6} "
+                     f"{row['time_to_first_token_s']:>8.2f} {row['prefill_tokens_per_s']:>14.1f} "
+                     f"{row['decode_tokens_per_s']:>13.1f} {hits:>13}")
         if "decode_by_backend" in row:
             lines.append("         decode by expert backend: " + ", ".join(
-                f"{backend} {d['decode_tokens_per_s']:.1f} tok/s (CPU {d.get('decode_cpu_expert_share', 0):.0%})"
+                f"{backend} {d['decode_tokens_per_s']:.1f} tok/s (CPU {d.get('decode_cpu_expert_share', 0):.0%}, "
+                f"hits {d.get('decode_expert_cache_hit_rate', 0):.2f})"
                 for backend, d in row["decode_by_backend"].items()))
     baseline = result.get("baseline")
     if baseline is not None:

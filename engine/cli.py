@@ -74,6 +74,13 @@ def build_parser() -> argparse.ArgumentParser:
                        help="also run the same shape through transformers + accelerate (needs accelerate)")
     bench.add_argument("--expert-backends", help="CUDA: decode with each of these expert backends in turn, "
                                                  "comma-separated (offload, cpu, hybrid, auto)")
+    bench.add_argument("--routing", default="model",
+                       help="forced routing modes, comma-separated, each prompt length run under each: uniform "
+                            "(the hit-rate floor), locality (modelled reuse), fixed (the GPU's own step), same, "
+                            "distinct (worst cases of a chunk); model (default): the random routers decide")
+    bench.add_argument("--cpu-threads", type=int, help="threads for the CPU's expert work (default: the cores)")
+    bench.add_argument("--pageable", action="store_true",
+                       help="pin no expert record (as where pinning is refused, e.g. under WSL2)")
     bench.add_argument("--json", action="store_true")
 
     pull = commands.add_parser("pull", help="download a model from the Hugging Face Hub (resumes an unfinished one)")
@@ -290,6 +297,7 @@ def run_bench(args) -> int:
     import torch
 
     from engine import bench
+    from engine.experts.routing import MODES as ROUTING_MODES
     from engine.runtime.planner import PlanError
     from engine.synthetic import SYNTHETIC_MODELS
 
@@ -325,9 +333,17 @@ def run_bench(args) -> int:
                            f"{args.expert_backends!r}")
         if args.device != "cuda" or plan is None:
             raise CliError("--expert-backends needs --device cuda and a --preset (an expert cache to miss)")
+    routings = [m.strip() for m in args.routing.split(",") if m.strip()]
+    if not routings or any(m not in (bench.MODEL_ROUTING, *ROUTING_MODES) for m in routings) or (
+            bench.MODEL_ROUTING in routings and len(routings) > 1):
+        raise CliError(f"--routing takes model alone, or forced modes comma-separated ({', '.join(ROUTING_MODES)}); "
+                       f"got {args.routing!r}")
+    if args.cpu_threads is not None and args.cpu_threads < 1:
+        raise CliError(f"--cpu-threads must be 1 or more, got {args.cpu_threads}")
     result = bench.run_bench(args.synthetic, args.device, lengths, args.decode_tokens, plan, backends=backends,
-                             decode_inputs=args.decode_inputs,
-                             hf_baseline=args.hf_baseline)
+                             decode_inputs=args.decode_inputs, hf_baseline=args.hf_baseline,
+                             routings=None if routings == [bench.MODEL_ROUTING] else routings,
+                             cpu_threads=args.cpu_threads, pageable=args.pageable)
     print(json.dumps(result, indent=2) if args.json else bench.format_result(result))
     return 0
 

@@ -20,6 +20,7 @@ class SparseMoe:
         self.router = Linear(source, f"{prefix}.gate", c.hidden_size, c.num_experts)
         self.experts = ExpertBank(source, f"{prefix}.experts", c.num_experts, c.hidden_size, c.moe_intermediate_size)
         self.executor = executor
+        self.forced_routing = None  # an engine.experts.routing.ForcedRouting a benchmark put in the router's place
         self.shared_expert = self.shared_expert_gate = None
         if c.shared_expert_intermediate_size:
             self.shared_expert = SwiGLU(source, f"{prefix}.shared_expert", c.hidden_size,
@@ -27,8 +28,11 @@ class SparseMoe:
             self.shared_expert_gate = Linear(source, f"{prefix}.shared_expert_gate", c.hidden_size, 1)
 
     def route(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """(expert ids [T, k], weights [T, k] float32) of each token."""
-        return kernels.router_topk(self.router(x), self.top_k, self.normalise_top_k)
+        """(expert ids [T, k], weights [T, k] float32) of each token; the ids a forced routing gives, if any."""
+        ids, weights = kernels.router_topk(self.router(x), self.top_k, self.normalise_top_k)
+        if self.forced_routing is not None:
+            ids = self.forced_routing.ids(self.layer, x.shape[0])
+        return ids, weights
 
     def shared(self, x: torch.Tensor) -> torch.Tensor | None:
         """The gated shared expert's output, or None for a model without one."""
