@@ -6,6 +6,8 @@ import pytest
 from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 
+import engine
+
 from engine.checkpoint import normalise_key
 from engine.checkpoint.formats import IGNORED_ROLES
 from engine.checkpoint.safetensors_file import SafetensorsFile
@@ -92,13 +94,17 @@ def test_checkpoint_footprint_counts_every_tensor_from_headers_only(tiny_checkpo
     def no_data(self, name):
         raise AssertionError(f"footprint_from_checkpoint read the data of {name}")
 
-    monkeypatch.setattr(SafetensorsFile, "tensor", no_data)
-    fp = footprint_from_checkpoint(folder)
+    with monkeypatch.context() as patched:
+        patched.setattr(SafetensorsFile, "tensor", no_data)
+        fp = footprint_from_checkpoint(folder)
     routed, other = _header_bytes(folder)
     assert fp.moe_layers == len(routed)
-    assert fp.expert_layer_bytes == max(routed.values())
     assert fp.routed_expert_bytes == sum(routed.values())
     assert fp.resident_bytes + fp.embedding_bytes == other
+    # a layer of cache slots is what the runtime packs (gate and up joined, a global scale per row), not less
+    executor = engine.load_model(folder, "cpu", expert_cache_slots=fp.experts_per_layer).expert_executor
+    assert fp.expert_layer_bytes == fp.experts_per_layer * executor.cache.layout.record_bytes
+    assert fp.expert_layer_bytes >= max(routed.values())
 
 
 def test_tied_head_is_the_resident_embedding(tmp_path):

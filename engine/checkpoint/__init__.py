@@ -57,10 +57,30 @@ class TensorShard:
         return self._tensors[key]
 
 
+class HeaderShard:
+    """Another shard's tensors as meta tensors: the shapes and dtypes of its header, never its data."""
+
+    def __init__(self, shard):
+        self._shard, self.path = shard, shard.path
+
+    def keys(self):
+        return self._shard.keys()
+
+    def shape(self, key: str) -> tuple[int, ...]:
+        return self._shard.shape(key)
+
+    def dtype(self, key: str) -> torch.dtype:
+        return self._shard.dtype(key)
+
+    def tensor(self, key: str) -> torch.Tensor:
+        return torch.empty(self.shape(key), dtype=self.dtype(key), device="meta")
+
+
 class Checkpoint:
     def __init__(self, folder: Path, quantization_config: dict | None, shards: list | None = None):
         """The checkpoint in `folder`, or, with `shards`, the tensors those in-memory shards hold."""
         self.folder = folder
+        self._quantization_config = quantization_config
         self.quant: QuantSettings = read_quant_settings(folder, quantization_config)
         self._files: dict[str, SafetensorsFile] = {}
         self._location: dict[str, tuple[SafetensorsFile | TensorShard, str]] = {}
@@ -99,6 +119,11 @@ class Checkpoint:
         if file_name not in self._files:
             self._files[file_name] = SafetensorsFile(self.folder / file_name)
         return self._files[file_name]
+
+    def headers_only(self) -> Checkpoint:
+        """This checkpoint with meta tensors for its weights: shapes, dtypes and formats, no data read."""
+        shards = {id(shard): shard for shard, _ in self._location.values()}
+        return Checkpoint(self.folder, self._quantization_config, [HeaderShard(s) for s in shards.values()])
 
     # ---- what layers ask for -------------------------------------------------------------------
 

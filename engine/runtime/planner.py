@@ -34,11 +34,16 @@ import re
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+import torch
+
 from engine.checkpoint import Checkpoint
 from engine.checkpoint.formats import FP8_TENSOR, IGNORED_ROLES, NVFP4, NVFP4_GROUP
 from engine.config import ModelConfig, read_config
 from engine.errors import CheckpointError
+from engine.experts.bank import ExpertBank
+from engine.experts.packed import RecordLayout, expert_matrices
 from engine.kernels.reference import GDN_CHUNK
+from engine.layers.source import WeightSource
 from engine.synthetic import BF16, SYNTHETIC_MODELS
 
 KIB, MIB, GIB = 2 ** 10, 2 ** 20, 2 ** 30
@@ -142,7 +147,7 @@ class ModelFootprint:
     small_bytes: int  # routers, shared-expert gates, norms, conv weights, A_log, dt_bias
     lm_head_bytes: int
     embedding_bytes: int  # kept in host RAM
-    expert_layer_bytes: int  # the largest layer of routed experts: one layer of cache slots
+    expert_layer_bytes: int  # one layer of cache slots: experts per layer x the runtime's record of one expert
     routed_expert_bytes: int  # all routed experts, in host RAM
     moe_layers: int
 
@@ -293,6 +298,8 @@ def footprint_of(checkpoint: Checkpoint, config: ModelConfig, folder: Path) -> M
                                       "the planner can place", "choose a Qwen3.5/3.6-MoE or Qwen3-MoE model")
     if config.tie_word_embeddings and not sizes["lm_head"]:  # the head is the embedding table, then resident too
         sizes["lm_head"] = sizes["embedding"]
+    largest = max(expert_layers, key=expert_layers.get)
+    record_bytes = expert_record_bytes(checkpoint, config, largest)
     return ModelFootprint(
         name=folder.name, config=config,
         projection_bytes=sizes["projection"],
@@ -300,10 +307,19 @@ def footprint_of(checkpoint: Checkpoint, config: ModelConfig, folder: Path) -> M
         small_bytes=sizes["small"],
         lm_head_bytes=sizes["lm_head"],
         embedding_bytes=sizes["embedding"],
-        expert_layer_bytes=max(expert_layers.values(), default=0),
+        expert_layer_bytes=config.num_experts * record_bytes,
         routed_expert_bytes=sum(expert_layers.values()),
         moe_layers=len(expert_layers),
     )
+
+
+def expert_record_bytes(checkpoint: Checkpoint, config: ModelConfig, layer: int) -> int:
+    """Bytes of one cache slot: the record the runtime packs an expert of `layer` into (engine/experts/packed.py),
+    which joins gate and up and keeps a global scale per row, so it is larger than the expert's stored bytes."""
+    source = WeightSource(checkpoint.headers_only(), config, torch.device("meta"), torch.float32)
+    bank = ExpertBank(source, f"layers.{layer}.mlp.experts", config.num_experts, config.hidden_size,
+                      config.moe_intermediate_size)
+    return RecordLayout.of(expert_matrices(bank, 0)).record_bytes
 
 
 # ---- prefill workspace ---------------------------------------------------------------------
