@@ -15,8 +15,8 @@ import torch
 
 from engine.experts.packed import physical_memory_bytes
 from engine.synthetic import SYNTHETIC_MODELS, text_config
+from engine.testing.random_weights import fill_random
 
-FILL_BLOCK = 1 << 22  # one random block tiled over every tensor: filling 35B values one by one takes minutes
 
 
 def hf_offload_row(name: str, device: str, gpu_bytes: int | None, prompt_tokens: int, decode_tokens: int,
@@ -72,20 +72,12 @@ def hf_offload_row(name: str, device: str, gpu_bytes: int | None, prompt_tokens:
 def _random_model(name: str, dtype: torch.dtype, seed: int, transformers):
     synthetic = SYNTHETIC_MODELS[name]
     config = transformers.AutoConfig.for_model(synthetic.config.model_type, **text_config(synthetic.config))
-    with torch.device("meta"):  # no 35B-value initialisation: shapes only, then storage, then one tiled fill
+    with torch.device("meta"):  # no 35B-value initialisation: shapes only, then storage, then random blocks
         model = transformers.AutoModelForCausalLM.from_config(config).to(dtype)
     model.to_empty(device="cpu")
-    block = torch.randn(FILL_BLOCK, generator=torch.Generator().manual_seed(seed)).mul_(0.02).to(dtype)
     with torch.no_grad():
-        for param_name, param in model.named_parameters():
-            if param.dim() == 1:  # norms (zero-centred in Qwen3.5/3.6: 0 is the identity), biases and decays
-                norm = 0.0 if synthetic.config.zero_centered_norms else 1.0
-                param.fill_(norm if "norm" in param_name else 0.1)
-                continue
-            flat = param.view(-1)
-            for start in range(0, flat.numel(), FILL_BLOCK):
-                part = min(FILL_BLOCK, flat.numel() - start)
-                flat[start:start + part].copy_(block[:part])
+        fill_random({name: param.data for name, param in model.named_parameters()},
+                    synthetic.config.zero_centered_norms, seed)
         for module in model.modules():  # buffers made on the meta device: computed again for real
             if type(module).__name__.endswith("RotaryEmbedding"):
                 fresh = type(module)(module.config)

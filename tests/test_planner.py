@@ -7,7 +7,6 @@ from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 
 import engine
-
 from engine.checkpoint import normalise_key
 from engine.checkpoint.formats import IGNORED_ROLES
 from engine.checkpoint.safetensors_file import SafetensorsFile

@@ -39,18 +39,25 @@ NVFP4_BLOCK_SCALE_MEAN = float(_fp8_values((_ALL_BYTES & FP8_SCALE_MASK) | FP8_S
 def random_tensors(layout: dict[str, tuple[str, tuple[int, ...]]], zero_centred_norms: bool, seed: int = 0,
                    threads: int | None = None) -> dict[str, torch.Tensor]:
     """Tensors of `layout` with random values (names the engine skips, vision and MTP, are left out)."""
-    names = [name for name in layout if normalise_key(name) is not None]
-    tensors = {name: torch.empty(tuple(layout[name][1]), dtype=DTYPES[layout[name][0]]) for name in names}
+    tensors = {name: torch.empty(tuple(shape), dtype=DTYPES[dtype]) for name, (dtype, shape) in layout.items()
+               if normalise_key(name) is not None}
+    fill_random(tensors, zero_centred_norms, seed, threads)
+    return tensors
+
+
+def fill_random(tensors: dict[str, torch.Tensor], zero_centred_norms: bool, seed: int = 0,
+                threads: int | None = None) -> None:
+    """Fill `tensors` (checkpoint or transformers parameter names) in place with random values by role."""
+    names = {dtype: name for name, dtype in DTYPES.items()}
+    layout = {name: (names[t.dtype], tuple(t.shape)) for name, t in tensors.items()}
     jobs = []
-    for index, name in enumerate(names):
-        flat = tensors[name].view(-1)
-        fill = _filler(name, layout[name][0], tuple(layout[name][1]), layout, zero_centred_norms)
-        step = max(BLOCK_ELEMENTS, 1)
-        for block, begin in enumerate(range(0, max(flat.numel(), 1), step)):
-            jobs.append((fill, flat[begin:begin + step], (seed, index, block)))
+    for index, (name, tensor) in enumerate(tensors.items()):
+        flat = tensor.view(-1)
+        fill = _filler(name, layout[name][0], layout[name][1], layout, zero_centred_norms)
+        for block, begin in enumerate(range(0, max(flat.numel(), 1), BLOCK_ELEMENTS)):
+            jobs.append((fill, flat[begin:begin + BLOCK_ELEMENTS], (seed, index, block)))
     with ThreadPoolExecutor(threads or os.cpu_count() or 1) as pool:
         list(pool.map(lambda job: job[0](job[1], _generator(job[2])), jobs))
-    return tensors
 
 
 def _generator(key: tuple[int, int, int]) -> torch.Generator:
