@@ -20,7 +20,7 @@ def test_json_report(capsys):
     code, out, err = bench(["--prompt-tokens", "40,130", "--decode-tokens", "3", "--json"], capsys)
     assert code == 0, err
     result = json.loads(out)
-    assert result["model"] == "tiny" and "pessimistic" in result["notes"][0]
+    assert result["model"] == "tiny" and "say nothing of a real model" in result["notes"][0]
     assert [r["prompt_tokens"] for r in result["runs"]] == [40, 130]
     for row in result["runs"]:
         assert row["prefill_tokens_per_s"] > 0 and row["decode_tokens_per_s"] > 0 and row["time_to_first_token_s"] > 0
@@ -67,7 +67,7 @@ def test_a_failing_baseline_keeps_the_benchmarks_own_figures(capsys, monkeypatch
 
 def test_table_output(capsys):
     code, out, _ = bench(["--prompt-tokens", "20", "--decode-tokens", "2"], capsys)
-    assert code == 0 and "prefill tok/s" in out and "pessimistic" in out
+    assert code == 0 and "prefill tok/s" in out and "note: routing by the random routers" in out
 
 
 @pytest.mark.parametrize("argv, message", [
@@ -75,6 +75,9 @@ def test_table_output(capsys):
     (["--expert-backends", "pcie"], "--expert-backends takes offload, cpu, hybrid or auto"),
     (["--expert-backends", "hybrid", "--preset", "4gb"], "needs --device cuda"),
     (["--decode-tokens", "-1"], "--decode-tokens must be 0 or more"),
+    (["--routing", "skewed"], "--routing takes model alone, or forced modes"),
+    (["--routing", "model,uniform"], "--routing takes model alone, or forced modes"),
+    (["--cpu-threads", "0"], "--cpu-threads must be 1 or more"),
 ])
 def test_bad_arguments(argv, message, capsys):
     code, _, err = bench(argv, capsys)
@@ -87,3 +90,20 @@ def test_random_model_has_the_real_shapes_and_formats():
     assert model.layers[0].mlp.experts.stored(0)[0].format == "nvfp4"
     assert model.layers[3].mixer.qkv_proj.weights[0].format == "fp8_tensor"
     assert model.score(torch.arange(2, 30)).shape == (28, synthetic.config.vocab_size)
+
+
+def test_forced_routings_run_side_by_side_and_uniform_hits_its_floor(capsys):
+    """Each prompt length runs under each forced mode; under uniform routing the decode hit rate comes out at
+    slots / (layers x experts), which is what makes it a floor."""
+    code, out, err = bench(["--preset", "4gb", "--prompt-tokens", "40", "--decode-tokens", "400", "--json",
+                            "--routing", "uniform,locality,fixed"], capsys)
+    assert code == 0, err
+    result = json.loads(out)
+    assert [row["routing"] for row in result["runs"]] == ["uniform", "locality", "fixed"]
+    assert any("floor" in note for note in result["notes"]) and any("modelled" in note for note in result["notes"])
+    floor = result["uniform_floor_hit_rate"]
+    assert floor == result["plan"]["expert_slots"] / (4 * 8)
+    uniform, locality, fixed = result["runs"]
+    assert abs(uniform["decode_expert_cache_hit_rate"] - floor) <= 0.05
+    assert locality["decode_expert_cache_hit_rate"] > uniform["decode_expert_cache_hit_rate"] + 0.1
+    assert fixed["decode_expert_cache_hit_rate"] > 0.99
