@@ -88,7 +88,8 @@ def main(argv: list[str] | None = None) -> int:
     from app.main_window import MainWindow
     from app.paths import conversations_db
     from app.settings import AppSettings
-    from app.storage import ConversationStore
+    from app.store_dialog import ask_about_store
+    from app.storage import open_conversations
     from app.theme import apply_theme
 
     app = QApplication.instance() or QApplication(sys.argv[:1])
@@ -99,10 +100,15 @@ def main(argv: list[str] | None = None) -> int:
     app.setWindowIcon(app_icon())
     settings = AppSettings()
     apply_theme(app, settings.get("theme"))
-    store = ConversationStore(conversations_db())
+    store, store_note = open_conversations(conversations_db(), ask_about_store)
+    if store is None:
+        print(store_note, file=sys.stderr)
+        return 1
     loop = qasync.QEventLoop(app)
     asyncio.set_event_loop(loop)
     window = MainWindow(store, settings, args.model)
+    if store_note:
+        window.logs_page.add_record("warning", store_note)
     window.show()
     with loop:
         if args.smoke_test:

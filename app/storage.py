@@ -7,6 +7,7 @@ the input box is kept as a draft per conversation.
 from __future__ import annotations
 
 import json
+import logging
 import sqlite3
 import time
 from pathlib import Path
@@ -34,18 +35,63 @@ CREATE TABLE IF NOT EXISTS messages (
 CREATE INDEX IF NOT EXISTS messages_by_conversation ON messages(conversation_id, position);
 """
 DEFAULT_TITLE = "New chat"
+IN_MEMORY = Path(":memory:")
+log = logging.getLogger(__name__)
+
+
+class StoreError(Exception):
+    """The conversation file cannot be used as it is: `kind` is "damaged" or "read_only"."""
+
+    def __init__(self, kind: str, path: Path, detail: str):
+        self.kind, self.path, self.detail = kind, path, detail
+        what = "is damaged" if kind == "damaged" else "cannot be written"
+        super().__init__(f"The chat history {path} {what} ({detail}).")
 
 
 class ConversationStore:
-    def __init__(self, path: Path):
-        path.parent.mkdir(parents=True, exist_ok=True)
+    def __init__(self, path: Path, copy_of: Path | None = None):
+        """The conversations in `path`, checked whole and for writing first (StoreError when either fails).
+        `copy_of`: with `path` IN_MEMORY, start from a copy of that file (kept unchanged on disk)."""
         self.path = path
-        self._db = sqlite3.connect(str(path))
-        self._db.row_factory = sqlite3.Row
-        self._db.execute("PRAGMA journal_mode=WAL")  # a kill mid-write leaves the last commit intact
-        self._db.execute("PRAGMA foreign_keys=ON")
-        self._db.executescript(SCHEMA)
-        self._db.commit()
+        try:
+            if path != IN_MEMORY:
+                path.parent.mkdir(parents=True, exist_ok=True)
+            self._db = sqlite3.connect(str(path))
+            if copy_of is not None:
+                with sqlite3.connect(f"file:{copy_of.as_posix()}?mode=ro", uri=True) as source:
+                    source.backup(self._db)
+            self._db.row_factory = sqlite3.Row
+            self._check()
+            self._db.execute("PRAGMA journal_mode=WAL")  # a kill mid-write leaves the last commit intact
+            self._db.execute("PRAGMA foreign_keys=ON")
+            self._db.executescript(SCHEMA)
+            self._db.commit()
+        except sqlite3.DatabaseError as exc:
+            raise self._error(exc) from None
+        except OSError as exc:
+            raise StoreError("read_only", path, exc.strerror or str(exc)) from None
+
+    def _check(self) -> None:
+        """A damaged file fails here, before the app relies on it; so does one that cannot be written."""
+        verdict = self._db.execute("PRAGMA quick_check").fetchone()[0]
+        if verdict != "ok":
+            raise sqlite3.DatabaseError(f"integrity check: {verdict}")
+        version = self._db.execute("PRAGMA user_version").fetchone()[0]
+        self._db.execute("BEGIN IMMEDIATE")
+        self._db.execute(f"PRAGMA user_version = {int(version)}")  # a write: fails on a read-only file or mount
+        self._db.rollback()
+
+    def _error(self, exc: sqlite3.DatabaseError) -> StoreError:
+        text = str(exc)
+        read_only = "readonly" in text or "read-only" in text or "unable to open" in text
+        self._close_quietly()
+        return StoreError("read_only" if read_only else "damaged", self.path, text)
+
+    def _close_quietly(self) -> None:
+        try:
+            self._db.close()
+        except (AttributeError, sqlite3.Error):
+            pass
 
     def close(self) -> None:
         self._db.close()
@@ -105,12 +151,14 @@ class ConversationStore:
         rows = self._db.execute("SELECT * FROM messages WHERE conversation_id = ? ORDER BY position",
                                 (conversation_id,))
         return [{"id": r["id"], "role": r["role"], "content": r["content"], "reasoning": r["reasoning"],
-                 "stats": json.loads(r["stats"])} for r in rows]
+                 "stats": _stats(r["stats"], r["id"])} for r in rows]
 
     def add_message(self, conversation_id: int, role: str, content: str = "", reasoning: str = "",
                     stats: dict | None = None) -> int:
         now = time.time()
         with self._db:
+            # the write lock before reading the next position: another writer cannot take the same one
+            self._db.execute("BEGIN IMMEDIATE")
             position = self._db.execute("SELECT COALESCE(MAX(position) + 1, 0) FROM messages WHERE conversation_id = ?",
                                         (conversation_id,)).fetchone()[0]
             self._db.execute("UPDATE conversations SET updated = ? WHERE id = ?", (now, conversation_id))
@@ -129,6 +177,53 @@ class ConversationStore:
     def truncate(self, conversation_id: int, keep: int) -> None:
         """Keep the first `keep` messages (for regenerate and edit-and-resend)."""
         self._write("DELETE FROM messages WHERE conversation_id = ? AND position >= ?", (conversation_id, keep))
+
+
+def _stats(text: str, message_id: int) -> dict:
+    """A message's stored stats, or {} (with a warning) when the row holds something that is not a JSON object."""
+    try:
+        stats = json.loads(text)
+    except (TypeError, ValueError):
+        stats = None
+    if not isinstance(stats, dict):
+        log.warning("message %s has unreadable stats (%.40r); showing it without them", message_id, text)
+        return {}
+    return stats
+
+
+def keep_aside(path: Path) -> Path:
+    """Move a damaged conversation file (and its WAL files) aside under a new name; nothing is deleted."""
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    target = path.with_name(f"{path.name}.damaged-{stamp}")
+    n = 1
+    while target.exists():
+        n += 1
+        target = path.with_name(f"{path.name}.damaged-{stamp}-{n}")
+    for suffix in ("", "-wal", "-shm"):
+        part = path.with_name(path.name + suffix)
+        if part.exists():
+            part.rename(target.with_name(target.name + suffix))
+    return target
+
+
+def open_conversations(path: Path, ask) -> tuple[ConversationStore | None, str]:
+    """The store at `path`, or what the user chose when it cannot be used: (store or None to quit, a note for the
+    log). `ask(error)` answers "aside" (damaged: keep the file aside, start a new one), "memory" (read-only: keep
+    this session's chats in memory, starting from what the file holds) or "quit"."""
+    try:
+        return ConversationStore(path), ""
+    except StoreError as error:
+        choice = ask(error)
+        if choice == "aside" and error.kind == "damaged":
+            kept = keep_aside(path)
+            return ConversationStore(path), f"{error} It was kept as {kept}; a new history was started."
+        if choice == "memory":
+            try:
+                store = ConversationStore(IN_MEMORY, copy_of=path)
+            except StoreError:
+                store = ConversationStore(IN_MEMORY)
+            return store, f"{error} This session's chats are kept in memory only and will not be saved."
+        return None, str(error)
 
 
 def chat_history(messages: list[dict]) -> list[dict]:
