@@ -234,9 +234,7 @@ def _mib(n: int) -> str:
 _IN_PROCESS: dict[int, RuntimeReserve] = {}  # one figure per GPU for the process's life: every plan agrees
 
 
-def runtime_reserve(device: torch.device | str = "cuda",
-                    measure: Callable[[torch.device, dict | None], RuntimeReserve] = measure_runtime_reserve
-                    ) -> RuntimeReserve:
+def runtime_reserve(device: torch.device | str = "cuda") -> RuntimeReserve:
     """The reserve for plans on `device`: cached from an earlier run, else measured now (and cached when the
     reading is this process's alone), else the planner's formula for the GPU with the reason."""
     baseline = note_card_baseline()  # before anything below starts CUDA
@@ -248,7 +246,7 @@ def runtime_reserve(device: torch.device | str = "cuda",
     reserve = _from_saved(saved.get(key), device)
     if reserve is None:
         try:
-            reserve = measure(device, baseline)
+            reserve = measure_runtime_reserve(device, baseline)
         except ReserveMeasurementError as exc:
             reserve = formula_estimate(device, str(exc))
         except torch.cuda.OutOfMemoryError:
