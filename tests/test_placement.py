@@ -30,7 +30,8 @@ def test_a_usable_gpu_gets_the_presets_plan(tiny_checkpoint, monkeypatch, capabi
     monkeypatch.setattr(reserve, "runtime_reserve", lambda device="cuda": measured)
     placement = plan_placement(tiny_checkpoint("qwen3_5_moe", "nvfp4"), "4gb")
     assert placement.device == "cuda" and placement.dtype == dtype
-    assert placement.plan.budget_bytes == 4 * 2**30 and placement.plan.breakdown["runtime_reserve"] == measured.reserve_bytes
+    assert placement.plan.budget_bytes == 4 * 2**30
+    assert placement.plan.breakdown["runtime_reserve"] == measured.reserve_bytes
     assert placement.note.startswith("GPU mode on Test GPU") and placement.to_dict()["plan"]["preset"] == "4gb"
     assert placement.plan.reserve_source == "measured on Test GPU" and "measured on Test GPU" in placement.note
 

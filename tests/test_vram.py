@@ -22,7 +22,7 @@ def fake_cuda(monkeypatch):
     monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
     monkeypatch.setattr(torch.cuda, "get_device_properties", lambda device=None: H200)
     monkeypatch.setattr(reserve, "runtime_reserve",
-                        lambda device="cuda": reserve.formula_estimate(torch.device("cuda", 0), "not measured in tests"))
+                        lambda device="cuda": reserve.formula_estimate(torch.device("cuda", 0), "a test"))
     monkeypatch.setattr(torch.cuda, "set_per_process_memory_fraction",
                         lambda fraction, device=None: calls.update(fraction=fraction, device=device))
     return calls
