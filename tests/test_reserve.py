@@ -203,3 +203,18 @@ def test_a_gpu_placement_plans_with_the_measured_reserve(card, tiny_checkpoint, 
     assert measured.measured and not measured.others_included  # gpu_status read NVML's baseline before CUDA
     assert got.plan.breakdown["runtime_reserve"] == measured.reserve_bytes
     assert got.plan.reserve_source == "measured on NVIDIA Test 4GB" and "measured on NVIDIA Test 4GB" in got.note
+
+
+def test_the_measurement_s_work_runs_a_prompt_and_decode_steps_of_the_tiny_model(monkeypatch):
+    """The tiny model's run, on the CPU here (on a GPU it loads the kernels a chat uses): it loads, prefills and
+    decodes through the loader's own API, and leaves no file behind."""
+    from engine.runtime import placement as placement_module
+    from engine.testing import tiny_checkpoints
+
+    folders, write = [], tiny_checkpoints.write_tiny_checkpoint
+    monkeypatch.setattr(placement_module, "gpu_dtype", lambda: torch.float32)
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda device=None: None)
+    monkeypatch.setattr(tiny_checkpoints, "write_tiny_checkpoint",
+                        lambda folder, *a: folders.append(folder) or write(folder, *a))
+    reserve.run_tiny_model(torch.device("cpu"))
+    assert len(folders) == 1 and not folders[0].exists()
