@@ -36,6 +36,8 @@ class EngineWorker(QObject):
     replyFinished = Signal(dict)  # answer, reasoning, stats (TurnStats as a dict)
     busyChanged = Signal(bool)
     log = Signal(str, str)  # level ("info" | "warning" | "error"), message
+    # RuntimeReserve.to_dict() plus gpu_usable and gpu_status (the GPU's name, or why none is usable)
+    reserveMeasured = Signal(dict)
 
     def __init__(self):
         super().__init__()
@@ -52,6 +54,23 @@ class EngineWorker(QObject):
             session.cancel()
 
     # ---- worker thread (called through queued connections) --------------------------------------
+
+    @Slot()
+    def measure_reserve(self) -> None:
+        """The runtime reserve plans use here: measured on a usable GPU (the first start, cached after), else the
+        reference card's estimate; emitted with whether the GPU runs models."""
+        from engine.runtime.placement import gpu_status
+        from engine.runtime.reserve import reference_estimate, runtime_reserve
+
+        try:
+            usable, status = gpu_status()
+            found = runtime_reserve() if usable else reference_estimate()
+        except Exception as exc:  # a broken driver must not stop the app: its plans are then the estimate
+            self.log.emit("error", traceback.format_exc())
+            usable, status, found = False, f"the GPU could not be read ({exc})", reference_estimate()
+        self.log.emit("info" if found.measured or not usable else "warning",
+                      f"runtime reserve {found.reserve_bytes / 2**20:,.0f} MiB: {found.source}")
+        self.reserveMeasured.emit(dict(found.to_dict(), gpu_usable=usable, gpu_status=status))
 
     @Slot(str, dict)
     def load(self, path: str, options: dict) -> None:

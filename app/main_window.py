@@ -31,6 +31,7 @@ SIDEBAR_ROW_HEIGHT = 36
 
 class MainWindow(QMainWindow):
     loadRequested = Signal(str, dict)  # queued to the worker: opening a model never blocks the window
+    reserveRequested = Signal()  # queued to the worker before the first load: the GPU's runtime reserve
     modelReady = Signal(dict)  # re-emitted on the GUI thread once the window has taken the model in
     modelFailed = Signal(str)
 
@@ -41,6 +42,7 @@ class MainWindow(QMainWindow):
         self.store, self.settings = store, settings
         self.worker, self.worker_thread = start_worker()
         self.loadRequested.connect(self.worker.load)
+        self.reserveRequested.connect(self.worker.measure_reserve)
 
         self.chat_page = ChatPage(store, self.worker, settings)
         self.models_page = ModelsPage(self.worker, settings)
@@ -91,6 +93,7 @@ class MainWindow(QMainWindow):
         self.settings_page.aboutRequested.connect(self.show_about)
         self.about_dialog: AboutDialog | None = None
         self._shortcuts()
+        self.reserveRequested.emit()  # measured on a clean GPU, before any model takes its memory
         self.load_model(model_folder or self._startup_model())
 
     def _with_cpu_notice(self, pages: QWidget) -> QVBoxLayout:

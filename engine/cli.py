@@ -267,8 +267,8 @@ def run_generate(args) -> int:
 
 
 def run_plan(args) -> int:
-    from engine.runtime.planner import (PlanError, footprint_from_checkpoint, footprint_from_synthetic,
-                                        plan_memory, preset_budget_bytes)
+    from engine.runtime.planner import (REFERENCE_CARD, PlanError, footprint_from_checkpoint,
+                                        footprint_from_synthetic, plan_memory, preset_budget_bytes)
 
     try:
         footprint = (footprint_from_synthetic(args.synthetic) if args.synthetic
@@ -283,12 +283,36 @@ def run_plan(args) -> int:
         budget = preset_budget_bytes(args.preset)
         if budget is None:
             raise CliError("--preset auto needs --vram GiB here (no GPU is visible to read free memory from)")
+    reserve, where = _plan_reserve()
     try:
-        plan = plan_memory(footprint, budget, args.preset)
+        plan = plan_memory(footprint, budget, args.preset, reserve_bytes=reserve.reserve_bytes,
+                           reserve_source=reserve.source)
     except PlanError as exc:
         raise CliError(str(exc)) from None
-    print(json.dumps(plan.to_dict(), indent=2) if args.json else plan.format_table())
+    if args.json:
+        print(json.dumps(plan.to_dict(), indent=2))
+        return 0
+    print(plan.format_table())
+    if reserve.measured:
+        print(f"The guarantee uses the runtime reserve measured on this GPU, {reserve.gpu} (cached in {where}).")
+    elif reserve.gpu is None:
+        print(f"The guarantee is an estimate, for the reference card ({REFERENCE_CARD}): no GPU measured the runtime "
+              f"reserve here ({where}). On a usable NVIDIA GPU `plan` measures it, and plans with that.")
+    else:
+        print(f"The guarantee is an estimate: the runtime reserve is the {reserve.source}.")
     return 0
+
+
+def _plan_reserve():
+    """(the runtime reserve `plan` uses, the file a measurement is cached in or why there is no GPU): measured on a
+    usable GPU, else the reference card's estimate."""
+    from engine.runtime.placement import gpu_status
+    from engine.runtime.reserve import reference_estimate, reserve_file, runtime_reserve
+
+    usable, status = gpu_status()
+    if not usable:
+        return reference_estimate(), status
+    return runtime_reserve(), reserve_file()
 
 
 def run_bench(args) -> int:
@@ -318,9 +342,9 @@ def run_bench(args) -> int:
         if args.vram_limit is not None and args.preset is None:
             raise ValueError("--vram-limit needs --preset (the rules the plan follows within that budget)")
         reserve = None
-        if args.device == "cuda":
-            from engine.runtime.vram import gpu_runtime_reserve_bytes
-            reserve = gpu_runtime_reserve_bytes()
+        if args.device == "cuda":  # the reserve the VRAM cap leaves out: measured on this GPU, or its formula
+            from engine.runtime.reserve import runtime_reserve
+            reserve = runtime_reserve().reserve_bytes
         plan = bench.plan_for(args.synthetic, args.preset, args.vram_limit, reserve)
     except (ValueError, PlanError) as exc:
         raise CliError(str(exc)) from None

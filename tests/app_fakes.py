@@ -23,16 +23,22 @@ class FakeWorker(QObject):
     busyChanged = Signal(bool)
     log = Signal(str, str)
     unloaded = Signal()
+    reserveMeasured = Signal(dict)
 
     def __init__(self):
         super().__init__()
         self.sent: list[tuple[list, str, dict]] = []  # (history, text, options) per send
         self.load_calls: list[tuple[str, dict]] = []
         self.stop_calls = 0
+        self.reserve_requests = 0
 
     @Slot(str, dict)
     def load(self, path: str, options: dict) -> None:
         self.load_calls.append((path, options))
+
+    @Slot()
+    def measure_reserve(self) -> None:
+        self.reserve_requests += 1
 
     @Slot()
     def unload(self) -> None:

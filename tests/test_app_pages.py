@@ -22,6 +22,7 @@ from app.settings import load_options
 from app.widgets.gauges import Sparkline, SystemFooter
 from app.widgets.plan_bar import PlanBar
 from engine.experts.split import BACKENDS
+from engine.runtime import reserve
 from engine.runtime.planner import GIB, footprint_from_synthetic, plan_memory
 from engine.testing.tiny_checkpoints import write_tiny_checkpoint
 
@@ -177,6 +178,49 @@ def test_auto_needs_a_budget_without_a_gpu_and_uses_free_vram_with_one(engine_pa
     engine_page.budget_spin.setValue(0.0)
     assert engine_page.plan()["budget_bytes"] == 11 * GIB
     assert "free memory of RTX 3060" in engine_page.budget_note.text()
+
+
+def test_the_engine_page_plans_with_the_reserve_measured_on_the_gpu_and_says_so(engine_page, worker):
+    engine_page.set_preset("4gb")
+    footprint = footprint_from_synthetic(SYNTHETIC)
+    estimate = engine_page.plan()
+    assert not estimate["reserve_measured"] and estimate == plan_memory(footprint, 4 * GIB, "4gb").to_dict()
+    assert engine_page.detail_labels["max_prompt"].text().endswith("· estimate")
+    assert "until this machine's GPU is checked" in engine_page.reserve_note.text()
+
+    measured = reserve.measured_reserve(900 * 2**20, "NVIDIA H200", others_included=False)
+    worker.reserveMeasured.emit(dict(measured.to_dict(), gpu_usable=True, gpu_status="NVIDIA H200"))
+    plan = engine_page.plan()
+    expected = plan_memory(footprint, 4 * GIB, "4gb", reserve_bytes=measured.reserve_bytes)
+    assert plan["reserve_measured"] and plan["breakdown"]["runtime_reserve"] == measured.reserve_bytes
+    assert plan["max_prompt_tokens"] == expected.max_prompt_tokens < estimate["max_prompt_tokens"]
+    guarantee = engine_page.detail_labels["max_prompt"].text()
+    assert guarantee.startswith(f"{expected.max_prompt_tokens:,} tokens")
+    assert guarantee.endswith("· measured on this GPU")
+    note = engine_page.reserve_note.text()
+    assert "measured on this GPU" in note and "measured on NVIDIA H200" in note and "estimate" not in note
+
+
+def test_in_cpu_mode_the_engine_page_says_the_plan_is_an_estimate_it_does_not_use(engine_page, worker):
+    engine_page.set_preset("4gb")
+    worker.reserveMeasured.emit(dict(reserve.reference_estimate().to_dict(), gpu_usable=False,
+                                     gpu_status="this PyTorch build has no CUDA support"))
+    assert not engine_page.plan()["reserve_measured"]
+    assert engine_page.detail_labels["max_prompt"].text().endswith("· estimate")
+    note = engine_page.reserve_note.text()
+    assert note.startswith("The guarantee is an estimate") and "reference card, an RTX 2050" in note
+    assert "no CUDA support" in note and "CPU mode" in note and "this plan is not used" in note
+
+
+def test_a_gpu_whose_reserve_could_not_be_measured_shows_the_formula_as_an_estimate(engine_page, worker):
+    engine_page.set_preset("4gb")
+    formula = reserve.RuntimeReserve(900 * 2**20, 820 * 2**20, "estimate for NVIDIA T4 from its 40 SMs, not measured: "
+                                     "another program is using NVIDIA T4", measured=False, gpu="NVIDIA T4")
+    worker.reserveMeasured.emit(dict(formula.to_dict(), gpu_usable=True, gpu_status="NVIDIA T4"))
+    assert engine_page.plan()["breakdown"]["runtime_reserve"] == 900 * 2**20
+    assert engine_page.detail_labels["max_prompt"].text().endswith("· estimate")
+    assert "another program is using NVIDIA T4" in engine_page.reserve_note.text()
+    assert "not used" not in engine_page.reserve_note.text()
 
 
 def test_engine_page_plans_for_the_loaded_model(engine_page, tiny_model):

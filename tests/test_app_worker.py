@@ -1,6 +1,7 @@
 """The EngineWorker's load, its slot called directly on the test's thread: the expert backend and CPU threads from
-the settings reach the engine, a backend that cannot run is refused in words, the backend that runs is logged, and a
-loaded model is frozen out of the garbage collector's passes until it is dropped."""
+the settings reach the engine, a backend that cannot run is refused in words, the backend that runs is logged, a
+loaded model is frozen out of the garbage collector's passes until it is dropped, and the runtime reserve is measured
+on a usable GPU and the reference card's estimate otherwise."""
 
 import gc
 import weakref
@@ -12,7 +13,8 @@ from app.engine_worker import EngineWorker
 from app.settings import load_options
 from engine.experts.split import BackendTrial, Calibration
 from engine.loader import load_model
-from engine.runtime import placement
+from engine.runtime import placement, reserve
+from engine.runtime.planner import DEFAULT_RESERVE_SOURCE, DEFAULT_RUNTIME_RESERVE_BYTES
 
 ONE_LAYER_OF_SLOTS = 8  # the tiny model has 8 experts in each of its 4 MoE layers
 
@@ -165,3 +167,44 @@ def test_a_loaded_model_is_frozen_until_it_is_dropped(settings, folder, cpu_only
     second = held_by_a_cycle(worker.session.model)
     worker.unload()
     assert second() is None and gc.get_freeze_count() == 0
+
+
+def measured_by(worker: EngineWorker) -> list[dict]:
+    found = []
+    worker.reserveMeasured.connect(found.append)
+    worker.measure_reserve()
+    return found
+
+
+def test_without_a_usable_gpu_the_reserve_is_the_reference_estimate(cpu_only):
+    worker = EngineWorker()
+    seen = recorded(worker)
+    [found] = measured_by(worker)
+    assert found["gpu_usable"] is False and found["gpu_status"] == "no GPU in this test"
+    assert found["measured"] is False and found["reserve_bytes"] == DEFAULT_RUNTIME_RESERVE_BYTES
+    assert found["source"] == DEFAULT_RESERVE_SOURCE
+    assert seen["log"] == [("info", f"runtime reserve 672 MiB: {DEFAULT_RESERVE_SOURCE}")]
+
+
+def test_on_a_usable_gpu_the_worker_emits_the_measured_reserve(monkeypatch):
+    measured = reserve.measured_reserve(700 * 2**20, "NVIDIA Test", others_included=False)
+    monkeypatch.setattr(placement, "gpu_status", lambda: (True, "NVIDIA Test"))
+    monkeypatch.setattr(reserve, "runtime_reserve", lambda device="cuda": measured)
+    worker = EngineWorker()
+    seen = recorded(worker)
+    [found] = measured_by(worker)
+    assert found == dict(measured.to_dict(), gpu_usable=True, gpu_status="NVIDIA Test")
+    size = f"{measured.reserve_bytes // 2**20:,} MiB"
+    assert seen["log"] == [("info", f"runtime reserve {size}: measured on NVIDIA Test")]
+
+
+def test_a_gpu_that_cannot_be_read_leaves_the_estimate_and_the_reason(monkeypatch):
+    def broken():
+        raise RuntimeError("CUDA driver initialization failed")
+    monkeypatch.setattr(placement, "gpu_status", broken)
+    worker = EngineWorker()
+    seen = recorded(worker)
+    [found] = measured_by(worker)
+    assert found["gpu_usable"] is False and "CUDA driver initialization failed" in found["gpu_status"]
+    assert found["source"] == DEFAULT_RESERVE_SOURCE
+    assert seen["log"][0][0] == "error" and "Traceback" in seen["log"][0][1]

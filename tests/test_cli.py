@@ -152,3 +152,34 @@ def test_a_gpu_backend_the_cache_cannot_hold_is_one_line(model_dir, capsys, monk
     assert code == 2 and err.splitlines()[-1] == (
         "error: the gpu expert backend keeps every expert in VRAM: 4 layers of slots, but the cache holds 1; "
         "choose offload, cpu, hybrid or auto (--expert-backend), or a bigger --preset")
+
+
+def test_plan_without_a_gpu_says_its_guarantee_is_an_estimate_for_the_reference_card(capsys):
+    code, out, _ = run(["plan", "--synthetic", "qwen3.6-35b-a3b-nvfp4", "--preset", "4gb"], capsys)
+    assert code == 0
+    assert "The guarantee is an estimate, for the reference card (RTX 2050)" in out and "CPU-only build" in out
+    assert "runtime reserve     672.0 MiB   (estimate for the reference card, an RTX 2050" in out
+    code, out, _ = run(["plan", "--synthetic", "qwen3.6-35b-a3b-nvfp4", "--preset", "4gb", "--json"], capsys)
+    plan = json.loads(out)
+    assert code == 0 and plan["reserve_measured"] is False
+    assert "estimate for the reference card" in plan["reserve_source"]
+
+
+def test_plan_on_a_usable_gpu_uses_the_reserve_measured_there(capsys, monkeypatch):
+    from engine.runtime import reserve
+    from engine.runtime.planner import GIB, footprint_from_synthetic, plan_memory
+
+    measured = reserve.measured_reserve(900 * 2**20, "NVIDIA H200", others_included=False)
+    monkeypatch.setattr(placement, "gpu_status", lambda: (True, "NVIDIA H200"))
+    monkeypatch.setattr(reserve, "runtime_reserve", lambda device="cuda": measured)
+    code, out, _ = run(["plan", "--synthetic", "qwen3.6-35b-a3b-nvfp4", "--preset", "4gb"], capsys)
+    footprint = footprint_from_synthetic("qwen3.6-35b-a3b-nvfp4")
+    expected = plan_memory(footprint, 4 * GIB, "4gb", reserve_bytes=measured.reserve_bytes)
+    assert code == 0 and "measured on this GPU, NVIDIA H200 (cached in " in out and "estimate" not in out
+    assert f"largest prompt guaranteed {expected.max_prompt_tokens:,} tokens" in out
+    code, out, _ = run(["plan", "--synthetic", "qwen3.6-35b-a3b-nvfp4", "--preset", "4gb", "--json"], capsys)
+    plan = json.loads(out)
+    assert plan["reserve_source"] == "measured on NVIDIA H200" and plan["reserve_measured"] is True
+    assert plan["breakdown"]["runtime_reserve"] == measured.reserve_bytes
+    reference = plan_memory(footprint, 4 * GIB, "4gb")
+    assert plan["max_prompt_tokens"] == expected.max_prompt_tokens < reference.max_prompt_tokens

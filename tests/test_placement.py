@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from engine.runtime import placement as placement_module
-from engine.runtime import vram
+from engine.runtime import reserve
 from engine.runtime.placement import gpu_status, load_placed, plan_placement
 
 
@@ -25,11 +25,15 @@ def test_choosing_the_cpu_in_the_settings_is_said_as_such(tiny_checkpoint):
 def test_a_usable_gpu_gets_the_presets_plan(tiny_checkpoint, monkeypatch, capability, dtype):
     monkeypatch.setattr(placement_module, "gpu_status", lambda: (True, "Test GPU"))
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda *a: capability)
-    monkeypatch.setattr(vram, "gpu_runtime_reserve_bytes", lambda *a: 600 * 2**20)
+    monkeypatch.setattr(reserve, "note_card_baseline", lambda: None)
+    measured = reserve.measured_reserve(400 * 2**20, "Test GPU", others_included=False)
+    monkeypatch.setattr(reserve, "runtime_reserve", lambda device="cuda": measured)
     placement = plan_placement(tiny_checkpoint("qwen3_5_moe", "nvfp4"), "4gb")
     assert placement.device == "cuda" and placement.dtype == dtype
-    assert placement.plan.budget_bytes == 4 * 2**30 and placement.plan.breakdown["runtime_reserve"] == 600 * 2**20
+    assert placement.plan.budget_bytes == 4 * 2**30
+    assert placement.plan.breakdown["runtime_reserve"] == measured.reserve_bytes
     assert placement.note.startswith("GPU mode on Test GPU") and placement.to_dict()["plan"]["preset"] == "4gb"
+    assert placement.plan.reserve_source == "measured on Test GPU" and "measured on Test GPU" in placement.note
 
 
 def test_load_placed_on_the_cpu_uses_the_reference_experts(tiny_checkpoint):

@@ -1,16 +1,18 @@
 """The VRAM cap's arithmetic, with CUDA's answers stood in for (no GPU here; gpu_tests/ and the bench run it
-for real): the allocator gets the budget less what lies outside it, and the measured peak adds that back."""
+for real): the allocator gets the budget less what lies outside it, and the measured peak adds that back.
+The reserve here is the planner's formula for the H200 (tests/test_reserve.py covers the measured one)."""
 
 from types import SimpleNamespace
 
 import pytest
 import torch
 
-from engine.runtime import vram
+from engine.runtime import reserve, vram
 from engine.runtime.planner import RESERVE_INSIDE_ALLOCATOR_BYTES, MIB, runtime_reserve_bytes
 
 GIB = 2**30
-H200 = SimpleNamespace(total_memory=140 * GIB, multi_processor_count=132, max_threads_per_multi_processor=2048)
+H200 = SimpleNamespace(name="NVIDIA H200", total_memory=140 * GIB, multi_processor_count=132,
+                       max_threads_per_multi_processor=2048)
 
 
 @pytest.fixture
@@ -19,6 +21,8 @@ def fake_cuda(monkeypatch):
     monkeypatch.setattr(torch.cuda, "init", lambda: None)
     monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
     monkeypatch.setattr(torch.cuda, "get_device_properties", lambda device=None: H200)
+    monkeypatch.setattr(reserve, "runtime_reserve",
+                        lambda device="cuda": reserve.formula_estimate(torch.device("cuda", 0), "a test"))
     monkeypatch.setattr(torch.cuda, "set_per_process_memory_fraction",
                         lambda fraction, device=None: calls.update(fraction=fraction, device=device))
     return calls

@@ -1,7 +1,9 @@
 """The Engine page: the VRAM preset and its memory plan, the custom plan's knobs, and live speed gauges.
 
 Every number in the plan comes from engine.runtime.planner (the same code the runtime is held
-to); the page only chooses the inputs: the model's footprint, the preset and the budget. Planner
+to); the page only chooses the inputs: the model's footprint, the preset, the budget and the runtime
+reserve. The reserve comes from the worker, which measures it on a usable GPU (engine/runtime/reserve.py);
+until it answers, and without a GPU, the plan is the reference card's estimate and says so. Planner
 calls read safetensors headers at most, so they run on the GUI thread.
 """
 
@@ -20,9 +22,9 @@ from app.widgets.gauges import Sparkline
 from app.widgets.plan_bar import PlanBar
 from engine.errors import CheckpointError
 from engine.runtime.planner import (
-    KV_TOKEN_GRANULE, OVERLAP_MIN_LAYERS, PREFILL_CHUNK_MAX, PREFILL_CHUNK_MIN, REPLY_RESERVE_TOKENS, ModelFootprint,
-    PlanError, footprint_from_checkpoint, footprint_from_synthetic, plan_memory, prefill_workspace,
-    preset_budget_bytes,
+    DEFAULT_RESERVE_SOURCE, KV_TOKEN_GRANULE, OVERLAP_MIN_LAYERS, PREFILL_CHUNK_MAX, PREFILL_CHUNK_MIN,
+    REPLY_RESERVE_TOKENS, ModelFootprint, PlanError, footprint_from_checkpoint, footprint_from_synthetic, plan_memory,
+    prefill_workspace, preset_budget_bytes,
 )
 
 SYNTHETIC_MODEL = "qwen3.6-35b-a3b-nvfp4"  # the model the presets were designed for
@@ -33,6 +35,8 @@ HISTORY_LENGTH = 60
 NOT_MEASURED = "not measured in CPU mode"
 NO_GPU_BUDGET = ("No NVIDIA GPU was found, so {preset} has no free memory to size the plan from: "
                  "set a VRAM budget above.")
+MEASURED = "measured on this GPU"
+ESTIMATE = "estimate"
 
 
 def _plural(n: int, word: str) -> str:
@@ -247,6 +251,7 @@ class EnginePage(QWidget):
         self.settings = settings
         self.footprint = footprint_from_synthetic(SYNTHETIC_MODEL)
         self._plan: dict = {}
+        self._reserve: dict | None = None  # the worker's reserveMeasured; None until it answers
 
         self.preset_combo = QComboBox()
         for label, key in PRESET_CHOICES:
@@ -269,6 +274,9 @@ class EnginePage(QWidget):
         self.error_label.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse)
         self.error_label.hide()
         self.plan_bar = PlanBar()
+        self.reserve_note = QLabel()
+        self.reserve_note.setProperty("role", "muted")
+        self.reserve_note.setWordWrap(True)
         self.custom_editor = CustomPlanEditor()
         self.live = LiveGauges()
 
@@ -301,6 +309,7 @@ class EnginePage(QWidget):
         layout.addWidget(self.budget_note)
         layout.addWidget(self.model_label)
         layout.addWidget(self.plan_bar)
+        layout.addWidget(self.reserve_note)
         layout.addWidget(self.error_label)
         layout.addLayout(plan_row)
         layout.addWidget(self.live)
@@ -325,6 +334,7 @@ class EnginePage(QWidget):
         worker.progress.connect(self.live.on_progress)
         worker.replyFinished.connect(self.live.on_reply_finished)
         worker.loaded.connect(self.live.on_loaded)
+        worker.reserveMeasured.connect(self.set_reserve)
         self.replan()
 
     # ---- inputs ----------------------------------------------------------------------------------
@@ -334,6 +344,11 @@ class EnginePage(QWidget):
 
     def set_preset(self, preset: str) -> None:
         self.preset_combo.setCurrentIndex(self.preset_combo.findData(preset))
+
+    def set_reserve(self, found: dict) -> None:
+        """Plan with the runtime reserve the worker found (measured on this GPU, or which estimate, and why)."""
+        self._reserve = dict(found)
+        self.replan()
 
     def set_model_folder(self, path: str | Path) -> None:
         """Plan for the checkpoint in `path` (called when the worker has loaded it)."""
@@ -396,9 +411,11 @@ class EnginePage(QWidget):
         if budget is None:
             self._show_plan(None, 0, budget_text)
             return
+        reserve = ({} if self._reserve is None else
+                   {"reserve_bytes": self._reserve["reserve_bytes"], "reserve_source": self._reserve["source"]})
         try:
             plan = plan_memory(self.footprint, budget, preset,
-                               self.custom_editor.values() if preset == "custom" else None)
+                               self.custom_editor.values() if preset == "custom" else None, **reserve)
         except PlanError as exc:
             self._show_plan(None, budget, f"No plan: {exc}")
             return
@@ -412,7 +429,23 @@ class EnginePage(QWidget):
         self.live.plan_total_bytes = plan["breakdown"]["total"] if plan else 0
         for key, text in self._detail_texts(plan).items():
             self.detail_labels[key].setText(text)
+        self.reserve_note.setText(self._reserve_text())
         self.planChanged.emit(dict(self._plan))
+
+    def _reserve_text(self) -> str:
+        """Where the plan's runtime reserve, and so its guarantee, comes from, and whether the GPU runs this plan."""
+        found = self._reserve
+        if found is None:
+            return (f"The runtime reserve is the {DEFAULT_RESERVE_SOURCE} until this machine's GPU is checked, "
+                    f"so the guarantee is an {ESTIMATE}.")
+        size = format_bytes(found["reserve_bytes"])
+        if not found["gpu_usable"]:
+            return (f"The guarantee is an {ESTIMATE}: the runtime reserve ({size}) is the {found['source']}. No GPU "
+                    f"is usable here ({found['gpu_status']}), so models run in CPU mode and this plan is not used.")
+        if found["measured"]:
+            return (f"The guarantee is {MEASURED}: its runtime reserve ({size}) was {found['source']}, so this is "
+                    f"the plan the GPU runtime holds to.")
+        return f"The guarantee is an {ESTIMATE}: the runtime reserve ({size}) is the {found['source']}."
 
     def _detail_texts(self, plan: dict | None) -> dict[str, str]:
         if not plan:
@@ -431,7 +464,8 @@ class EnginePage(QWidget):
                              f"({format_bytes(breakdown['prefill_workspace'])} of workspace)",
             "kv_cache": f"{plan['kv_tokens']:,} tokens ({format_bytes(breakdown['kv_cache'])})",
             "max_prompt": f"{plan['max_prompt_tokens']:,} tokens "
-                          f"(+{plan['reply_reserve_tokens']:,} kept for the reply)",
+                          f"(+{plan['reply_reserve_tokens']:,} kept for the reply) · "
+                          f"{MEASURED if plan['reserve_measured'] else ESTIMATE}",
             "total": f"{format_bytes(breakdown['total'])} of {format_bytes(plan['budget_bytes'])} "
                      f"({format_bytes(plan['headroom_bytes'])} headroom)",
         }

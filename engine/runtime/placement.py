@@ -37,6 +37,8 @@ def gpu_status() -> tuple[bool, str]:
                        "NVIDIA driver present to get the CUDA build")
     if not torch.cuda.is_available():
         return False, "no NVIDIA GPU or driver was found (install or update the NVIDIA driver to use the GPU)"
+    from engine.runtime.reserve import note_card_baseline
+    note_card_baseline()  # the card's memory before this process's CUDA context, for measuring the reserve
     major, minor = torch.cuda.get_device_capability()
     name = torch.cuda.get_device_name()
     if (major, minor) < MIN_COMPUTE_CAPABILITY:
@@ -52,15 +54,19 @@ def plan_placement(folder: str | Path, preset: str, budget_bytes: int | None = N
     if device == "cpu" or not usable:
         why = "the CPU was chosen in the settings" if device == "cpu" else status
         return Placement("cpu", torch.float32, None, f"CPU mode: {why}.")
-    from engine.runtime.vram import gpu_runtime_reserve_bytes
+    from engine.runtime.reserve import runtime_reserve
 
+    reserve = runtime_reserve()  # before the free memory is read: a first measurement frees what it used
     if budget_bytes is None:
         budget_bytes = preset_budget_bytes(preset) or torch.cuda.mem_get_info()[0]
     plan = plan_memory(footprint_from_checkpoint(folder), budget_bytes, preset, custom,
-                       reserve_bytes=gpu_runtime_reserve_bytes())
-    # bf16 needs Ampere or newer; Turing computes in fp16
-    dtype = torch.bfloat16 if torch.cuda.get_device_capability()[0] >= 8 else torch.float16
-    return Placement("cuda", dtype, plan, f"GPU mode on {status}: {plan.summary()}")
+                       reserve_bytes=reserve.reserve_bytes, reserve_source=reserve.source)
+    return Placement("cuda", gpu_dtype(), plan, f"GPU mode on {status}: {plan.summary()}")
+
+
+def gpu_dtype() -> torch.dtype:
+    """The dtype the GPU computes in: bf16 needs Ampere or newer; Turing computes in fp16."""
+    return torch.bfloat16 if torch.cuda.get_device_capability()[0] >= 8 else torch.float16
 
 
 def load_placed(folder: str | Path, placement: Placement, pin_budget_bytes: int | None = None,

@@ -22,7 +22,8 @@ Assumptions (each a named constant below, with its reason):
    layer i computes; without it one layer of slots is refilled serially.
 5. The runtime reserve covers what lives outside the budgeted tensors: the CUDA context and
    kernel images, CUDA's per-thread local memory (which scales with the GPU's size), and
-   caching-allocator rounding and fragmentation.
+   caching-allocator rounding and fragmentation. On a GPU engine/runtime/reserve.py measures it;
+   without one a plan carries the reference card's estimate and says so (MemoryPlan.reserve_source).
 6. A prompt is guaranteed when it plus a reply reserve fits the KV cache and the model's
    context; presets aim for a 32,768-token prompt before spending memory elsewhere.
 """
@@ -31,7 +32,7 @@ from __future__ import annotations
 
 import math
 import re
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 import torch
@@ -76,6 +77,7 @@ CUDA_CONTEXT_BYTES = 544 * MIB
 # stack limit, 1 KiB by default. Measured: each KiB of stack costs 264 MiB on the H200 (132 x 2048).
 CUDA_STACK_BYTES_PER_THREAD = 1 * KIB
 # The card the default reserve is for: the field report's RTX 2050 (16 SMs x 1536 threads).
+REFERENCE_CARD = "RTX 2050"
 REFERENCE_MULTIPROCESSORS = 16
 REFERENCE_THREADS_PER_MULTIPROCESSOR = 1536
 # Caching-allocator rounding of the long-lived tensors and fragmentation of the per-chunk
@@ -132,6 +134,10 @@ def runtime_reserve_bytes(multiprocessors: int, threads_per_multiprocessor: int)
 
 
 DEFAULT_RUNTIME_RESERVE_BYTES = runtime_reserve_bytes(REFERENCE_MULTIPROCESSORS, REFERENCE_THREADS_PER_MULTIPROCESSOR)
+# Where a plan's reserve came from (MemoryPlan.reserve_source): engine/runtime/reserve.py measures it on a GPU.
+DEFAULT_RESERVE_SOURCE = (f"estimate for the reference card, an {REFERENCE_CARD} with {REFERENCE_MULTIPROCESSORS} SMs "
+                          f"x {REFERENCE_THREADS_PER_MULTIPROCESSOR:,} threads")
+GIVEN_RESERVE_SOURCE = "given by the caller"
 
 
 # ---- what a model needs --------------------------------------------------------------------
@@ -395,20 +401,27 @@ class MemoryPlan:
     kv_tokens: int
     max_prompt_tokens: int  # the largest prompt guaranteed to prefill and leave REPLY_RESERVE_TOKENS
     breakdown: dict[str, int]  # BREAKDOWN_LABELS keys and "total"
+    reserve_source: str = DEFAULT_RESERVE_SOURCE  # "measured on <GPU>", or which estimate the runtime reserve is
+
+    @property
+    def reserve_measured(self) -> bool:
+        """Whether the guarantee rests on a reserve measured on the GPU that runs the plan."""
+        return self.reserve_source.startswith("measured on ")
 
     @property
     def headroom_bytes(self) -> int:
         return self.budget_bytes - self.breakdown["total"]
 
     def to_dict(self) -> dict:
-        return dict(asdict(self), headroom_bytes=self.headroom_bytes, reply_reserve_tokens=REPLY_RESERVE_TOKENS)
+        return dict(asdict(self), headroom_bytes=self.headroom_bytes, reply_reserve_tokens=REPLY_RESERVE_TOKENS,
+                    reserve_measured=self.reserve_measured)
 
     def summary(self) -> str:
         return (f"{self.model} {self.preset}: {_layers(self.expert_cache_layers)} of experts "
                 f"({self.expert_slots:,} slots), overlap {'on' if self.prefill_overlap else 'off'}, "
                 f"chunk {self.prefill_chunk_tokens}, "
                 f"KV {self.kv_tokens:,} tokens, prompts up to {self.max_prompt_tokens:,} tokens; "
-                f"{_gib(self.breakdown['total'])} of {_gib(self.budget_bytes)}")
+                f"{_gib(self.breakdown['total'])} of {_gib(self.budget_bytes)}; runtime reserve {self.reserve_source}")
 
     def format_table(self) -> str:
         policy = f" (rules of {self.policy})" if self.policy != self.preset else ""
@@ -422,7 +435,8 @@ class MemoryPlan:
             f"{self.max_prompt_tokens:,} tokens (+{REPLY_RESERVE_TOKENS:,} for the reply)",
         ]
         for key, label in BREAKDOWN_LABELS.items():
-            lines.append(f"  {label:<18} {_size(self.breakdown[key]):>10}")
+            source = f"   ({self.reserve_source})" if key == "runtime_reserve" else ""
+            lines.append(f"  {label:<18} {_size(self.breakdown[key]):>10}{source}")
         lines.append(f"  {'total':<18} {_size(self.breakdown['total']):>10}   "
                      f"(headroom {_size(self.headroom_bytes)})")
         return "\n".join(lines)
@@ -445,14 +459,16 @@ RULES = {
 
 
 def plan_memory(footprint: ModelFootprint, budget_bytes: int, preset: str, custom: dict | None = None, *,
-                reserve_bytes: int = DEFAULT_RUNTIME_RESERVE_BYTES) -> MemoryPlan:
+                reserve_bytes: int = DEFAULT_RUNTIME_RESERVE_BYTES, reserve_source: str | None = None) -> MemoryPlan:
     """A plan that fits budget_bytes, or PlanError saying what is needed, what is there and what to change.
 
     preset: "4gb" one layer of expert slots, no overlap; "8gb" two layers with overlap;
     "12gb" as many layers as fit after the KV target, overlap on; "auto" chooses between those
     rules from the budget (pass the GPU's free memory); "custom" checks `custom`'s
     expert_cache_layers, prefill_overlap, prefill_chunk_tokens and kv_tokens against the budget.
-    reserve_bytes: runtime_reserve_bytes() of the actual GPU, when known.
+    reserve_bytes: the actual GPU's reserve, when known (engine/runtime/reserve.py measures it);
+    reserve_source: where that figure came from, for the plan to say (by default: the reference card's
+    estimate for the default reserve, GIVEN_RESERVE_SOURCE for another figure).
     """
     if preset not in PRESETS:
         raise PlanError(f"unknown preset {preset!r}; choose one of {', '.join(PRESETS)}")
@@ -461,10 +477,15 @@ def plan_memory(footprint: ModelFootprint, budget_bytes: int, preset: str, custo
     if (custom is not None) != (preset == "custom"):
         raise PlanError("custom values go with the custom preset, and the custom preset needs them: "
                         f"give {', '.join(CUSTOM_KEYS)}")
+    if reserve_source is None:
+        reserve_source = DEFAULT_RESERVE_SOURCE if reserve_bytes == DEFAULT_RUNTIME_RESERVE_BYTES \
+            else GIVEN_RESERVE_SOURCE
     if preset == "custom":
-        return _custom_plan(footprint, budget_bytes, custom, reserve_bytes)
-    policy = _auto_policy(footprint, budget_bytes, reserve_bytes) if preset == "auto" else preset
-    return _preset_plan(footprint, budget_bytes, preset, policy, reserve_bytes)
+        plan = _custom_plan(footprint, budget_bytes, custom, reserve_bytes)
+    else:
+        policy = _auto_policy(footprint, budget_bytes, reserve_bytes) if preset == "auto" else preset
+        plan = _preset_plan(footprint, budget_bytes, preset, policy, reserve_bytes)
+    return replace(plan, reserve_source=reserve_source)
 
 
 def _workspace(footprint: ModelFootprint, chunk_tokens: int) -> int:

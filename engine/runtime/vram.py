@@ -2,7 +2,8 @@
 
 The budget covers everything the process takes on the GPU: PyTorch's caching allocator and what lives
 outside it (the CUDA context, kernel images, per-thread local memory). The allocator is capped at the
-budget less the planner's estimate of the outside part (`set_per_process_memory_fraction`), so an
+budget less the outside part of the runtime reserve plans use on this GPU (measured there by
+engine/runtime/reserve.py, else the planner's formula) (`set_per_process_memory_fraction`), so an
 allocation past the plan fails as a CUDA out-of-memory error, as it would on the small card. The
 measured peak adds the outside part seen now to the allocator's peak: the outside part only grows, so
 this is an upper bound of the process's true peak, checked against the budget.
@@ -14,7 +15,7 @@ from dataclasses import asdict, dataclass
 
 import torch
 
-from engine.runtime.planner import RESERVE_INSIDE_ALLOCATOR_BYTES, runtime_reserve_bytes
+from engine.runtime.planner import runtime_reserve_bytes
 
 DEFAULT_THREADS_PER_MULTIPROCESSOR = 2048  # Volta to Hopper; consumer Turing/Ampere/Ada cards report 1024-1536
 
@@ -23,7 +24,7 @@ DEFAULT_THREADS_PER_MULTIPROCESSOR = 2048  # Volta to Hopper; consumer Turing/Am
 class VramCap:
     budget_bytes: int
     allocator_limit_bytes: int  # what PyTorch may hold: the budget less the outside estimate
-    outside_estimate_bytes: int  # context, kernels, local memory, from the planner's reserve
+    outside_estimate_bytes: int  # context, kernels, local memory: the runtime reserve's outside part
     total_bytes: int  # the card's memory
 
     def to_dict(self) -> dict:
@@ -38,17 +39,19 @@ def gpu_runtime_reserve_bytes(device: torch.device | str = "cuda") -> int:
 
 
 def outside_allocator_bytes(device: torch.device | str = "cuda") -> int:
-    """The planner's estimate of this GPU's process memory outside PyTorch's allocator: the runtime reserve less
-    its part inside the allocator (so: context, kernel images, instantiated graphs, per-thread local memory)."""
-    return gpu_runtime_reserve_bytes(device) - RESERVE_INSIDE_ALLOCATOR_BYTES
+    """This GPU's process memory outside PyTorch's allocator as plans budget it: the runtime reserve in use here
+    (engine/runtime/reserve.py) less its part inside the allocator (so: context, kernel images, instantiated
+    graphs, per-thread local memory)."""
+    from engine.runtime.reserve import runtime_reserve
+    return runtime_reserve(device).outside_allocator_bytes
 
 
 def cap_process_memory(budget_bytes: int, device: torch.device | str = "cuda") -> VramCap:
     """Cap PyTorch's allocator on `device` so the whole process stays within `budget_bytes`."""
+    outside = outside_allocator_bytes(device)  # first: a first measurement reads the card before CUDA starts
     torch.cuda.init()
     device = torch.device("cuda", torch.device(device).index or torch.cuda.current_device())
     total = torch.cuda.get_device_properties(device).total_memory
-    outside = outside_allocator_bytes(device)
     limit = budget_bytes - outside
     if limit <= 0 or budget_bytes > total:
         raise ValueError(f"a VRAM limit of {budget_bytes / 2**30:.2f} GiB cannot be held on this "
@@ -70,6 +73,6 @@ def measured_peak(device: torch.device | str = "cuda") -> dict:
 
 
 def process_usage_bytes(device: torch.device | str = "cuda") -> int:
-    """This process's GPU memory now: what the allocator holds plus the planner's estimate of the rest (the
+    """This process's GPU memory now: what the allocator holds plus the reserve's outside part (the
     card's free memory would also count other programs, such as the desktop)."""
     return torch.cuda.memory_reserved(device) + outside_allocator_bytes(device)
