@@ -184,6 +184,27 @@ def test_edit_rolls_back_to_that_message(model, tokenizer):
         session.edit(1, "x")
 
 
+def test_restore_points_are_kept_in_host_memory_and_bounded(model, tokenizer):
+    """Each turn's snapshot holds the recurrent states as host copies independent of the live state; only the
+    last `max_snapshots` are kept, and an edit further back is no longer a rollback (the app prefills again)."""
+    session = ChatSession(model, tokenizer, context_tokens=4096, sampling=SHORT, max_snapshots=2)
+    for text in ("One", "Two", "Three", "Four"):
+        list(session.send(text))
+    kept = [b.message_index for b in session._boundaries]
+    assert kept == [4, 6] and not session.can_edit(0) and not session.can_edit(2) and session.can_edit(4)
+    recurrent = [saved for saved in session._boundaries[-1].snapshot.layers if not isinstance(saved, int)]
+    live = [s for s in session._state.layers if not isinstance(s.snapshot(), int)]
+    assert recurrent and all(saved.recurrent.device.type == "cpu" for saved in recurrent)
+    assert all(saved.recurrent.data_ptr() != state.recurrent.data_ptr() for saved, state in zip(recurrent, live))
+    first = list(session.regenerate())[-1]
+    fresh = ChatSession(model, tokenizer, context_tokens=4096, sampling=SHORT)
+    for text in ("One", "Two", "Three"):
+        list(fresh.send(text))
+    assert list(fresh.send("Four"))[-1].answer == first.answer
+    with pytest.raises(ValueError, match="max_snapshots must be 1 or more"):
+        ChatSession(model, tokenizer, context_tokens=4096, max_snapshots=0)
+
+
 def test_saved_history_is_prefilled_with_the_next_message(tokenizer):
     model, session = scripted(tokenizer, text="Fine.", enable_thinking=False)
     history = [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Hello!"}]

@@ -22,11 +22,21 @@ class DeltaNetState:
     def clone(self) -> DeltaNetState:
         return DeltaNetState(self.conv.clone(), self.recurrent.clone())
 
-    snapshot = clone
+    def snapshot(self) -> DeltaNetState:
+        """A copy in host memory, so restore points cost no VRAM: pinned and copied asynchronously from a GPU
+        (ordered on the current stream, before the next step changes the state)."""
+        return DeltaNetState(_to_host(self.conv), _to_host(self.recurrent))
 
     def restore(self, saved: DeltaNetState) -> None:
-        self.conv.copy_(saved.conv)
-        self.recurrent.copy_(saved.recurrent)
+        self.conv.copy_(saved.conv, non_blocking=True)
+        self.recurrent.copy_(saved.recurrent, non_blocking=True)
+
+
+def _to_host(t: torch.Tensor) -> torch.Tensor:
+    on_gpu = t.device.type == "cuda"
+    host = torch.empty(t.shape, dtype=t.dtype, pin_memory=on_gpu)
+    host.copy_(t, non_blocking=on_gpu)
+    return host
 
 
 class GatedDeltaNet:

@@ -4,7 +4,8 @@ The state only ever grows by what the model has seen: each turn feeds just the n
 (the end of the previous reply, the new user message and the assistant header), so turn N
 costs the prefill of turn N alone. The model therefore sees its own earlier reasoning, where
 a fresh render of the chat template would drop it; that is the price of never recomputing
-history. A snapshot at every turn boundary lets regenerate and edit roll back instead.
+history. A snapshot at each of the last `max_snapshots` turn boundaries (recurrent states copied to host
+RAM, KV caches remembered by length) lets regenerate and edit roll back instead.
 
 A turn cancelled during its prefill is undone whole (its user message is taken back out of
 `messages`; the app keeps the text). Threading: one thread drives `send`/`regenerate`/`edit` (the app's worker); `cancel` may be
@@ -31,6 +32,9 @@ from engine.runtime.tokenizer import ChatTokenizer, IncrementalDetokenizer
 # template puts after a finished reply, whatever the template does with earlier turns.
 _SENTINEL = "\u2063moedesk-turn-boundary\u2063"
 DEFAULT_PREFILL_CHUNK_TOKENS = 512
+# Restore points kept for regenerate and edit (each holds every Gated DeltaNet state in host RAM, 61 MiB for
+# Qwen3.6-35B-A3B); an edit further back prefills the history again.
+DEFAULT_MAX_SNAPSHOTS = 8
 
 
 @dataclass
@@ -46,13 +50,17 @@ class _Boundary:
 class ChatSession:
     def __init__(self, model: CausalLM, tokenizer: ChatTokenizer, *, context_tokens: int,
                  sampling: SamplingParams | None = None, system_prompt: str | None = None,
-                 enable_thinking: bool = True, prefill_chunk_tokens: int = DEFAULT_PREFILL_CHUNK_TOKENS):
+                 enable_thinking: bool = True, prefill_chunk_tokens: int = DEFAULT_PREFILL_CHUNK_TOKENS,
+                 max_snapshots: int = DEFAULT_MAX_SNAPSHOTS):
         self.model, self.tokenizer = model, tokenizer
         self.context_tokens = context_tokens
         self.sampling = sampling or SamplingParams.from_generation_config(tokenizer.generation_defaults)
         self.system_prompt = system_prompt
         self.enable_thinking = enable_thinking
         self.prefill_chunk_tokens = prefill_chunk_tokens
+        if max_snapshots < 1:
+            raise ValueError(f"max_snapshots must be 1 or more (the last turn's, for regenerate), not {max_snapshots}")
+        self.max_snapshots = max_snapshots
         self.messages: list[dict] = []
         self.prefilled_tokens_total = 0  # every token this session pushed through prefill
         self._cancel = threading.Event()
@@ -151,6 +159,7 @@ class ChatSession:
         self.messages.append(user)
         self._boundaries.append(_Boundary(len(self.messages) - 1, self._state.snapshot(), len(self._fed),
                                           self._pending))
+        del self._boundaries[:-self.max_snapshots]  # the oldest go: editing there prefills the history again
         yield from _Reply(self, sampler, ids, rendered).run()
 
 
