@@ -338,6 +338,7 @@ def _models_page(qtbot, worker, settings):
     page = ModelsPage(worker, settings)
     qtbot.addWidget(page)
     page.resize(900, 500)
+    qtbot.waitSignal(page.libraryScanned).wait()  # the first scan, started by the page itself
     return page
 
 
@@ -348,7 +349,8 @@ def _cell(page, row, column):
 def test_models_page_load_emits_load_requested(qtbot, worker, settings, tiny_model):
     page = _models_page(qtbot, worker, settings)
     assert page.library.rowCount() == 0
-    page.add_folder(tiny_model)
+    with qtbot.waitSignal(page.libraryScanned):
+        page.add_folder(tiny_model)
     assert settings.get("model_folders") == [str(tiny_model)]
     row = page.library.row_of(str(tiny_model))
     assert [_cell(page, row, c) for c in ("Name", "Architecture", "Format", "Fits", "Status")] == \
@@ -382,7 +384,8 @@ def test_models_page_shows_why_a_folder_cannot_be_opened(qtbot, worker, settings
     page = _models_page(qtbot, worker, settings)
     bad = tmp_path / "downloads"
     bad.mkdir()
-    page.add_folder(bad)
+    with qtbot.waitSignal(page.libraryScanned):
+        page.add_folder(bad)
     assert page.error_banner.isVisibleTo(page)
     assert "cannot be opened as a model" in page.error_banner.text()
     assert "has no config.json" in page.error_banner.text()
@@ -483,3 +486,25 @@ def test_logs_page_filters_and_copies_diagnostics(qtbot, worker):
     assert "Last error:\n/models/x: has no config.json" in copied
     assert f"{SYNTHETIC}, preset 4gb, budget 4.00 GiB" in copied
     assert "copied" in page.copied_label.text()
+
+
+def test_the_library_scan_never_blocks_the_gui_thread(qtbot, worker, settings, monkeypatch):
+    """A scan that blocks (a hung network folder, a FIFO) leaves the page usable; its result arrives later."""
+    import threading
+
+    import app.library_scanner as scanner
+
+    release, gui = threading.Event(), threading.get_ident()
+    threads = []
+
+    def blocked(folders, downloads=None):
+        threads.append(threading.get_ident())
+        assert release.wait(10), "the test never released the scan"
+        return []
+    monkeypatch.setattr(scanner, "scan_library", blocked)
+    page = ModelsPage(worker, settings)  # returns while its first scan is blocked
+    qtbot.addWidget(page)
+    assert "Scanning…" in page.sources_label.text() and page.library.rowCount() == 0
+    with qtbot.waitSignal(page.libraryScanned, timeout=5000):
+        release.set()
+    assert threads and gui not in threads and "Scanning…" not in page.sources_label.text()

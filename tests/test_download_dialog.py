@@ -107,12 +107,14 @@ def test_download_drives_the_bars_and_lands_in_the_library_ready_to_load(qtbot, 
     assert dialog.banner.property("kind") == "ok" and dialog.load_button.isVisible()
     assert "12 GB ✓" in dialog.summary_label.text() and "RAM needed ≈" in dialog.summary_label.text()
 
-    # the Models page lists it at once, selected and usable; Load now hands it to the engine worker
+    # the Models page lists it once its rescan is in, selected and usable; Load now hands it to the engine worker
+    qtbot.waitUntil(lambda: page.library.row_of(folder) >= 0, timeout=TIMEOUT_MS)
     row = page.library.row_of(folder)
     entry = page.library.entry(row)
     assert entry["name"] == TINY and entry["source"] == DOWNLOAD_SOURCE and entry["error"] == ""
     assert page.selected_row() == row and page.load_button.isEnabled()
-    dialog.load_button.click()
+    with qtbot.waitSignal(page.loadRequested, timeout=TIMEOUT_MS):
+        dialog.load_button.click()
     assert page.fake_worker.load_calls[-1][0] == folder
 
 
@@ -149,7 +151,8 @@ def test_cancel_deletes_the_partial_download(qtbot, page, dialog, fake_hub, priv
     assert ended.args == ["cancelled", "discarded"]
     assert dialog.banner.property("kind") == "info" and "cancelled" in dialog.banner.text()
     assert not (private_library / hub.folder_name(TINY)).exists()
-    page.refresh()
+    with qtbot.waitSignal(page.libraryScanned):
+        page.refresh()
     assert page.library.rowCount() == 0
     assert dialog.download_button.isEnabled() and not dialog.cancel_button.isEnabled()
 
@@ -163,7 +166,8 @@ def test_closing_mid_download_keeps_what_arrived_for_next_time(qtbot, page, dial
     dialog.close_button.click()
     folder = private_library / hub.folder_name(TINY)
     assert hub.partial_download(folder) and not (folder / "config.json").exists()
-    page.refresh()
+    with qtbot.waitSignal(page.libraryScanned):
+        page.refresh()
     assert page.library.rowCount() == 0  # an unfinished download is not a model
     again = page.open_download_dialog()
     statuses = {again.curated.index(r, 0).data(): again.curated.index(r, CURATED_COLUMNS.index("Here")).data()

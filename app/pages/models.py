@@ -1,6 +1,6 @@
 """The Models page: the local library (Hugging Face cache, the user's folders, downloads, the demo model), with load.
 
-Scanning reads config.json and safetensors headers only, so it runs on the GUI thread; loading
+Scanning reads config.json and safetensors headers on a pool thread (app/library_scanner.py); loading
 goes to the engine worker through the queued `loadRequested` signal and reports back through the
 worker's loadStarted / loaded / loadFailed signals. "Download…" opens the download dialog
 (app/dialogs/download_dialog.py); a model it finishes is rescanned, selected and can be loaded at once.
@@ -16,7 +16,8 @@ from PySide6.QtGui import QColor
 from PySide6.QtWidgets import (QAbstractItemView, QFileDialog, QHBoxLayout, QHeaderView, QLabel, QProgressBar,
                                QPushButton, QTableView, QVBoxLayout, QWidget)
 
-from app.model_library import SIZE_PRESETS, default_hf_cache, scan_library
+from app.library_scanner import LibraryScanner
+from app.model_library import SIZE_PRESETS, default_hf_cache
 from app.paths import DEMO_MODEL, download_folder
 from app.settings import load_options
 from app.system_info import format_bytes
@@ -130,6 +131,7 @@ class ModelsPage(QWidget):
     loadRequested = Signal(str, dict)  # model folder, app.settings.load_options(); connected to worker.load
     unloadRequested = Signal()  # connected to worker.unload
     log = Signal(str, str)  # level, message: what the download dialog's worker reports (never a token)
+    libraryScanned = Signal()  # the newest scan's entries are listed
 
     def __init__(self, worker, settings, parent: QWidget | None = None):
         super().__init__(parent)
@@ -200,6 +202,10 @@ class ModelsPage(QWidget):
         layout.addWidget(self.status_label)
 
         self._busy = False
+        self._scanner = LibraryScanner(self)
+        self._scanner.scanned.connect(self._on_scanned)
+        self._scan_request = 0
+        self._after_scan: list = []  # what waits for the newest scan: selecting or loading what it found
         self.loadRequested.connect(worker.load)
         self.unloadRequested.connect(worker.unload)
         worker.unloaded.connect(self._on_unloaded)
@@ -211,13 +217,28 @@ class ModelsPage(QWidget):
 
     # ---- library ---------------------------------------------------------------------------------
 
-    def refresh(self) -> None:
+    def refresh(self, then=None) -> None:
+        """Scan the library again on the scanner's thread; `then()` runs once its entries are listed."""
         folders = self.settings.get("model_folders")
         downloads = download_folder(self.settings.get("download_folder"))
-        self.library.set_entries(scan_library([Path(f) for f in folders], downloads=downloads))
         where = [f"downloads ({downloads})", f"the Hugging Face cache ({default_hf_cache()})"] + folders
-        self.sources_label.setText("Looking in " + "; ".join(where) + ".")
+        self._sources = "Looking in " + "; ".join(where) + "."
+        self.sources_label.setText(self._sources + " Scanning…")
+        self._scan_request += 1
+        if then is not None:
+            self._after_scan.append(then)
+        self._scanner.scan(folders, downloads, self._scan_request)
+
+    def _on_scanned(self, entries: list, request: int) -> None:
+        if request != self._scan_request:
+            return  # a newer scan is on its way
+        self.library.set_entries(entries)
+        self.sources_label.setText(self._sources)
         self._update_buttons()
+        waiting, self._after_scan = self._after_scan, []
+        for then in waiting:
+            then()
+        self.libraryScanned.emit()
 
     def add_folder(self, path: str | Path) -> None:
         """Remember a folder (a model, or a folder of models), rescan, and select what it added."""
@@ -225,7 +246,9 @@ class ModelsPage(QWidget):
         folders = self.settings.get("model_folders")
         if path not in folders:
             self.settings.set("model_folders", folders + [path])
-        self.refresh()
+        self.refresh(lambda: self._select_added(path))
+
+    def _select_added(self, path: str) -> None:
         row = self.library.row_of(path)
         if row < 0:  # a folder of models: its first model, if any, is what to select
             row = next((i for i in range(self.library.rowCount())
@@ -258,14 +281,15 @@ class ModelsPage(QWidget):
 
     def _on_downloaded(self, path: str) -> None:
         """A download finished: list it and select it, ready to load."""
-        self.refresh()
+        self.refresh(lambda: self._select(path))
+
+    def _select(self, path: str) -> None:
         row = self.library.row_of(path)
         if row >= 0:
             self.table.selectRow(row)
 
     def load_path(self, path: str) -> None:
-        self.refresh()
-        self.load_row(self.library.row_of(path))
+        self.refresh(lambda: self.load_row(self.library.row_of(path)))
 
     def _choose_folder(self) -> None:
         folder = QFileDialog.getExistingDirectory(self, "Open a model folder", str(Path.home()))
