@@ -248,3 +248,13 @@ def test_out_of_memory_undoes_the_turn_and_the_session_goes_on(tokenizer, fail_a
     model.fail_at = None
     again = list(session.send("How are you?"))[-1]
     assert again.stats.stop_reason == "eos" and again.answer == "Fine, thanks."
+
+
+def test_a_cancel_before_the_first_event_is_not_lost(tokenizer):
+    model, session = scripted(tokenizer, delay=0.005)  # its forward asks the interrupt, as the real one does
+    turn = session.send("Hi")
+    session.cancel()  # the app's Stop, between asking for the reply and its first event
+    final = list(turn)[-1]
+    assert final.stats.stop_reason == "cancelled" and final.stats.new_tokens == 0
+    assert session.messages == [] and session.context_used == 0
+    assert list(session.send("Hi again"))[-1].stats.stop_reason == "eos"  # the next turn is not cancelled

@@ -145,9 +145,13 @@ class ChatSession:
         return list(self._pending) + self.tokenizer.encode(text), text
 
     def _turn(self, user_text: str, sampling: SamplingParams | None) -> Iterator:
+        """The turn's events; a cancel() from now on (before the first event too) stops it."""
+        self._cancel.clear()
+        return self._run_turn(user_text, sampling)
+
+    def _run_turn(self, user_text: str, sampling: SamplingParams | None) -> Iterator:
         params = sampling or self.sampling
         sampler = Sampler(replace(params, stop=tuple(params.stop)))
-        self._cancel.clear()
         user = {"role": "user", "content": user_text}
         ids, rendered = self._prompt_ids(self.messages[self._synced:] + [user])
         needed = self._state.position + len(ids) + 1  # at least one reply token must fit
