@@ -4,15 +4,16 @@ and the chat templates rendered exactly as transformers' apply_chat_template ren
 import copy
 import itertools
 import json
+from pathlib import Path
 
 import pytest
 from transformers import AutoTokenizer
 
-from conftest import REAL_TOKENIZERS
 from engine.errors import CheckpointError
 from engine.runtime.tokenizer import ChatTokenizer, IncrementalDetokenizer
 
-GOLDEN = json.loads((REAL_TOKENIZERS / "qwen3.6" / "golden-encodings.json").read_text(encoding="utf-8"))["entries"]
+GOLDEN_PATH = Path(__file__).parent / "fixtures" / "real-tokenizers" / "qwen3.6" / "golden-encodings.json"
+GOLDEN = json.loads(GOLDEN_PATH.read_text(encoding="utf-8"))["entries"]
 NAMES = ("qwen3.6", "qwen3")
 
 
@@ -31,7 +32,7 @@ def theirs(real_tokenizer_folder):
     return {n: AutoTokenizer.from_pretrained(str(real_tokenizer_folder(n))) for n in NAMES}
 
 
-def test_golden_file_is_the_one_recorded_without_special_tokens():
+def test_golden_file_holds_64_encodings():
     assert len(GOLDEN) == 64 and len({e["text"] for e in GOLDEN}) == 64
     assert sum(len(e["ids"]) for e in GOLDEN) > 800  # every entry holds its ids, not a placeholder
 
