@@ -1,5 +1,7 @@
 import gc
+import gzip
 import os
+import shutil
 import sys
 import tempfile
 from pathlib import Path
@@ -33,6 +35,32 @@ def tiny_checkpoint(tmp_path_factory):
             folder = tmp_path_factory.mktemp(f"{arch}-{fmt}-{'fused' if fused else 'split'}-{shards}")
             made[key] = write_tiny_checkpoint(folder, arch, fmt, fused, shards)
         return made[key]
+
+    return make
+
+
+REAL_TOKENIZERS = Path(__file__).parent / "fixtures" / "real-tokenizers"
+
+
+@pytest.fixture(scope="session")
+def real_tokenizer_folder(tmp_path_factory):
+    """real_tokenizer_folder("qwen3.6" | "qwen3") -> a model folder with that checkpoint's real tokenizer files.
+
+    The fixture keeps tokenizer.json gzipped; a checkpoint folder has it plain, so each is unpacked once."""
+    made = {}
+
+    def make(name: str) -> Path:
+        if name not in made:
+            source = REAL_TOKENIZERS / name
+            folder = tmp_path_factory.mktemp(f"real-tokenizer-{name}")
+            for path in source.iterdir():
+                if path.name == "tokenizer.json.gz":
+                    with gzip.open(path, "rb") as packed, open(folder / "tokenizer.json", "wb") as plain:
+                        shutil.copyfileobj(packed, plain)
+                elif path.name != "golden-encodings.json":
+                    shutil.copyfile(path, folder / path.name)
+            made[name] = folder
+        return made[name]
 
     return make
 

@@ -258,3 +258,47 @@ def test_a_cancel_before_the_first_event_is_not_lost(tokenizer):
     assert final.stats.stop_reason == "cancelled" and final.stats.new_tokens == 0
     assert session.messages == [] and session.context_used == 0
     assert list(session.send("Hi again"))[-1].stats.stop_reason == "eos"  # the next turn is not cancelled
+
+
+@pytest.fixture(scope="module")
+def qwen36(real_tokenizer_folder):
+    return ChatTokenizer.from_folder(real_tokenizer_folder("qwen3.6"))
+
+
+def _real_session(tokenizer, reply, **kwargs):
+    """A scripted session on a real tokenizer; the reply ends in <|im_end|> as Qwen's replies do."""
+    model = ScriptedModel(tokenizer.vocab_size, tokenizer.encode(reply) + [tokenizer.token_id("<|im_end|>")])
+    return ChatSession(model, tokenizer, context_tokens=4096, sampling=GREEDY, **kwargs)
+
+
+@pytest.mark.parametrize("thinking", [True, False], ids=["thinking", "no_thinking"])
+def test_state_is_the_render_of_the_history_with_its_reasoning(qwen36, thinking):
+    """The state keeps earlier replies as generated, reasoning included: exactly the template's render with
+    preserve_thinking, so reusing it and rendering the history afresh give the same tokens."""
+    reply = ("Let me think: 你好 😀\n</think>\n\n" if thinking else "") + "Answer: 答案 🎉 done."
+    session = _real_session(qwen36, reply, system_prompt="Be brief.", enable_thinking=thinking)
+    list(session.send("Hi"))
+    list(session.send("And then?"))
+    list(session.send("Last one."))
+    history = [{"role": "system", "content": "Be brief."}] + session.messages
+    assert [m.get("reasoning_content") for m in history if m["role"] == "assistant"] == \
+        (["Let me think: 你好 😀"] * 3 if thinking else [None] * 3)
+
+    def rendered(messages, add_generation_prompt, preserve_thinking=True):
+        return qwen36.encode(qwen36.render(messages, add_generation_prompt=add_generation_prompt,
+                                           enable_thinking=thinking, preserve_thinking=preserve_thinking))
+
+    # the last reply's <|im_end|> is written by the next turn; the rest of the history is in the state
+    assert session._fed + qwen36.encode("<|im_end|>\n") == rendered(history, add_generation_prompt=False)
+    assert session.context_used == len(session._fed)
+    third_prompt = rendered(history[:-1], add_generation_prompt=True)
+    assert session._fed[:len(third_prompt)] == third_prompt
+    # the template's default drops the earlier turns' reasoning (and their empty think blocks): not the state
+    assert session._fed[:len(third_prompt)] != rendered(history[:-1], True, preserve_thinking=False)
+
+    # a saved chat loaded into a fresh session is prefilled as the same tokens the live session holds
+    reloaded = _real_session(qwen36, reply, system_prompt="Be brief.", enable_thinking=thinking)
+    reloaded.reset(session.messages[:-2])
+    list(reloaded.send("Last one."))
+    assert reloaded._fed == session._fed
+    assert reloaded.model.fed[0] == third_prompt

@@ -2,14 +2,19 @@
 
 The state only ever grows by what the model has seen: each turn feeds just the new text
 (the end of the previous reply, the new user message and the assistant header), so turn N
-costs the prefill of turn N alone. The model therefore sees its own earlier reasoning, where
-a fresh render of the chat template would drop it; that is the price of never recomputing
-history. A snapshot at each of the last `max_snapshots` turn boundaries (recurrent states copied to host
-RAM, KV caches remembered by length) lets regenerate and edit roll back instead.
+costs the prefill of turn N alone. Earlier replies stay in the state as generated, reasoning
+included, so every render of the history asks the template to keep it (`preserve_thinking`,
+which Qwen3.5/3.6 templates take): a saved chat prefilled afresh, or the history recomputed
+after a new system prompt, is then the same tokens the live state holds. Templates without the
+option (Qwen3's) drop earlier reasoning from a fresh render; the live state still keeps it, the
+price of never recomputing history. A snapshot at each of the last `max_snapshots` turn
+boundaries (recurrent states copied to host RAM, KV caches remembered by length) lets
+regenerate and edit roll back instead.
 
 A turn cancelled during its prefill is undone whole (its user message is taken back out of
-`messages`; the app keeps the text). Threading: one thread drives `send`/`regenerate`/`edit` (the app's worker); `cancel` may be
-called from any thread and takes effect between layers of a prefill chunk or between tokens.
+`messages`; the app keeps the text). Threading: one thread drives `send`/`regenerate`/`edit`
+(the app's worker); `cancel` may be called from any thread and takes effect between layers of
+a prefill chunk or between tokens.
 """
 
 from __future__ import annotations
@@ -133,15 +138,16 @@ class ChatSession:
 
     def _prompt_ids(self, new_messages: list[dict]) -> tuple[list[int], str]:
         """(token ids to feed, rendered text) that bring the state up to `new_messages`."""
-        render = self.tokenizer.render
+        def render(messages: list[dict]) -> str:
+            return self.tokenizer.render(messages, add_generation_prompt=True, enable_thinking=self.enable_thinking,
+                                         preserve_thinking=True)
+
         if not self._fed:
             system = [{"role": "system", "content": self.system_prompt}] if self.system_prompt else []
-            text = render(system + self.messages[:self._synced] + new_messages, add_generation_prompt=True,
-                          enable_thinking=self.enable_thinking)
+            text = render(system + self.messages[:self._synced] + new_messages)
             return self.tokenizer.encode(text), text
         framed = [{"role": "user", "content": _SENTINEL}, {"role": "assistant", "content": _SENTINEL}]
-        text = render(framed + new_messages, add_generation_prompt=True, enable_thinking=self.enable_thinking)
-        text = text.rsplit(_SENTINEL, 1)[1]
+        text = render(framed + new_messages).rsplit(_SENTINEL, 1)[1]
         return list(self._pending) + self.tokenizer.encode(text), text
 
     def _turn(self, user_text: str, sampling: SamplingParams | None) -> Iterator:

@@ -156,22 +156,42 @@ class ChatTokenizer:
         return self._tokenizer.token_to_id(text)
 
     def render(self, messages: list[dict], *, add_generation_prompt: bool = True, enable_thinking: bool = True,
-               tools: list[dict] | None = None) -> str:
-        """The prompt text for a conversation of {"role", "content"} messages, by the model's chat template."""
+               tools: list[dict] | None = None, preserve_thinking: bool = False) -> str:
+        """Render a conversation to the prompt text, by the model's chat template.
+
+        Messages are Hugging Face's chat format: {"role", "content"} with role system, user, assistant or
+        tool; an assistant message may add "reasoning_content" (its thinking) and "tool_calls"
+        ([{"type": "function", "function": {"name", "arguments"}}], arguments a dict; Qwen3's template also
+        takes a JSON string). `tools` are JSON-schema function specs. `preserve_thinking` asks templates that
+        know it (Qwen3.5/3.6) to keep the reasoning of every assistant turn instead of only the current one's;
+        templates that do not read it ignore it.
+        """
         if self._template is None:
             raise CheckpointError(self._template_path.parent, "has no chat template",
                                   "add the model's chat_template.jinja (or a tokenizer_config.json with a "
                                   "chat_template) to the folder")
         context = dict(self._special_tokens, messages=messages, tools=tools,
-                       add_generation_prompt=add_generation_prompt, enable_thinking=enable_thinking)
+                       add_generation_prompt=add_generation_prompt, enable_thinking=enable_thinking,
+                       preserve_thinking=preserve_thinking)
         try:
             return self._template.render(**context)
         except _TemplateRejected as exc:
             raise CheckpointError(self._template_path, f"the chat template rejects this conversation: {exc.message}",
                                   "check the order and roles of the messages") from None
-        except Exception as exc:  # the template is foreign code; whatever fails inside it is the template's fault
+        except Exception as exc:  # the template is foreign code: a failure inside it is the template's, or the input's
+            hint = REPLACE_TEMPLATE
+            if _has_string_arguments(messages):  # Qwen3.6's template iterates the arguments as a mapping
+                hint = "give each tool call's arguments as a dict, not a JSON string, or " + REPLACE_TEMPLATE
             raise CheckpointError(self._template_path, f"the chat template fails to render "
-                                                       f"({type(exc).__name__}: {exc})", REPLACE_TEMPLATE) from None
+                                                       f"({type(exc).__name__}: {exc})", hint) from None
+
+
+def _has_string_arguments(messages: list[dict]) -> bool:
+    """Whether any assistant tool call in messages gives its arguments as a string."""
+    calls = [call for message in messages if isinstance(message, dict)
+             for call in message.get("tool_calls") or () if isinstance(call, dict)]
+    functions = [call.get("function", call) for call in calls]
+    return any(isinstance(f, dict) and isinstance(f.get("arguments"), str) for f in functions)
 
 
 class IncrementalDetokenizer:
