@@ -138,17 +138,17 @@ class ChatSession:
 
     def _prompt_ids(self, new_messages: list[dict]) -> tuple[list[int], str]:
         """(token ids to feed, rendered text) that bring the state up to `new_messages`."""
-        def render(messages: list[dict]) -> str:
-            return self.tokenizer.render(messages, add_generation_prompt=True, enable_thinking=self.enable_thinking,
-                                         preserve_thinking=True)
+        def encode(messages: list[dict], after: str | None = None) -> tuple[list[int], str]:
+            # message texts are data: a control token written in them is never one (ChatTokenizer.encode_chat)
+            return self.tokenizer.encode_chat(messages, after=after, add_generation_prompt=True,
+                                              enable_thinking=self.enable_thinking, preserve_thinking=True)
 
         if not self._fed:
             system = [{"role": "system", "content": self.system_prompt}] if self.system_prompt else []
-            text = render(system + self.messages[:self._synced] + new_messages)
-            return self.tokenizer.encode(text), text
+            return encode(system + self.messages[:self._synced] + new_messages)
         framed = [{"role": "user", "content": _SENTINEL}, {"role": "assistant", "content": _SENTINEL}]
-        text = render(framed + new_messages).rsplit(_SENTINEL, 1)[1]
-        return list(self._pending) + self.tokenizer.encode(text), text
+        ids, text = encode(framed + new_messages, after=_SENTINEL)
+        return list(self._pending) + ids, text
 
     def _turn(self, user_text: str, sampling: SamplingParams | None) -> Iterator:
         """The turn's events; a cancel() from now on (before the first event too) stops it."""

@@ -8,6 +8,7 @@ renders it, so a model sees the prompt it was trained on.
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Sequence
 from datetime import datetime
 from pathlib import Path
@@ -22,6 +23,8 @@ from engine.errors import CheckpointError
 REFETCH = "the download may be incomplete; fetch the model's tokenizer files again"
 REPLACE_TEMPLATE = "replace chat_template.jinja with the one from the model's original repository"
 REPLACEMENT_CHARACTER = "\ufffd"
+# Marks where a message's text goes when the template is rendered to find its own markup (private-use characters)
+_PLACEHOLDER = re.compile("\ue000(\\d+)\ue001")
 
 
 class _TemplateRejected(jinja2.TemplateError):
@@ -111,6 +114,10 @@ class ChatTokenizer:
         self.eos_token_ids = eos_token_ids
         self.generation_defaults = generation_defaults
         self.vocab_size: int = tokenizer.get_vocab_size(with_added_tokens=True)
+        # every added token's text (<|im_end|>, <think>, <tool_call>...): only the template may write them
+        self._controls = sorted((t.content for t in tokenizer.get_added_tokens_decoder().values()), key=len,
+                                reverse=True)
+        self._control_pattern = re.compile("|".join(map(re.escape, self._controls))) if self._controls else None
         self.think_start = "<think>" if self.token_id("<think>") is not None else None
         self.think_end = "</think>" if self.token_id("</think>") is not None else None
 
@@ -148,6 +155,67 @@ class ChatTokenizer:
         """Token ids of text; special tokens written in it (<|im_start|>) become their ids. No BOS is added."""
         return self._tokenizer.encode(text, add_special_tokens=False).ids
 
+    def encode_text(self, text: str) -> list[int]:
+        """Token ids of text read as plain text: control-token strings in it (`<|im_end|>`, `<think>`) become
+        ordinary tokens, never control tokens."""
+        if self._control_pattern is None or not self._control_pattern.search(text):
+            return self.encode(text)
+        ids, last = [], 0
+        for match in self._control_pattern.finditer(text):
+            ids += self.encode(text[last:match.start()]) + self._encode_plain(match.group())
+            last = match.end()
+        return ids + self.encode(text[last:])
+
+    def _encode_plain(self, text: str) -> list[int]:
+        """text through the normaliser, pre-tokeniser and BPE model alone, past the added-token matching."""
+        tokenizer = self._tokenizer
+        if tokenizer.normalizer is not None:
+            text = tokenizer.normalizer.normalize_str(text)
+        pieces = tokenizer.pre_tokenizer.pre_tokenize_str(text) if tokenizer.pre_tokenizer else [(text, None)]
+        return [token.id for piece, _ in pieces for token in tokenizer.model.tokenize(piece)]
+
+    def encode_chat(self, messages: list[dict], *, after: str | None = None, **options) -> tuple[list[int], str]:
+        """(token ids, text) of `messages` rendered by the template (options as `render`), where only the
+        template's own markup yields control tokens: a control token's text inside any message text (content,
+        reasoning, tool calls, tool results, tool specs) is encoded as plain text. `after`: keep only what
+        follows the last place this string (a message's text) was rendered."""
+        text = self.render(messages, **options)
+        texts: list[str] = []
+        masked = _replace_texts(messages, texts)
+        masked_tools = _replace_texts(options.get("tools"), texts)
+        if not any(self._control_pattern and self._control_pattern.search(t) for t in texts):
+            kept = text.rsplit(after, 1)[1] if after is not None else text
+            return self.encode(kept), kept
+        segments = self._segments(text, self.render(masked, **dict(options, tools=masked_tools)), texts)
+        if after is not None:
+            last = max(i for i, (piece, data) in enumerate(segments) if data and piece == after)
+            segments = segments[last + 1:]
+        ids = [i for piece, data in segments for i in (self.encode_text(piece) if data else self.encode(piece))]
+        return ids, "".join(piece for piece, _ in segments)
+
+    @staticmethod
+    def _segments(text: str, masked: str, texts: list[str]) -> list[tuple[str, bool]]:
+        """`text` cut into (piece, is message text) by aligning it with `masked`, the same render with each
+        message text a placeholder; where the template changed a text beyond recognition, the masked render's
+        markup with the texts as given."""
+        parts = _PLACEHOLDER.split(masked)  # markup, index, markup, index, ..., markup
+        segments, position = [], 0
+        for k in range(0, len(parts) - 1, 2):
+            markup, original, following = parts[k], texts[int(parts[k + 1])], parts[k + 2]
+            if not text.startswith(markup, position):
+                break
+            position += len(markup)
+            rendered = next((c for c in _renderings(original) if text.startswith(c, position)
+                             and text.startswith(following, position + len(c))), None)
+            if rendered is None:
+                break
+            segments += [(markup, False), (rendered, True)]
+            position += len(rendered)
+        else:
+            if text[position:] == parts[-1]:
+                return segments + [(parts[-1], False)]
+        return [(texts[int(part)], True) if k % 2 else (part, False) for k, part in enumerate(parts)]
+
     def decode(self, ids: Sequence[int], skip_special_tokens: bool = False) -> str:
         return self._tokenizer.decode(list(ids), skip_special_tokens=skip_special_tokens)
 
@@ -184,6 +252,25 @@ class ChatTokenizer:
                 hint = "give each tool call's arguments as a dict, not a JSON string, or " + REPLACE_TEMPLATE
             raise CheckpointError(self._template_path, f"the chat template fails to render "
                                                        f"({type(exc).__name__}: {exc})", hint) from None
+
+
+def _replace_texts(value, texts: list[str]):
+    """A copy of `value` (messages or tool specs) with every string a numbered placeholder, the strings appended
+    to `texts`; roles, types and dict keys stay, as the template branches on them."""
+    if isinstance(value, str):
+        texts.append(value)
+        return f"\ue000{len(texts) - 1}\ue001"
+    if isinstance(value, list):
+        return [_replace_texts(v, texts) for v in value]
+    if isinstance(value, dict):
+        return {k: (v if k in ("role", "type") else _replace_texts(v, texts)) for k, v in value.items()}
+    return value
+
+
+def _renderings(text: str) -> list[str]:
+    """How a template may have written a message text: as given, trimmed, or JSON-escaped."""
+    escaped = json.dumps(text, ensure_ascii=False)[1:-1]
+    return list(dict.fromkeys([text, text.strip(), text.strip("\n"), text.lstrip("\n"), text.rstrip(), escaped]))
 
 
 def _has_string_arguments(messages: list[dict]) -> bool:
