@@ -43,8 +43,7 @@ from pathlib import Path
 from typing import Callable
 from urllib.parse import urlparse
 
-from engine.checkpoint import INDEX_FILE, Checkpoint
-from engine.checkpoint.safetensors_file import DTYPES
+from engine.checkpoint import INDEX_FILE, Checkpoint, LayoutShard
 from engine.config import read_config
 from engine.errors import CheckpointError
 
@@ -599,24 +598,10 @@ def _incomplete_path(folder: Path, path: str) -> Path:
 
 # ---- the fit before downloading -----------------------------------------------------------------
 
-class _HeaderShard:
-    """A safetensors file known only by its header (fetched with a range request), offered the way
-    engine.checkpoint offers a file: keys, shapes and dtypes."""
-
-    def __init__(self, header: dict, path: Path):
-        header = dict(header)
-        header.pop("__metadata__", None)
-        self._entries = {k: v for k, v in header.items() if isinstance(v, dict)}
-        self.path = path
-
-    def keys(self):
-        return self._entries.keys()
-
-    def shape(self, key: str) -> tuple[int, ...]:
-        return tuple(int(d) for d in self._entries[key]["shape"])
-
-    def dtype(self, key: str):
-        return DTYPES[self._entries[key]["dtype"]]
+def _header_shard(header: dict, path: Path) -> LayoutShard:
+    """A safetensors file known only by its header (fetched with a range request)."""
+    entries = {k: v for k, v in header.items() if k != "__metadata__" and isinstance(v, dict)}
+    return LayoutShard({k: (v["dtype"], tuple(int(d) for d in v["shape"])) for k, v in entries.items()}, path)
 
 
 def _safetensors_header(hub: Hub, plan: DownloadPlan, f: PlanFile) -> dict:
@@ -650,7 +635,7 @@ def _remote_fit(hub: Hub, plan: DownloadPlan, small: dict[str, bytes]) -> tuple[
             raise HubError("unsupported", f"{plan.repo_id} is not a model MoE Desk runs: "
                                           f"{exc.cause}{f' ({exc.hint})' if exc.hint else ''}.") from None
         try:
-            shards = [_HeaderShard(_safetensors_header(hub, plan, f), Path(f.path))
+            shards = [_header_shard(_safetensors_header(hub, plan, f), Path(f.path))
                       for f in plan.files if fnmatch.fnmatch(f.path, WEIGHT_PATTERN)]
             footprint = footprint_from_headers(folder, config, shards)
         except CheckpointError as exc:

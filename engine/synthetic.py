@@ -1,150 +1,384 @@
-"""Full-size models described without any file: real shapes plus the format of each weight.
+"""Full-size models described without any file: each one exactly as its real checkpoint lays it out.
 
-`SYNTHETIC_MODELS[name]` gives a `SyntheticModel`: the `ModelConfig` a real checkpoint of that
-model would produce and a map from weight component to stored format. This module is data
-only: the memory planner sizes plans from it, and a benchmark can build random-weight models
-of the real shapes from it (no download, no file on disk).
+`SYNTHETIC_MODELS[name]` gives a `SyntheticModel`: the config.json the real checkpoint has
+(`config_json`, its `hf_quant_config` where it ships one), the `ModelConfig` the engine reads from it,
+and `tensor_layout()`, every tensor of the real safetensors files (checkpoint key -> safetensors dtype,
+shape), generated from the config by the same rules the exporter follows. The memory planner sizes
+plans from the layout through the code that reads real headers; benchmarks build random weights of it.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import copy
+from dataclasses import dataclass, field
 from pathlib import Path
 from types import MappingProxyType
 from typing import Mapping
 
-from engine.checkpoint.formats import FP8_TENSOR, NVFP4
+from engine.checkpoint.declared import compressed_tensors_nvfp4, fp8_block, modelopt_mixed_precision
 from engine.config import ModelConfig, config_from_dict
 from engine.testing import tiny_checkpoints
 
-BF16 = "bf16"  # plain bfloat16 weight (formats.DENSE stored as bf16)
+Layout = dict[str, tuple[str, tuple[int, ...]]]  # checkpoint key -> (safetensors dtype, shape)
 
-# The weight components a format map names, and which tensors each covers.
-COMPONENTS = MappingProxyType({
-    "routed_experts": "gate/up/down projections of every routed expert",
-    "shared_expert": "gate/up/down projections of each layer's shared expert",
-    "attention_projections": "q/k/v/o projections of the full-attention layers",
-    "gdn_projections": "in_proj_qkv, in_proj_z and out_proj of the Gated DeltaNet layers",
-    "gdn_gate_projections": "in_proj_a and in_proj_b of the Gated DeltaNet layers",
-    "router": "each MoE layer's router (mlp.gate) and shared-expert gate",
-    "norms_and_small": "RMSNorm weights, GDN conv1d weights, A_log and dt_bias",
-    "embedding": "embed_tokens",
-    "lm_head": "the output projection (not tied to the embedding)",
-})
+# How one linear weight [out, in] is stored (the checkpoint's tensors of that module).
+BF16 = "bf16"
+FP8_BLOCK = "fp8_block"  # Qwen's -FP8: float8 weight, one bf16 weight_scale_inv per 128x128 block
+FP8_TENSOR = "fp8_tensor"  # ModelOpt FP8: float8 weight, scalar float32 weight_scale and input_scale
+NVFP4 = "nvfp4"  # ModelOpt NVFP4: packed E2M1, fp8 scale per 16 inputs, scalar weight_scale_2 and input_scale
+NVFP4_CT = "nvfp4_ct"  # compressed-tensors NVFP4: weight_packed, weight_scale, weight_global_scale, input_global_scale
+NVFP4_GROUP = 16
+
+
+def stored_tensors(form: str, out_features: int, in_features: int, block: tuple[int, int] = (128, 128)) -> Layout:
+    """The tensors (role -> dtype, shape) of an [out, in] linear stored in `form`."""
+    if form == BF16:
+        return {"weight": ("BF16", (out_features, in_features))}
+    if form == FP8_BLOCK:
+        scales = (-(-out_features // block[0]), -(-in_features // block[1]))
+        return {"weight": ("F8_E4M3", (out_features, in_features)), "weight_scale_inv": ("BF16", scales)}
+    if form == FP8_TENSOR:
+        return {"weight": ("F8_E4M3", (out_features, in_features)), "weight_scale": ("F32", ()),
+                "input_scale": ("F32", ())}
+    packed, scales = (out_features, in_features // 2), (out_features, in_features // NVFP4_GROUP)
+    if form == NVFP4:
+        return {"weight": ("U8", packed), "weight_scale": ("F8_E4M3", scales), "weight_scale_2": ("F32", ()),
+                "input_scale": ("F32", ())}
+    if form == NVFP4_CT:
+        return {"weight_packed": ("U8", packed), "weight_scale": ("F8_E4M3", scales),
+                "weight_global_scale": ("F32", (1,)), "input_global_scale": ("F32", (1,))}
+    raise ValueError(f"no stored form {form!r}")
+
+
+@dataclass(frozen=True)
+class Build:
+    """Which stored form each part of a model takes in one published checkpoint."""
+
+    experts: str
+    shared_expert: str
+    attention: str  # q/k/v/o of full-attention layers
+    gdn: str  # in_proj_qkv, in_proj_z and out_proj of Gated DeltaNet layers (in_proj_a/b stay bf16)
+    lm_head: str = BF16
+    fused_experts: bool = False  # one [E, 2I, H] gate_up_proj and one [E, H, I] down_proj per layer
+    mtp: Build | None = None  # the multi-token-prediction head's own build; None: the checkpoint has none
+
+
+BF16_FUSED = Build(BF16, BF16, BF16, BF16, fused_experts=True)
+NVIDIA_NVFP4 = Build(NVFP4, NVFP4, FP8_TENSOR, FP8_TENSOR, lm_head=NVFP4, mtp=BF16_FUSED)
+QWEN_BF16 = Build(BF16, BF16, BF16, BF16, fused_experts=True, mtp=BF16_FUSED)
+QWEN_FP8 = Build(FP8_BLOCK, FP8_BLOCK, FP8_BLOCK, FP8_BLOCK,
+                 mtp=Build(FP8_BLOCK, FP8_BLOCK, FP8_BLOCK, BF16))
+LLM_COMPRESSOR_NVFP4 = Build(NVFP4_CT, NVFP4_CT, NVFP4_CT, BF16)
+QWEN3_BF16 = Build(BF16, BF16, BF16, BF16)
+
+
+class _LayoutWalk:
+    """Collects a checkpoint's tensors in the exporter's order, and each linear module's stored form."""
+
+    def __init__(self, block: tuple[int, int]):
+        self.layout: Layout = {}
+        self.forms: dict[str, str] = {}  # quantisation group (a module, or a layer's experts) -> form
+        self.linears: dict[str, str] = {}  # nn.Linear module (not a router) -> form, in order
+        self.block = block
+
+    def plain(self, name: str, *shape: int) -> None:
+        self.layout[name] = ("BF16", shape)
+
+    def linear(self, module: str, out_features: int, in_features: int, form: str, group: str | None = None,
+               is_linear: bool = True) -> None:
+        for role, entry in stored_tensors(form, out_features, in_features, self.block).items():
+            self.layout[f"{module}.{role}"] = entry
+        self.forms.setdefault(group or module, form)
+        if is_linear:
+            self.linears[module] = form
+
+
+def _attention(w: _LayoutWalk, c: ModelConfig, prefix: str, form: str) -> None:
+    hidden, heads_dim = c.hidden_size, c.num_attention_heads * c.head_dim
+    kv_width = c.num_key_value_heads * c.head_dim
+    w.linear(f"{prefix}.q_proj", heads_dim * (2 if c.attention_output_gate else 1), hidden, form)
+    w.linear(f"{prefix}.k_proj", kv_width, hidden, form)
+    w.linear(f"{prefix}.v_proj", kv_width, hidden, form)
+    w.linear(f"{prefix}.o_proj", hidden, heads_dim, form)
+    w.plain(f"{prefix}.q_norm.weight", c.head_dim)
+    w.plain(f"{prefix}.k_norm.weight", c.head_dim)
+
+
+def _gated_deltanet(w: _LayoutWalk, c: ModelConfig, prefix: str, form: str) -> None:
+    hidden, value_heads = c.hidden_size, c.linear_num_value_heads
+    values = value_heads * c.linear_value_head_dim
+    conv = 2 * c.linear_num_key_heads * c.linear_key_head_dim + values
+    w.linear(f"{prefix}.in_proj_qkv", conv, hidden, form)
+    w.linear(f"{prefix}.in_proj_z", values, hidden, form)
+    w.linear(f"{prefix}.in_proj_b", value_heads, hidden, BF16)
+    w.linear(f"{prefix}.in_proj_a", value_heads, hidden, BF16)
+    w.plain(f"{prefix}.conv1d.weight", conv, 1, c.linear_conv_kernel_dim)
+    w.plain(f"{prefix}.A_log", value_heads)
+    w.plain(f"{prefix}.dt_bias", value_heads)
+    w.plain(f"{prefix}.norm.weight", c.linear_value_head_dim)
+    w.linear(f"{prefix}.out_proj", hidden, values, form)
+
+
+def _swiglu(w: _LayoutWalk, prefix: str, hidden: int, intermediate: int, form: str, group: str | None = None) -> None:
+    w.linear(f"{prefix}.gate_proj", intermediate, hidden, form, group)
+    w.linear(f"{prefix}.up_proj", intermediate, hidden, form, group)
+    w.linear(f"{prefix}.down_proj", hidden, intermediate, form, group)
+
+
+def _moe(w: _LayoutWalk, c: ModelConfig, prefix: str, build: Build) -> None:
+    hidden, inter, experts = c.hidden_size, c.moe_intermediate_size, c.num_experts
+    # Qwen3.5/3.6's router is its own module, not an nn.Linear (quantisers that target Linear pass it by)
+    w.linear(f"{prefix}.gate", experts, hidden, BF16, is_linear=c.model_type == "qwen3_moe")
+    if build.fused_experts:
+        w.layout[f"{prefix}.experts.gate_up_proj"] = ("BF16", (experts, 2 * inter, hidden))
+        w.layout[f"{prefix}.experts.down_proj"] = ("BF16", (experts, hidden, inter))
+    else:
+        for e in range(experts):
+            _swiglu(w, f"{prefix}.experts.{e}", hidden, inter, build.experts, group=f"{prefix}.experts")
+    if c.shared_expert_intermediate_size:
+        _swiglu(w, f"{prefix}.shared_expert", hidden, c.shared_expert_intermediate_size, build.shared_expert)
+        w.linear(f"{prefix}.shared_expert_gate", 1, hidden, BF16)
+
+
+def _decoder_layer(w: _LayoutWalk, c: ModelConfig, prefix: str, kind: str, moe: bool, build: Build) -> None:
+    w.plain(f"{prefix}.input_layernorm.weight", c.hidden_size)
+    w.plain(f"{prefix}.post_attention_layernorm.weight", c.hidden_size)
+    if kind == "full_attention":
+        _attention(w, c, f"{prefix}.self_attn", build.attention)
+    else:
+        _gated_deltanet(w, c, f"{prefix}.linear_attn", build.gdn)
+    if moe:
+        _moe(w, c, f"{prefix}.mlp", build)
+    else:
+        _swiglu(w, f"{prefix}.mlp", c.hidden_size, c.intermediate_size, build.shared_expert)
+
+
+def _mtp(w: _LayoutWalk, c: ModelConfig, layers: int, build: Build) -> None:
+    """Qwen3.5/3.6's multi-token-prediction head: joins an embedding and a hidden state, then full layers."""
+    hidden = c.hidden_size
+    w.plain("mtp.fc.weight", hidden, 2 * hidden)
+    for norm in ("pre_fc_norm_embedding", "pre_fc_norm_hidden", "norm"):
+        w.plain(f"mtp.{norm}.weight", hidden)
+    for i in range(layers):
+        _decoder_layer(w, c, f"mtp.layers.{i}", "full_attention", True, build)
+
+
+def _vision(w: _LayoutWalk, vision: dict) -> None:
+    """The Qwen3.5/3.6 vision tower (ViT blocks and the patch merger); a text-only engine skips it."""
+    hidden, inter, out = vision["hidden_size"], vision["intermediate_size"], vision["out_hidden_size"]
+    merged = hidden * vision["spatial_merge_size"] ** 2
+    patch = vision["patch_size"]
+
+    def linear_with_bias(module: str, out_features: int, in_features: int) -> None:
+        w.linear(module, out_features, in_features, BF16)
+        w.plain(f"{module}.bias", out_features)
+
+    w.plain("model.visual.patch_embed.proj.weight", hidden, vision["in_channels"], vision["temporal_patch_size"],
+            patch, patch)
+    w.plain("model.visual.patch_embed.proj.bias", hidden)
+    w.plain("model.visual.pos_embed.weight", vision["num_position_embeddings"], hidden)
+    for b in range(vision["depth"]):
+        block = f"model.visual.blocks.{b}"
+        linear_with_bias(f"{block}.attn.qkv", 3 * hidden, hidden)
+        linear_with_bias(f"{block}.attn.proj", hidden, hidden)
+        linear_with_bias(f"{block}.mlp.linear_fc1", inter, hidden)
+        linear_with_bias(f"{block}.mlp.linear_fc2", hidden, inter)
+        for norm in ("norm1", "norm2"):
+            w.plain(f"{block}.{norm}.weight", hidden)
+            w.plain(f"{block}.{norm}.bias", hidden)
+    linear_with_bias("model.visual.merger.linear_fc1", merged, merged)
+    linear_with_bias("model.visual.merger.linear_fc2", out, merged)
+    w.plain("model.visual.merger.norm.weight", hidden)
+    w.plain("model.visual.merger.norm.bias", hidden)
+
+
+def walk_layout(config_json: dict, build: Build, block: tuple[int, int] = (128, 128)) -> _LayoutWalk:
+    """Every tensor of a checkpoint with this config.json stored as `build` says, in the exporter's order."""
+    c = config_from_dict(config_json, Path("config.json"))
+    wrapper = config_json.get("model_type") == "qwen3_5_moe"
+    prefix = "model.language_model." if wrapper else "model."
+    text = config_json.get("text_config", config_json)
+    w = _LayoutWalk(block)
+    w.plain(f"{prefix}embed_tokens.weight", c.vocab_size, c.hidden_size)
+    for i, kind in enumerate(c.layer_types):
+        _decoder_layer(w, c, f"{prefix}layers.{i}", kind, c.is_moe_layer(i), build)
+    w.plain(f"{prefix}norm.weight", c.hidden_size)
+    if not c.tie_word_embeddings:
+        w.linear("lm_head", c.vocab_size, c.hidden_size, build.lm_head)
+    if build.mtp is not None and text.get("mtp_num_hidden_layers"):
+        _mtp(w, c, int(text["mtp_num_hidden_layers"]), build.mtp)
+    if wrapper and "vision_config" in config_json:
+        _vision(w, config_json["vision_config"])
+    return w
 
 
 @dataclass(frozen=True)
 class SyntheticModel:
     name: str
     description: str
-    config: ModelConfig
-    formats: Mapping[str, str]  # component (a key of COMPONENTS) -> BF16 | FP8_TENSOR | NVFP4
+    config: ModelConfig  # what engine.config.read_config gives for config_json
+    config_json: dict  # the checkpoint's config.json, quantization_config included where it has one
+    build: Build
+    hf_quant_config: dict | None = None  # hf_quant_config.json, for ModelOpt exports
+    fp8_block_size: tuple[int, int] = (128, 128)
+    generation_config: dict = field(default_factory=dict)
+
+    def tensor_layout(self) -> Layout:
+        """Every tensor of the real checkpoint: key -> (safetensors dtype, shape)."""
+        return walk_layout(self.config_json, self.build, self.fp8_block_size).layout
+
+    @property
+    def quantization_config(self) -> dict | None:
+        """What engine.checkpoint.Checkpoint takes as its quantisation argument (config.json's section)."""
+        return self.config.quantization_config
 
 
-# nvidia/Qwen3.6-35B-A3B-NVFP4 is a ModelOpt MIXED_PRECISION export: NVFP4 experts,
-# FP8 per-tensor attention/GDN projections, bf16 for what its exclude list names.
-QWEN3_5_NVFP4_FORMATS = MappingProxyType({
-    "routed_experts": NVFP4,
-    "shared_expert": NVFP4,
-    "attention_projections": FP8_TENSOR,
-    "gdn_projections": FP8_TENSOR,
-    "gdn_gate_projections": BF16,
-    "router": BF16,
-    "norms_and_small": BF16,
-    "embedding": BF16,
-    "lm_head": BF16,
-})
-
-# Qwen/Qwen3-30B-A3B is published in bf16; it has no shared expert and no Gated DeltaNet.
-QWEN3_BF16_FORMATS = MappingProxyType({
-    "routed_experts": BF16,
-    "attention_projections": BF16,
-    "router": BF16,
-    "norms_and_small": BF16,
-    "embedding": BF16,
-    "lm_head": BF16,
-})
-
-# Qwen/Qwen3.6-35B-A3B (and Qwen/Qwen3.5-35B-A3B, the same shapes) is published in bf16.
-QWEN3_5_BF16_FORMATS = MappingProxyType(dict.fromkeys(QWEN3_5_NVFP4_FORMATS, BF16))
-
-# Qwen/Qwen3.6-35B-A3B-FP8 stores its projections in FP8 with one scale per 128x128 block; sized here as
-# per-tensor FP8, which differs only by those scales (4 bytes per 16,384 weights, 0.02 %).
-QWEN3_5_FP8_FORMATS = MappingProxyType(dict(QWEN3_5_BF16_FORMATS, routed_experts=FP8_TENSOR,
-                                            shared_expert=FP8_TENSOR, attention_projections=FP8_TENSOR,
-                                            gdn_projections=FP8_TENSOR))
+# ---- the published configs ------------------------------------------------------------------
 
 QWEN3_6_LAYERS = 40
 QWEN3_6_FULL_ATTENTION_INTERVAL = 4  # three Gated DeltaNet layers, then one full-attention layer
 
-QWEN3_6_35B_A3B = ModelConfig(  # the defaults of transformers' Qwen3_5MoeTextConfig
-    model_type="qwen3_5_moe_text",
-    vocab_size=248320,
-    hidden_size=2048,
-    num_hidden_layers=QWEN3_6_LAYERS,
-    num_attention_heads=16,
-    num_key_value_heads=2,
-    head_dim=256,
-    rms_norm_eps=1e-6,
-    rope_theta=10_000_000.0,
-    rotary_dim=64,  # partial_rotary_factor 0.25 of head_dim 256
-    layer_types=tuple("full_attention" if (i + 1) % QWEN3_6_FULL_ATTENTION_INTERVAL == 0 else "linear_attention"
-                      for i in range(QWEN3_6_LAYERS)),
-    num_experts=256,
-    num_experts_per_tok=8,
-    moe_intermediate_size=512,
-    norm_topk_prob=True,
-    tie_word_embeddings=False,
-    max_position_embeddings=262144,
-    attention_output_gate=True,
-    zero_centered_norms=True,
-    shared_expert_intermediate_size=512,
-    linear_num_key_heads=16,
-    linear_num_value_heads=32,
-    linear_key_head_dim=128,
-    linear_value_head_dim=128,
-    linear_conv_kernel_dim=4,
-)
+QWEN3_6_TEXT_CONFIG = {  # Qwen/Qwen3.6-35B-A3B's text_config, shared by every build of it
+    "attention_bias": False, "attention_dropout": 0.0, "attn_output_gate": True, "bos_token_id": 248044,
+    "dtype": "bfloat16", "eos_token_id": 248044, "full_attention_interval": QWEN3_6_FULL_ATTENTION_INTERVAL,
+    "head_dim": 256, "hidden_act": "silu", "hidden_size": 2048, "initializer_range": 0.02,
+    "layer_types": ["full_attention" if (i + 1) % QWEN3_6_FULL_ATTENTION_INTERVAL == 0 else "linear_attention"
+                    for i in range(QWEN3_6_LAYERS)],
+    "linear_conv_kernel_dim": 4, "linear_key_head_dim": 128, "linear_num_key_heads": 16,
+    "linear_num_value_heads": 32, "linear_value_head_dim": 128, "mamba_ssm_dtype": "float32",
+    "max_position_embeddings": 262144, "model_type": "qwen3_5_moe_text", "moe_intermediate_size": 512,
+    "mtp_num_hidden_layers": 1, "mtp_use_dedicated_embeddings": False, "num_attention_heads": 16,
+    "num_experts": 256, "num_experts_per_tok": 8, "num_hidden_layers": QWEN3_6_LAYERS, "num_key_value_heads": 2,
+    "output_router_logits": False, "partial_rotary_factor": 0.25, "rms_norm_eps": 1e-06,
+    "rope_parameters": {"mrope_interleaved": True, "mrope_section": [11, 11, 10], "partial_rotary_factor": 0.25,
+                        "rope_theta": 10000000, "rope_type": "default"},
+    "router_aux_loss_coef": 0.001, "shared_expert_intermediate_size": 512, "tie_word_embeddings": False,
+    "use_cache": True, "vocab_size": 248320,
+}
+QWEN3_6_VISION_CONFIG = {
+    "deepstack_visual_indexes": [], "depth": 27, "hidden_act": "gelu_pytorch_tanh", "hidden_size": 1152,
+    "in_channels": 3, "initializer_range": 0.02, "intermediate_size": 4304, "model_type": "qwen3_5_moe",
+    "num_heads": 16, "num_position_embeddings": 2304, "out_hidden_size": 2048, "patch_size": 16,
+    "spatial_merge_size": 2, "temporal_patch_size": 2,
+}
+QWEN3_6_CONFIG = {
+    "architectures": ["Qwen3_5MoeForConditionalGeneration"], "image_token_id": 248056, "language_model_only": False,
+    "model_type": "qwen3_5_moe", "text_config": QWEN3_6_TEXT_CONFIG, "tie_word_embeddings": False,
+    "transformers_version": "4.57.1", "video_token_id": 248057, "vision_config": QWEN3_6_VISION_CONFIG,
+    "vision_end_token_id": 248054, "vision_start_token_id": 248053,
+}
+QWEN3_6_GENERATION_CONFIG = {"bos_token_id": 248044, "do_sample": True, "eos_token_id": [248046, 248044],
+                             "pad_token_id": 248044, "temperature": 1.0, "top_k": 20, "top_p": 0.95,
+                             "transformers_version": "4.57.1"}
 
-QWEN3_30B_A3B_LAYERS = 48
+QWEN3_30B_A3B_CONFIG = {
+    "architectures": ["Qwen3MoeForCausalLM"], "attention_bias": False, "attention_dropout": 0.0,
+    "bos_token_id": 151643, "decoder_sparse_step": 1, "eos_token_id": 151645, "head_dim": 128, "hidden_act": "silu",
+    "hidden_size": 2048, "initializer_range": 0.02, "intermediate_size": 6144, "max_position_embeddings": 40960,
+    "max_window_layers": 48, "mlp_only_layers": [], "model_type": "qwen3_moe", "moe_intermediate_size": 768,
+    "norm_topk_prob": True, "num_attention_heads": 32, "num_experts": 128, "num_experts_per_tok": 8,
+    "num_hidden_layers": 48, "num_key_value_heads": 4, "output_router_logits": False, "rms_norm_eps": 1e-06,
+    "rope_scaling": None, "rope_theta": 1000000.0, "router_aux_loss_coef": 0.001, "sliding_window": None,
+    "tie_word_embeddings": False, "torch_dtype": "bfloat16", "transformers_version": "4.51.0", "use_cache": True,
+    "use_sliding_window": False, "vocab_size": 151936,
+}
+QWEN3_30B_A3B_GENERATION_CONFIG = {"bos_token_id": 151643, "do_sample": True, "eos_token_id": [151645, 151643],
+                                   "pad_token_id": 151643, "temperature": 0.6, "top_k": 20, "top_p": 0.95,
+                                   "transformers_version": "4.51.0"}
 
-QWEN3_30B_A3B = ModelConfig(
-    model_type="qwen3_moe",
-    vocab_size=151936,
-    hidden_size=2048,
-    num_hidden_layers=QWEN3_30B_A3B_LAYERS,
-    num_attention_heads=32,
-    num_key_value_heads=4,
-    head_dim=128,
-    rms_norm_eps=1e-6,
-    rope_theta=1_000_000.0,
-    rotary_dim=128,  # full RoPE
-    layer_types=("full_attention",) * QWEN3_30B_A3B_LAYERS,
-    num_experts=128,
-    num_experts_per_tok=8,
-    moe_intermediate_size=768,
-    norm_topk_prob=True,
-    tie_word_embeddings=False,
-    max_position_embeddings=40960,
-    intermediate_size=6144,  # in config.json, unused: every layer is MoE
-)
+MODELOPT_VERSION = "0.44.0"  # the exporter of nvidia/Qwen3.6-35B-A3B-NVFP4
+LLM_COMPRESSOR_VERSION = "0.20.1"  # compressed-tensors version of the llm-compressor build
+# Qwen's FP8 list names three deepstack mergers although this vision tower has none (deepstack_visual_indexes
+# is empty): the count is not in the config
+QWEN3_6_FP8_DEEPSTACK_MERGERS = 3
 
-# The shapes of the tiny test checkpoints, parsed the way a real config.json is, so they cannot drift.
-TINY = config_from_dict(dict(tiny_checkpoints.TEXT_QWEN3_5, model_type="qwen3_5_moe_text"),
-                        Path(tiny_checkpoints.__file__))
+
+def _modelopt_quantization(config_json: dict, build: Build) -> tuple[dict, dict]:
+    """(config.json quantization_config, hf_quant_config.json) a ModelOpt MIXED_PRECISION export declares."""
+    walk = walk_layout(config_json, build)
+    algos = {NVFP4: "W4A16_NVFP4", FP8_TENSOR: "FP8"}
+    layers = {group: algos[form] for group, form in walk.forms.items()
+              if form in algos and not group.startswith("mtp.")}
+    mtp_layers = int(config_json.get("text_config", config_json).get("mtp_num_hidden_layers") or 0)
+    exclude = ["mtp*", *(f"mtp.layers.{i}*" for i in range(mtp_layers))]
+    return modelopt_mixed_precision(layers, exclude, MODELOPT_VERSION)
+
+
+def _qwen_fp8_modules_to_not_convert(config_json: dict) -> list[str]:
+    """Qwen's FP8 export's list of modules left in bf16: vision tower (under both prefixes), embedding,
+    head, norms, routers, GDN gates and the MTP head's norms, in the order the published config has them."""
+    text, vision = config_json["text_config"], config_json["vision_config"]
+    names = []
+    for b in range(vision["depth"]):
+        names += [f"model.visual.blocks.{b}.{m}" for m in ("attn.proj", "attn.qkv", "mlp.linear_fc1", "mlp.linear_fc2")]
+        names += [f"visual.blocks.{b}.{m}" for m in ("attn.proj", "attn.qkv_proj", "mlp.linear_fc1", "mlp.linear_fc2")]
+    for d in range(QWEN3_6_FP8_DEEPSTACK_MERGERS):
+        for root in ("model.visual", "visual"):
+            names += [f"{root}.deepstack_merger_list.{d}.{m}" for m in ("linear_fc1", "linear_fc2", "norm")]
+    for root in ("model.visual", "visual"):
+        names += [f"{root}.{m}" for m in ("merger.linear_fc1", "merger.linear_fc2", "merger.norm", "patch_embed.proj",
+                                          "pos_embed")]
+    names += ["visual", "model.visual", "lm_head", "model.embed_tokens"]
+    for i, kind in enumerate(text["layer_types"]):
+        layer = f"model.language_model.layers.{i}"
+        names += [f"{layer}.{m}" for m in ("input_layernorm", "mlp.shared_expert_gate", "post_attention_layernorm",
+                                           "mlp.gate")]
+        mixer = ("linear_attn.A_log", "linear_attn.conv1d", "linear_attn.dt_bias", "linear_attn.in_proj_ba",
+                 "linear_attn.in_proj_b", "linear_attn.in_proj_a", "linear_attn.norm") \
+            if kind == "linear_attention" else ("self_attn.k_norm", "self_attn.q_norm")
+        names += [f"{layer}.{m}" for m in mixer]
+    for i in range(text["mtp_num_hidden_layers"]):
+        names += [f"mtp.layers.{i}.{m}" for m in ("input_layernorm", "mlp.gate", "mlp.shared_expert_gate",
+                                                  "post_attention_layernorm", "self_attn.k_norm", "self_attn.q_norm")]
+    return names + ["mtp.fc", "mtp.norm", "mtp.pre_fc_norm_embedding", "mtp.pre_fc_norm_hidden"]
+
+
+def _llm_compressor_ignore(config_json: dict, build: Build) -> list[str]:
+    """The compressed-tensors ignore list: every nn.Linear the recipe left in bf16, the vision tower's first."""
+    walk = walk_layout(config_json, build)
+    bf16 = [m for m, form in walk.linears.items() if form == BF16]
+    return sorted(bf16, key=lambda m: not m.startswith("model.visual."))
+
+
+def _with_quantization(config: dict, quantization: dict) -> dict:
+    return dict(copy.deepcopy(config), quantization_config=quantization)
+
+
+def _synthetic(name: str, description: str, config_json: dict, build: Build, **extra) -> SyntheticModel:
+    return SyntheticModel(name, description, config_from_dict(config_json, Path(f"<synthetic {name}>/config.json")),
+                          config_json, build, **extra)
+
+
+def _nvidia_nvfp4(name: str, description: str, config: dict, **extra) -> SyntheticModel:
+    quantization, hf_quant = _modelopt_quantization(config, NVIDIA_NVFP4)
+    return _synthetic(name, description, _with_quantization(config, quantization), NVIDIA_NVFP4,
+                      hf_quant_config=hf_quant, **extra)
+
+
+# The shapes of the tiny test checkpoints, as write_tiny_checkpoint(..., "qwen3_5_moe", "nvfp4") lays them out.
+TINY_CONFIG = tiny_checkpoints.config_json("qwen3_5_moe", tiny_checkpoints.TEXT_QWEN3_5)
 
 SYNTHETIC_MODELS: Mapping[str, SyntheticModel] = MappingProxyType({
     model.name: model for model in (
-        SyntheticModel("qwen3.6-35b-a3b-nvfp4", "Qwen3.6-35B-A3B as nvidia/Qwen3.6-35B-A3B-NVFP4 stores it",
-                       QWEN3_6_35B_A3B, QWEN3_5_NVFP4_FORMATS),
-        SyntheticModel("qwen3.6-35b-a3b", "Qwen3.6-35B-A3B as Qwen/Qwen3.6-35B-A3B stores it (bf16)",
-                       QWEN3_6_35B_A3B, QWEN3_5_BF16_FORMATS),
-        SyntheticModel("qwen3.6-35b-a3b-fp8", "Qwen3.6-35B-A3B as Qwen/Qwen3.6-35B-A3B-FP8 stores it (FP8 "
-                       "projections, sized as per-tensor FP8)", QWEN3_6_35B_A3B, QWEN3_5_FP8_FORMATS),
-        SyntheticModel("qwen3-30b-a3b", "Qwen3-30B-A3B as Qwen/Qwen3-30B-A3B stores it (bf16)",
-                       QWEN3_30B_A3B, QWEN3_BF16_FORMATS),
-        SyntheticModel("tiny", "the tiny Qwen3.5-MoE test model, formats as write_tiny_checkpoint(..., 'nvfp4')",
-                       TINY, QWEN3_5_NVFP4_FORMATS),
+        _nvidia_nvfp4("qwen3.6-35b-a3b-nvfp4", "Qwen3.6-35B-A3B as nvidia/Qwen3.6-35B-A3B-NVFP4 stores it (NVFP4 "
+                      "experts and LM head, FP8 attention and GDN projections)", QWEN3_6_CONFIG,
+                      generation_config=QWEN3_6_GENERATION_CONFIG),
+        _synthetic("qwen3.6-35b-a3b", "Qwen3.6-35B-A3B as Qwen/Qwen3.6-35B-A3B stores it (bf16, fused experts)",
+                   copy.deepcopy(QWEN3_6_CONFIG), QWEN_BF16, generation_config=QWEN3_6_GENERATION_CONFIG),
+        _synthetic("qwen3.6-35b-a3b-fp8", "Qwen3.6-35B-A3B as Qwen/Qwen3.6-35B-A3B-FP8 stores it (FP8 projections, "
+                   "bf16 scales per 128x128 block)",
+                   _with_quantization(QWEN3_6_CONFIG, fp8_block((128, 128),
+                                                                _qwen_fp8_modules_to_not_convert(QWEN3_6_CONFIG))),
+                   QWEN_FP8, generation_config=QWEN3_6_GENERATION_CONFIG),
+        _synthetic("qwen3.6-35b-a3b-nvfp4-ct", "Qwen3.6-35B-A3B as an llm-compressor nvfp4-pack-quantized build "
+                   "stores it (NVFP4 experts and attention, bf16 GDN)",
+                   _with_quantization(QWEN3_6_CONFIG, compressed_tensors_nvfp4(
+                       _llm_compressor_ignore(QWEN3_6_CONFIG, LLM_COMPRESSOR_NVFP4), LLM_COMPRESSOR_VERSION)),
+                   LLM_COMPRESSOR_NVFP4, generation_config=QWEN3_6_GENERATION_CONFIG),
+        _synthetic("qwen3-30b-a3b", "Qwen3-30B-A3B as Qwen/Qwen3-30B-A3B stores it (bf16, one tensor per expert)",
+                   copy.deepcopy(QWEN3_30B_A3B_CONFIG), QWEN3_BF16, generation_config=QWEN3_30B_A3B_GENERATION_CONFIG),
+        _nvidia_nvfp4("tiny", "the tiny Qwen3.5-MoE test model, as write_tiny_checkpoint(..., 'nvfp4') lays it out",
+                      TINY_CONFIG),
     )
 })
 
@@ -162,5 +396,6 @@ def text_config(config: ModelConfig) -> dict:
 
 
 def checkpoint_format(model: SyntheticModel) -> str:
-    """The tiny_checkpoints format name whose weight formats are `model.formats`."""
-    return {NVFP4: "nvfp4", FP8_TENSOR: "fp8_block"}.get(model.formats["routed_experts"], "bf16")
+    """The tiny_checkpoints format name closest to `model`'s build (for the tiled benchmark weights)."""
+    return {NVFP4: "nvfp4", NVFP4_CT: "nvfp4_ct", FP8_BLOCK: "fp8_block"}.get(model.build.experts, "bf16")
+

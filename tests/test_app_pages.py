@@ -79,7 +79,7 @@ def test_plan_bar_shows_each_part_of_a_plan(qtbot):
                     "runtime_reserve", "free"]
     sizes = dict((key, n) for key, _, n in bar.parts())
     assert sizes["free"] == plan["headroom_bytes"]
-    assert "KV cache  590.0 MiB" in bar.legend_texts()
+    assert "KV cache  880.0 MiB" in bar.legend_texts()
     assert "expert cache  432.0 MiB" in bar.legend_texts()
     assert bar.bar.part_at(1) == "resident_weights"  # the largest part starts the bar
     assert "4.00 GiB planned of a 4.00 GiB budget" in bar.total_label.text()
@@ -155,7 +155,7 @@ def test_custom_plan_that_does_not_fit_shows_the_reason(qtbot, engine_page, sett
         engine_page.custom_editor.layers_spin.setValue(10)
     assert emitted.args == [{}] and engine_page.plan() == {}
     assert engine_page.error_label.isVisibleTo(engine_page)
-    assert "lower expert_cache_layers to at most 1" in engine_page.error_label.text()
+    assert "lower expert_cache_layers to at most 3" in engine_page.error_label.text()  # NVFP4 head: room for 3
     assert engine_page.plan_bar.parts() == []
     assert engine_page.custom_editor.layers_cost.text() == "4.22 GiB (2,560 slots)"
     assert settings.get("custom_plan")["expert_cache_layers"] == 10

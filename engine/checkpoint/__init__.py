@@ -15,7 +15,7 @@ import torch
 
 from engine.checkpoint.formats import StoredWeight, check_scales, detect_format
 from engine.checkpoint.quant_config import QuantSettings, read_quant_settings
-from engine.checkpoint.safetensors_file import REDOWNLOAD, SafetensorsFile
+from engine.checkpoint.safetensors_file import DTYPES, REDOWNLOAD, SafetensorsFile
 from engine.errors import CheckpointError
 
 # Exports put the language model under different prefixes; the longest match is stripped.
@@ -74,6 +74,24 @@ class HeaderShard:
 
     def tensor(self, key: str) -> torch.Tensor:
         return torch.empty(self.shape(key), dtype=self.dtype(key), device="meta")
+
+
+class LayoutShard:
+    """A safetensors file known only by its tensors' dtypes and shapes (a header fetched before downloading, or
+    a synthetic model's layout), offered the way a file offers its own: keys, shapes and dtypes, no data."""
+
+    def __init__(self, layout: dict[str, tuple[str, tuple[int, ...]]], path: Path):
+        self._layout, self.path = layout, path
+
+    def keys(self):
+        return self._layout.keys()
+
+    def shape(self, key: str) -> tuple[int, ...]:
+        return tuple(self._layout[key][1])
+
+    def dtype(self, key: str) -> torch.dtype:
+        """The tensor's dtype; KeyError for a safetensors dtype MoE Desk does not know."""
+        return DTYPES[self._layout[key][0]]
 
 
 class Checkpoint:

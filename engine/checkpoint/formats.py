@@ -12,7 +12,7 @@ import torch
 
 DENSE = "dense"
 FP8_TENSOR = "fp8_tensor"  # float8_e4m3fn weight, scalar (or per-output-channel) weight_scale that multiplies
-FP8_BLOCK = "fp8_block"  # float8_e4m3fn weight, float32 weight_scale_inv per block (Qwen's -FP8 repos)
+FP8_BLOCK = "fp8_block"  # float8_e4m3fn weight, weight_scale_inv per block (bf16 in Qwen's -FP8 repos, or float32)
 # ModelOpt: uint8 packed E2M1, fp8 scale per 16 inputs, weight_scale_2 that multiplies: a scalar in checkpoints,
 # one per output row once fuse_rows has joined weights of different global scales (gate and up).
 NVFP4 = "nvfp4"

@@ -45,7 +45,8 @@ def nvfp4_modelopt(w: torch.Tensor) -> dict[str, torch.Tensor]:
 def nvfp4_compressed_tensors(w: torch.Tensor) -> dict[str, torch.Tensor]:
     global_scale = (FP8_MAX * E2M1_MAX / w.float().abs().amax()).clamp_max(1e12)
     packed, block_scale = _nvfp4_blocks(w, 1.0 / global_scale)
-    return {"weight_packed": packed, "weight_scale": block_scale, "weight_global_scale": global_scale.reshape(1)}
+    return {"weight_packed": packed, "weight_scale": block_scale, "weight_global_scale": global_scale.reshape(1),
+            "input_global_scale": torch.ones(1)}
 
 
 def fp8_per_tensor(w: torch.Tensor) -> dict[str, torch.Tensor]:
@@ -60,7 +61,9 @@ def fp8_block(w: torch.Tensor, block: tuple[int, int] = (128, 128)) -> dict[str,
     padded = torch.zeros(*w.shape[:-2], -(-out_features // rows) * rows, -(-in_features // cols) * cols)
     padded[..., :out_features, :in_features] = w.float()
     tiles = padded.unflatten(-1, (-1, cols)).unflatten(-3, (-1, rows))  # [..., R, rows, C, cols]
-    scale = (tiles.abs().amax(dim=(-3, -1)) / FP8_MAX).clamp_min(1e-12)  # [..., R, C]
-    expanded = scale.repeat_interleave(rows, dim=-2).repeat_interleave(cols, dim=-1)
-    weight = (padded / expanded)[..., :out_features, :in_features].to(torch.float8_e4m3fn)
+    # Qwen's FP8 exports store the scales in bf16: round them first, so the codes are quantised against them
+    scale = (tiles.abs().amax(dim=(-3, -1)) / FP8_MAX).clamp_min(1e-12).to(torch.bfloat16)  # [..., R, C]
+    expanded = scale.float().repeat_interleave(rows, dim=-2).repeat_interleave(cols, dim=-1)
+    # a scale rounded down can lift a block's largest value just past the FP8 range
+    weight = (padded / expanded).clamp(-FP8_MAX, FP8_MAX)[..., :out_features, :in_features].to(torch.float8_e4m3fn)
     return {"weight": weight, "weight_scale_inv": scale}

@@ -61,17 +61,17 @@ def _e4m3_bits16(byte):
 @triton.jit
 def _block_scales(s_ptr, cols, col_ok, kk, k0, K, block_rows, block_cols, stride_sn, stride_sk, in_ok,
                   BN: tl.constexpr, BK: tl.constexpr, SCALE_COLS: tl.constexpr, SCALE_GROUPS: tl.constexpr):
-    """FP8_BLOCK: the float32 scale of each element of the [BN, BK] weight tile at inputs kk = k0 + 0..BK-1.
+    """FP8_BLOCK: the scale (stored bf16 or float32, computed in float32) of each element of the [BN, BK] weight tile at inputs kk = k0 + 0..BK-1.
     SCALE_COLS > 0 (block columns a power of two): load the SCALE_GROUPS block columns the tile touches once per
     row and broadcast them; else load one scale per element."""
     if SCALE_COLS > 0:
         column = k0 // SCALE_COLS + tl.arange(0, SCALE_GROUPS)
         scale = tl.load(s_ptr + (cols // block_rows)[:, None] * stride_sn + column[None, :] * stride_sk,
-                        mask=col_ok[:, None] & (column * SCALE_COLS < K)[None, :], other=0.0)
+                        mask=col_ok[:, None] & (column * SCALE_COLS < K)[None, :], other=0.0).to(tl.float32)
         return tl.reshape(tl.broadcast_to(scale[:, :, None], (BN, SCALE_GROUPS, BK // SCALE_GROUPS)), (BN, BK))
     else:
         return tl.load(s_ptr + (cols // block_rows)[:, None] * stride_sn + (kk // block_cols)[None, :] * stride_sk,
-                       mask=col_ok[:, None] & in_ok[None, :], other=0.0)
+                       mask=col_ok[:, None] & in_ok[None, :], other=0.0).to(tl.float32)
 
 
 @triton.jit
@@ -116,7 +116,7 @@ def _linear_kernel(x_ptr, w_ptr, s_ptr, r_ptr, out_ptr, table_ptr, M, N, K, spli
     program_id(0) * BM + ... below M.
     SWIGLU (GEMV only): x rows hold [gate | up] and the input is silu(gate) * up (_gemv_input).
     w: codes (uint8 bytes: packed E2M1 pairs, E4M3, or a dense float); s: NVFP4 block scales [N, K/16] (E4M3
-    bytes) or FP8_BLOCK scale_inv [ceil(N/block_rows), ceil(K/block_cols)] float32; r: one scale per output
+    bytes) or FP8_BLOCK scale_inv [ceil(N/block_rows), ceil(K/block_cols)] bf16 or float32; r: one scale per output
     row (stride_rn 0 for a scalar) that multiplies, or divides with DIVIDE.
     """
     pid_m = tl.program_id(0)

@@ -30,6 +30,7 @@ Assumptions (each a named constant below, with its reason):
 
 from __future__ import annotations
 
+import functools
 import math
 import re
 from dataclasses import asdict, dataclass, replace
@@ -37,24 +38,22 @@ from pathlib import Path
 
 import torch
 
-from engine.checkpoint import Checkpoint
-from engine.checkpoint.formats import FP8_TENSOR, IGNORED_ROLES, NVFP4, NVFP4_GROUP
+from engine.checkpoint import Checkpoint, LayoutShard
+from engine.checkpoint.formats import IGNORED_ROLES
 from engine.config import ModelConfig, read_config
 from engine.errors import CheckpointError
 from engine.experts.bank import ExpertBank
 from engine.experts.packed import RecordLayout, expert_matrices
 from engine.kernels.reference import GDN_CHUNK
 from engine.layers.source import WeightSource
-from engine.synthetic import BF16, SYNTHETIC_MODELS
+from engine.synthetic import SYNTHETIC_MODELS
 
 KIB, MIB, GIB = 2 ** 10, 2 ** 20, 2 ** 30
 
 # ---- element sizes -------------------------------------------------------------------------
 BF16_BYTES = 2
-FP8_BYTES = 1
 FP32_BYTES = 4
 INT64_BYTES = 8
-NVFP4_CODES_PER_BYTE = 2  # two 4-bit E2M1 codes per stored byte
 ACTIVATION_BYTES = BF16_BYTES  # activations between kernels are bf16 on the GPU
 KV_BYTES = BF16_BYTES  # the KV cache is bf16 (no KV quantisation)
 CONV_STATE_BYTES = BF16_BYTES  # the GDN conv window holds activations
@@ -203,66 +202,16 @@ def _gdn_conv_channels(c: ModelConfig) -> int:
     return 2 * c.linear_num_key_heads * c.linear_key_head_dim + c.linear_num_value_heads * c.linear_value_head_dim
 
 
-def stored_bytes(fmt: str, out_features: int, in_features: int) -> int:
-    """Bytes of an [out, in] weight in a stored format, scales included."""
-    weights = out_features * in_features
-    if fmt == BF16:
-        return weights * BF16_BYTES
-    if fmt == FP8_TENSOR:  # one float32 scale for the whole tensor
-        return weights * FP8_BYTES + FP32_BYTES
-    if fmt == NVFP4:  # packed codes, one fp8 scale per 16 inputs, one float32 global scale
-        return weights // NVFP4_CODES_PER_BYTE + weights // NVFP4_GROUP * FP8_BYTES + FP32_BYTES
-    raise PlanError(f"weight format {fmt!r} has no size rule; known: {BF16}, {FP8_TENSOR}, {NVFP4}")
-
-
+@functools.lru_cache(maxsize=None)
 def footprint_from_synthetic(name: str) -> ModelFootprint:
-    """The footprint of a model described in engine.synthetic (real shapes, no files)."""
+    """The footprint of a model described in engine.synthetic: its real checkpoint's tensor layout, sized by the
+    code that sizes a checkpoint folder, so the two cannot disagree."""
     if name not in SYNTHETIC_MODELS:
         raise KeyError(f"no synthetic model {name!r}; known: {', '.join(SYNTHETIC_MODELS)}")
     model = SYNTHETIC_MODELS[name]
-    c, formats = model.config, model.formats
-
-    def weight(component: str, out_features: int, in_features: int) -> int:
-        return stored_bytes(formats[component], out_features, in_features)
-
-    def swiglu(component: str, intermediate: int) -> int:  # gate and up [I, H], down [H, I]
-        return 2 * weight(component, intermediate, c.hidden_size) + weight(component, c.hidden_size, intermediate)
-
-    hidden, heads_dim = c.hidden_size, c.num_attention_heads * c.head_dim
-    moe_layers = sum(c.is_moe_layer(i) for i in range(c.num_hidden_layers))
-    q_width = heads_dim * (2 if c.attention_output_gate else 1)  # Qwen3.5/3.6 q_proj also emits the output gate
-    kv_width = c.num_key_value_heads * c.head_dim
-    attention = c.num_attention_layers * (weight("attention_projections", q_width, hidden)
-                                          + 2 * weight("attention_projections", kv_width, hidden)
-                                          + weight("attention_projections", hidden, heads_dim))
-    small_elements = (2 * c.num_hidden_layers + 1) * hidden  # two norms per layer and the final norm
-    small_elements += c.num_attention_layers * 2 * c.head_dim  # q_norm and k_norm
-    gdn = 0
-    if c.num_linear_attention_layers:
-        values = c.linear_num_value_heads * c.linear_value_head_dim
-        gdn = c.num_linear_attention_layers * (weight("gdn_projections", _gdn_conv_channels(c), hidden)
-                                               + weight("gdn_projections", values, hidden)
-                                               + weight("gdn_projections", hidden, values)
-                                               + 2 * weight("gdn_gate_projections", c.linear_num_value_heads, hidden))
-        # conv1d weight, A_log and dt_bias per value head, the gated norm's weight
-        small_elements += c.num_linear_attention_layers * (_gdn_conv_channels(c) * c.linear_conv_kernel_dim
-                                                           + 2 * c.linear_num_value_heads + c.linear_value_head_dim)
-    shared = moe_layers * swiglu("shared_expert", c.shared_expert_intermediate_size) \
-        if c.shared_expert_intermediate_size else 0
-    routers = moe_layers * (weight("router", c.num_experts, hidden)
-                            + (weight("router", 1, hidden) if c.shared_expert_intermediate_size else 0))
-    expert_layer = c.num_experts * swiglu("routed_experts", c.moe_intermediate_size)
-    return ModelFootprint(
-        name=name, config=c,
-        projection_bytes=attention + gdn,
-        shared_mlp_bytes=shared,
-        small_bytes=routers + weight("norms_and_small", 1, small_elements),
-        lm_head_bytes=weight("lm_head", c.vocab_size, hidden),
-        embedding_bytes=weight("embedding", c.vocab_size, hidden),
-        expert_layer_bytes=expert_layer,
-        routed_expert_bytes=moe_layers * expert_layer,
-        moe_layers=moe_layers,
-    )
+    where = Path(name)
+    checkpoint = Checkpoint(where, model.quantization_config, shards=[LayoutShard(model.tensor_layout(), where)])
+    return footprint_of(checkpoint, model.config, where)
 
 
 # Normalised tensor names (engine.checkpoint.normalise_key) by the component they belong to.

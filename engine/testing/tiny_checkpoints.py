@@ -3,11 +3,12 @@
     python -m engine.testing.tiny_checkpoints OUT_DIR --arch qwen3_5_moe --format nvfp4
 
 Each comes with a tiny byte-level BPE tokenizer and a Qwen-style chat template
-(engine/testing/tiny_tokenizer.py). Architectures: qwen3_5_moe (vision-language wrapper, keys under model.language_model.),
-qwen3_5_moe_text (text-only, keys under model.), qwen3_moe. Formats: bf16, fp32, fp8_block
-(Qwen's -FP8 repos), nvfp4 (ModelOpt MIXED_PRECISION: NVFP4 experts, FP8 per-tensor attention
-and GDN projections, bf16 rest), nvfp4_ct (compressed-tensors NVFP4 experts). Experts are stored
-fused per layer or per expert.
+(engine/testing/tiny_tokenizer.py). Architectures: qwen3_5_moe (vision-language wrapper, keys under model.language_model.,
+with a tiny vision tower and MTP head under their real names), qwen3_5_moe_text (text-only, keys under model.),
+qwen3_moe. Formats: bf16, fp32, fp8_block (Qwen's -FP8 repos: bf16 block scales), nvfp4 (ModelOpt MIXED_PRECISION as
+nvidia exports it: W4A16_NVFP4 experts, shared experts and LM head, FP8 per-tensor attention and GDN projections
+with their input scales, bf16 rest), nvfp4_ct (compressed-tensors NVFP4 experts). Experts are stored fused per
+layer or per expert.
 """
 
 from __future__ import annotations
@@ -15,12 +16,14 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import re
 from pathlib import Path
 
 import torch
 from safetensors.torch import save_file
 
 from engine.checkpoint import quantize
+from engine.checkpoint.declared import MODELOPT_FP8, MODELOPT_NVFP4_WEIGHT_ONLY, fp8_block, modelopt_mixed_precision
 from engine.testing.tiny_tokenizer import write_tiny_tokenizer
 
 FORMATS = ("bf16", "fp32", "fp8_block", "nvfp4", "nvfp4_ct")
@@ -36,7 +39,7 @@ TEXT_QWEN3_5 = dict(
     num_experts=8, num_experts_per_tok=2, hidden_act="silu",
     rope_parameters={"rope_type": "default", "rope_theta": 10000000.0, "partial_rotary_factor": 0.25,
                      "mrope_section": [1, 1, 2], "mrope_interleaved": True},
-    eos_token_id=1,
+    eos_token_id=1, mtp_num_hidden_layers=1,
 )
 TEXT_QWEN3 = dict(
     vocab_size=320, hidden_size=64, num_hidden_layers=3, num_attention_heads=4, num_key_value_heads=2,
@@ -45,8 +48,11 @@ TEXT_QWEN3 = dict(
     norm_topk_prob=True, decoder_sparse_step=1, mlp_only_layers=[1], hidden_act="silu",
     rope_theta=1000000.0, rope_scaling=None, use_sliding_window=False, eos_token_id=1,
 )
-VISION = dict(depth=1, hidden_size=16, intermediate_size=32, num_heads=2, out_hidden_size=64,
+VISION = dict(depth=1, hidden_size=16, intermediate_size=32, num_heads=2, out_hidden_size=64, num_position_embeddings=16,
               patch_size=16, spatial_merge_size=2, temporal_patch_size=2, in_channels=3)
+MODELOPT_VERSION = "0.44.0"
+MODELOPT_ALGOS = {"nvfp4": MODELOPT_NVFP4_WEIGHT_ONLY, "fp8_tensor": MODELOPT_FP8}
+EXPERT_MODULE = re.compile(r"\.experts\.\d+\.\w+$")  # ModelOpt names one quantisation group per layer's experts
 
 
 def _expert_formats(fmt: str) -> tuple[str, str]:
@@ -125,6 +131,13 @@ def checkpoint_tensors(arch: str, fmt: str, text: dict, fused_experts: bool = Fa
                        tiled: bool = False) -> tuple[dict[str, torch.Tensor], dict | None]:
     """(tensors under their checkpoint names, quantization_config) of a random model with the shapes of
     `text` (a text config dict); `tiled` builds full-size models fast from repeated blocks."""
+    tensors, quant, _ = _checkpoint(arch, fmt, text, fused_experts, seed, tiled)
+    return tensors, quant
+
+
+def _checkpoint(arch: str, fmt: str, text: dict, fused_experts: bool, seed: int,
+                tiled: bool) -> tuple[dict[str, torch.Tensor], dict | None, dict | None]:
+    """(tensors, config.json's quantization_config, hf_quant_config.json or None)."""
     if arch not in ARCHS or fmt not in FORMATS:
         raise ValueError(f"arch must be one of {ARCHS} and format one of {FORMATS}")
     if fused_experts and fmt not in ("bf16", "fp32"):
@@ -133,10 +146,9 @@ def checkpoint_tensors(arch: str, fmt: str, text: dict, fused_experts: bool = Fa
     expert_fmt, mixer_fmt = _expert_formats(fmt)
     prefix = "model.language_model." if arch == "qwen3_5_moe" else "model."
     _write_text_model(writer, text, arch, prefix, expert_fmt, mixer_fmt, fused_experts)
-    if arch == "qwen3_5_moe":  # tensors a text-only engine must skip
-        writer.plain("model.visual.patch_embed.proj.weight", writer.randn(16, 3, 2, 16, 16, std=0.02))
-        writer.plain("mtp.fc.weight", writer.randn(64, 128, std=0.02))
-    return writer.tensors, _quantization_config(fmt, writer.quantized)
+    if arch == "qwen3_5_moe":
+        _write_mtp_and_vision(writer, text)
+    return (writer.tensors, *_quantization_config(fmt, writer.quantized, text))
 
 
 def write_tiny_checkpoint(folder: str | Path, arch: str = "qwen3_5_moe", fmt: str = "bf16",
@@ -145,15 +157,14 @@ def write_tiny_checkpoint(folder: str | Path, arch: str = "qwen3_5_moe", fmt: st
     """Write the checkpoint into `folder`; `text_overrides` changes the text model's shapes (e.g. to make
     a larger model for memory tests)."""
     text = dict(TEXT_QWEN3 if arch == "qwen3_moe" else TEXT_QWEN3_5, **(text_overrides or {}))
-    tensors, quant = checkpoint_tensors(arch, fmt, text, fused_experts, seed)
+    tensors, quant, hf_quant = _checkpoint(arch, fmt, text, fused_experts, seed, tiled=False)
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
-    config = _config(arch, text)
+    config = config_json(arch, text)
     if quant is not None:
         config["quantization_config"] = quant
-    if fmt == "nvfp4":
-        (folder / "hf_quant_config.json").write_text(json.dumps(
-            {"producer": {"name": "modelopt", "version": "0.37.0"}, "quantization": quant}, indent=2))
+    if hf_quant is not None:
+        (folder / "hf_quant_config.json").write_text(json.dumps(hf_quant, indent=2))
     (folder / "config.json").write_text(json.dumps(config, indent=2))
     special = write_tiny_tokenizer(folder, vocab_size=text["vocab_size"])
     (folder / "generation_config.json").write_text(json.dumps(
@@ -167,30 +178,74 @@ def _write_text_model(w: _Writer, text: dict, arch: str, prefix: str, expert_fmt
                       fused_experts: bool) -> None:
     hidden, vocab = text["hidden_size"], text["vocab_size"]
     qwen3_5 = arch != "qwen3_moe"
-    norm = (lambda n: w.randn(n, std=0.1)) if qwen3_5 else (lambda n: 1.0 + w.randn(n, std=0.1))
     w.plain(f"{prefix}embed_tokens.weight", w.randn(vocab, hidden, std=1.0))
-    w.plain(f"{prefix}norm.weight", norm(hidden))
-    w.linear("lm_head", vocab, hidden, "bf16" if expert_fmt != "fp32" else "fp32", std=2.0 * hidden ** -0.5)
-    heads, kv_heads, head_dim = text["num_attention_heads"], text["num_key_value_heads"], text["head_dim"]
+    w.plain(f"{prefix}norm.weight", w.randn(hidden, std=0.1) if qwen3_5 else 1.0 + w.randn(hidden, std=0.1))
+    # nvidia's NVFP4 export quantises the LM head like the experts; the other builds keep it unquantised
+    head_fmt = "nvfp4" if expert_fmt == "nvfp4" else "bf16" if expert_fmt != "fp32" else "fp32"
+    w.linear("lm_head", vocab, hidden, head_fmt, std=2.0 * hidden ** -0.5)
     layer_types = text.get("layer_types") or ["full_attention"] * text["num_hidden_layers"]
     for i, kind in enumerate(layer_types):
-        layer = f"{prefix}layers.{i}"
-        w.plain(f"{layer}.input_layernorm.weight", norm(hidden))
-        w.plain(f"{layer}.post_attention_layernorm.weight", norm(hidden))
-        if kind == "full_attention":
-            attn = f"{layer}.self_attn"
-            w.linear(f"{attn}.q_proj", heads * head_dim * (2 if qwen3_5 else 1), hidden, mixer_fmt)
-            w.linear(f"{attn}.k_proj", kv_heads * head_dim, hidden, mixer_fmt)
-            w.linear(f"{attn}.v_proj", kv_heads * head_dim, hidden, mixer_fmt)
-            w.linear(f"{attn}.o_proj", hidden, heads * head_dim, mixer_fmt)
-            w.plain(f"{attn}.q_norm.weight", norm(head_dim))
-            w.plain(f"{attn}.k_norm.weight", norm(head_dim))
-        else:
-            _write_gated_deltanet(w, text, f"{layer}.linear_attn", mixer_fmt)
-        if arch == "qwen3_moe" and i in text["mlp_only_layers"]:
-            _write_swiglu(w, f"{layer}.mlp", hidden, text["intermediate_size"], mixer_fmt)
-            continue
+        dense = arch == "qwen3_moe" and i in text["mlp_only_layers"]
+        _write_layer(w, text, f"{prefix}layers.{i}", kind, qwen3_5, expert_fmt, mixer_fmt, fused_experts, dense)
+
+
+def _write_layer(w: _Writer, text: dict, layer: str, kind: str, qwen3_5: bool, expert_fmt: str, mixer_fmt: str,
+                 fused_experts: bool, dense: bool = False) -> None:
+    hidden = text["hidden_size"]
+    heads, kv_heads, head_dim = text["num_attention_heads"], text["num_key_value_heads"], text["head_dim"]
+    norm = (lambda n: w.randn(n, std=0.1)) if qwen3_5 else (lambda n: 1.0 + w.randn(n, std=0.1))
+    w.plain(f"{layer}.input_layernorm.weight", norm(hidden))
+    w.plain(f"{layer}.post_attention_layernorm.weight", norm(hidden))
+    if kind == "full_attention":
+        attn = f"{layer}.self_attn"
+        w.linear(f"{attn}.q_proj", heads * head_dim * (2 if qwen3_5 else 1), hidden, mixer_fmt)
+        w.linear(f"{attn}.k_proj", kv_heads * head_dim, hidden, mixer_fmt)
+        w.linear(f"{attn}.v_proj", kv_heads * head_dim, hidden, mixer_fmt)
+        w.linear(f"{attn}.o_proj", hidden, heads * head_dim, mixer_fmt)
+        w.plain(f"{attn}.q_norm.weight", norm(head_dim))
+        w.plain(f"{attn}.k_norm.weight", norm(head_dim))
+    else:
+        _write_gated_deltanet(w, text, f"{layer}.linear_attn", mixer_fmt)
+    if dense:
+        _write_swiglu(w, f"{layer}.mlp", hidden, text["intermediate_size"], mixer_fmt)
+    else:
         _write_moe(w, text, f"{layer}.mlp", expert_fmt, fused_experts, shared=qwen3_5)
+
+
+def _write_mtp_and_vision(w: _Writer, text: dict) -> None:
+    """The tensors a text-only engine must skip, under the names Qwen3.5/3.6 checkpoints give them: the
+    multi-token-prediction head (bf16, fused experts, as nvidia and Qwen store it) and the vision tower."""
+    hidden = text["hidden_size"]
+    plain_fmt = "fp32" if w.plain_dtype == torch.float32 else "bf16"
+    w.plain("mtp.fc.weight", w.randn(hidden, 2 * hidden, std=0.02))
+    for norm in ("pre_fc_norm_embedding", "pre_fc_norm_hidden", "norm"):
+        w.plain(f"mtp.{norm}.weight", w.randn(hidden, std=0.1))
+    for i in range(text.get("mtp_num_hidden_layers", 0)):
+        _write_layer(w, text, f"mtp.layers.{i}", "full_attention", True, plain_fmt, plain_fmt, True)
+    v = VISION
+    size, inner, merged = v["hidden_size"], v["intermediate_size"], v["hidden_size"] * v["spatial_merge_size"] ** 2
+
+    def with_bias(module: str, out_features: int, in_features: int) -> None:
+        w.plain(f"{module}.weight", w.randn(out_features, in_features, std=in_features ** -0.5))
+        w.plain(f"{module}.bias", w.randn(out_features, std=0.02))
+
+    w.plain("model.visual.patch_embed.proj.weight", w.randn(size, v["in_channels"], v["temporal_patch_size"],
+                                                            v["patch_size"], v["patch_size"], std=0.02))
+    w.plain("model.visual.patch_embed.proj.bias", w.randn(size, std=0.02))
+    w.plain("model.visual.pos_embed.weight", w.randn(v["num_position_embeddings"], size, std=0.02))
+    for b in range(v["depth"]):
+        block = f"model.visual.blocks.{b}"
+        with_bias(f"{block}.attn.qkv", 3 * size, size)
+        with_bias(f"{block}.attn.proj", size, size)
+        with_bias(f"{block}.mlp.linear_fc1", inner, size)
+        with_bias(f"{block}.mlp.linear_fc2", size, inner)
+        for norm in ("norm1", "norm2"):
+            w.plain(f"{block}.{norm}.weight", 1.0 + w.randn(size, std=0.1))
+            w.plain(f"{block}.{norm}.bias", w.randn(size, std=0.02))
+    with_bias("model.visual.merger.linear_fc1", merged, merged)
+    with_bias("model.visual.merger.linear_fc2", v["out_hidden_size"], merged)
+    w.plain("model.visual.merger.norm.weight", 1.0 + w.randn(size, std=0.1))
+    w.plain("model.visual.merger.norm.bias", w.randn(size, std=0.02))
 
 
 def _write_gated_deltanet(w: _Writer, text: dict, prefix: str, fmt: str) -> None:
@@ -229,7 +284,8 @@ def _write_moe(w: _Writer, text: dict, prefix: str, fmt: str, fused: bool, share
         w.linear(f"{prefix}.shared_expert_gate", 1, hidden, "bf16" if fmt != "fp32" else "fp32")
 
 
-def _config(arch: str, text: dict) -> dict:
+def config_json(arch: str, text: dict) -> dict:
+    """The config.json (without quantisation settings) of a tiny checkpoint with text settings `text`."""
     if arch == "qwen3_moe":
         return dict(text, model_type="qwen3_moe", architectures=["Qwen3MoeForCausalLM"])
     text_config = dict(text, model_type="qwen3_5_moe_text")
@@ -240,21 +296,22 @@ def _config(arch: str, text: dict) -> dict:
             "tie_word_embeddings": False}
 
 
-def _quantization_config(fmt: str, quantized: dict[str, str]) -> dict | None:
+def _quantization_config(fmt: str, quantized: dict[str, str], text: dict) -> tuple[dict | None, dict | None]:
+    """(config.json's quantization_config, hf_quant_config.json) the way each exporter declares them."""
     if fmt == "fp8_block":
-        return {"quant_method": "fp8", "fmt": "e4m3", "activation_scheme": "dynamic",
-                "weight_block_size": list(FP8_BLOCK)}
+        return fp8_block(FP8_BLOCK), None
     if fmt == "nvfp4":
-        layers = {m: ({"quant_algo": "NVFP4", "group_size": 16} if f == "nvfp4" else {"quant_algo": "FP8"})
-                  for m, f in quantized.items()}
-        return {"quant_method": "modelopt", "quant_algo": "MIXED_PRECISION", "kv_cache_quant_algo": None,
-                "quantized_layers": layers, "exclude_modules": ["lm_head", "*.mlp.gate", "*in_proj_a", "*in_proj_b"]}
+        groups = {}
+        for module, f in quantized.items():
+            groups.setdefault(EXPERT_MODULE.sub(".experts", module), MODELOPT_ALGOS[f])
+        exclude = ["mtp*", *(f"mtp.layers.{i}*" for i in range(text.get("mtp_num_hidden_layers", 0)))]
+        return modelopt_mixed_precision(groups, exclude, MODELOPT_VERSION)
     if fmt == "nvfp4_ct":
         return {"quant_method": "compressed-tensors", "format": "nvfp4-pack-quantized",
                 "config_groups": {"group_0": {"targets": ["Linear"], "weights": {
                     "num_bits": 4, "type": "float", "strategy": "tensor_group", "group_size": 16}}},
-                "ignore": ["lm_head", "re:.*mlp.gate$", "re:.*self_attn.*", "re:.*linear_attn.*"]}
-    return None
+                "ignore": ["lm_head", "re:.*mlp.gate$", "re:.*self_attn.*", "re:.*linear_attn.*"]}, None
+    return None, None
 
 
 def _save(tensors: dict[str, torch.Tensor], folder: Path, shards: int) -> None:
