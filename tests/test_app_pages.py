@@ -157,7 +157,7 @@ def test_custom_plan_that_does_not_fit_shows_the_reason(qtbot, engine_page, sett
     assert engine_page.error_label.isVisibleTo(engine_page)
     assert "lower expert_cache_layers to at most 3" in engine_page.error_label.text()  # NVFP4 head: room for 3
     assert engine_page.plan_bar.parts() == []
-    assert engine_page.custom_editor.layers_cost.text() == "4.22 GiB (2,560 slots)"
+    assert engine_page.custom_editor.layers_cost.text() == "4.25 GiB (2,560 slots)"
     assert settings.get("custom_plan")["expert_cache_layers"] == 10
 
     engine_page.custom_editor.layers_spin.setValue(1)
