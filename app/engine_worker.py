@@ -152,7 +152,8 @@ class EngineWorker(QObject):
             return
         trial = stats.get("expert_backend_trial")
         chosen = " (chosen by auto)" if requested == "auto" else ""
-        running = ("auto: hybrid or offload, whichever decodes faster over the first tokens" if trial
+        timed = ", ".join(sorted(trial["step_seconds"])) if trial else ""
+        running = (f"auto: whichever of {timed} decodes fastest over the first tokens" if trial
                    else stats["expert_backend"] + chosen)
         measured = stats.get("calibration")
         pageable = measured.get("pageable_bytes_per_s") if measured else None
@@ -168,8 +169,8 @@ class EngineWorker(QObject):
         if not trial or trial["chosen"] is None or self._trial_logged:
             return
         self._trial_logged = True
-        times = ", ".join(f"{backend} {trial[backend + '_step_seconds'] * 1000:.1f} ms"
-                          for backend in ("hybrid", "offload"))
+        seconds = trial["step_seconds"]
+        times = ", ".join(f"{backend} {seconds[backend] * 1000:.1f} ms" for backend in sorted(seconds))
         self.log.emit("info", f"expert backend: auto chose {trial['chosen']} by the median decode step ({times})")
 
     def _placement(self, folder: Path, options: dict):

@@ -119,7 +119,7 @@ def measure(model: CausalLM, device: str, prompt_tokens: int, decode_tokens: int
         if backend is not None:
             executor.choose_backend(backend)
         # untimed: the first step on a new state captures its decode graphs (engine/runtime/decode_graphs.py),
-        # and auto's trial steps time the candidate backends
+        # and auto's trial steps time its candidates (BackendTrial.STEPS: the longest trial)
         for _ in range(1 + (BackendTrial.STEPS if getattr(executor, "backend_trial", None) else 0)):
             token = step(token)
         _sync(device)

@@ -103,7 +103,7 @@ def _model_and_sampling(p: argparse.ArgumentParser) -> None:
     p.add_argument("--preset", choices=["4gb", "8gb", "12gb", "auto"], default="auto",
                    help="VRAM preset for the GPU (auto: the card's free memory)")
     p.add_argument("--expert-backend", choices=BACKENDS, default="auto",
-                   help="where a GPU run computes expert-cache misses: auto (measured: hybrid or offload), gpu "
+                   help="where a GPU run computes expert-cache misses: auto (timed over the first tokens), gpu "
                         "(every expert in VRAM), offload (copied over PCIe), cpu (from host RAM) or hybrid (both)")
     p.add_argument("--cpu-threads", type=int, help="threads for the CPU's work: the whole model on the CPU, the "
                                                    "experts it computes on a GPU run (default: physical cores)")

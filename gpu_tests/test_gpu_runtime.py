@@ -85,13 +85,14 @@ def decode_matches_the_cpu(model, cpu_model, prompt_tokens: int, steps: int, see
     return state
 
 
-@pytest.mark.parametrize("backend", ["cpu", "hybrid", "auto"])
-def test_decode_with_the_cpu_computing_misses_matches_the_cpu_reference(tiny_checkpoint, backend):
+@pytest.mark.parametrize("backend, pin_budget_bytes", [("cpu", None), ("hybrid", None), ("auto", None), ("auto", 0)])
+def test_decode_with_the_cpu_computing_misses_matches_the_cpu_reference(tiny_checkpoint, backend, pin_budget_bytes):
     """The cpu and hybrid expert backends inside captured decode graphs: the CPU's share goes up as one row. Auto's
-    trial switches between hybrid and offload mid-sequence, capturing the graphs again each time."""
+    trial switches among hybrid, cpu and offload mid-sequence, capturing the graphs again for and after offload;
+    with no record pinned (pin budget 0, as where pinning fails) the host copies and computes every layer's share."""
     from engine.experts.split import BackendTrial, Calibration
     folder = tiny_checkpoint("qwen3_5_moe", "nvfp4", False)
-    model = engine.load_model(folder, device="cuda", expert_cache_slots=8,
+    model = engine.load_model(folder, device="cuda", expert_cache_slots=8, pin_budget_bytes=pin_budget_bytes,
                               expert_backend="hybrid" if backend == "auto" else backend)
     cpu_model = engine.load_model(folder)
     executor = model.expert_executor
@@ -104,6 +105,10 @@ def test_decode_with_the_cpu_computing_misses_matches_the_cpu_reference(tiny_che
     stats = executor.stats()
     running = executor.backend_trial.chosen if backend == "auto" else backend
     assert stats["expert_backend"] == running and stats["cpu_expert_calls"] > 0
+    if backend == "auto":
+        assert executor.backend_trial.candidates == ("hybrid", "cpu", "offload")
+        assert all(seconds is not None for seconds in stats["expert_backend_trial"]["step_seconds"].values())
+    assert (stats["pinned_expert_bytes"] == 0) == (pin_budget_bytes == 0)
     assert model.decode_steps._graphs and model.decode_steps._state() is state
 
 

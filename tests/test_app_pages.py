@@ -269,12 +269,15 @@ def test_live_gauges_show_the_expert_backend_and_the_cpu_share(engine_page, work
     assert live.backend_label.text() == "cpu · CPU 100% of experts"
     worker.progress.emit({"expert_backend": "offload", "cpu_expert_calls": 0, "cpu_expert_share": 0.0})
     assert live.backend_label.text() == "offload"  # the CPU never computes experts here: no share to show
-    trial = {"chosen": None, "hybrid_step_seconds": 0.0084, "offload_step_seconds": None}
+    trial = {"chosen": None, "step_seconds": {"hybrid": 0.0084, "cpu": 0.0091, "offload": None}}
     worker.progress.emit({"expert_backend": "offload", "cpu_expert_share": 0.2, "expert_backend_trial": trial})
-    assert live.backend_label.text() == "offload · auto is timing hybrid against offload"
-    trial.update(chosen="offload", offload_step_seconds=0.0076)
+    assert live.backend_label.text() == "offload · auto is timing cpu, hybrid, offload"
+    trial["chosen"], trial["step_seconds"]["offload"] = "offload", 0.0076
     worker.progress.emit({"expert_backend": "offload", "cpu_expert_share": 0.1, "expert_backend_trial": trial})
-    assert live.backend_label.text() == "offload · auto chose it: 7.6 ms a token, hybrid 8.4"
+    assert live.backend_label.text() == "offload · auto chose it: 7.6 ms a token, cpu 9.1, hybrid 8.4"
+    worker.progress.emit({"expert_backend": "cpu", "cpu_expert_share": 1.0, "expert_backend_trial": {
+        "chosen": "cpu", "step_seconds": {"cpu": 0.0325, "offload": 0.1124}}})  # a pageable machine's trial of two
+    assert live.backend_label.text() == "cpu · CPU 100% of experts · auto chose it: 32.5 ms a token, offload 112.4"
     worker.loaded.emit({"name": "m", "context_tokens": 4096})
     assert not live.backend_label.isVisibleTo(live)  # a new model: the old one's backend says nothing
     worker.progress.emit({"decode_tokens_per_s": 5.0, "expert_calls": 40})  # a CPU-only run's stats

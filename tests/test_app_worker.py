@@ -116,24 +116,24 @@ def test_auto_s_trial_is_said_at_load_and_its_choice_once(settings, folder, load
     def load_on_trial(*args, **kwargs):  # a GPU machine where the calibration favours the CPU: auto times both
         model = load_cached(*args, **kwargs)
         model.expert_executor.calibration = Calibration(12.5e9, 31.3e9, 2e-5, 8)
-        model.expert_executor.backend_trial = BackendTrial()
+        model.expert_executor.backend_trial = BackendTrial(("hybrid", "cpu", "offload"))
         return model
 
     monkeypatch.setattr(placement, "load_placed", load_on_trial)
     worker = EngineWorker()
     seen = recorded(worker)
     worker.load(str(folder), load_options(settings))
-    assert backend_lines(seen) == ["expert backend: auto: hybrid or offload, whichever decodes faster over the "
-                                   "first tokens; measured PCIe 12.5 GB/s, CPU 31.3 GB/s with 8 threads"]
+    assert backend_lines(seen) == ["expert backend: auto: whichever of cpu, hybrid, offload decodes fastest over "
+                                   "the first tokens; measured PCIe 12.5 GB/s, CPU 31.3 GB/s with 8 threads"]
     options = {"sampling": {"max_new_tokens": 2, "seed": 1}}
     worker.send([], "Hi", options)
     assert len(backend_lines(seen)) == 1  # still timing: nothing chosen to say
     trial = worker.session.model.expert_executor.backend_trial
-    trial.seconds, trial.chosen = {"hybrid": [0.0084], "offload": [0.0076]}, "offload"
+    trial.seconds, trial.chosen = {"hybrid": [0.0084], "cpu": [0.0071], "offload": [0.0076]}, "cpu"
     for text in ("Hi again", "And again"):
         worker.send(worker.session.messages, text, options)
-    assert backend_lines(seen)[1:] == ["expert backend: auto chose offload by the median decode step (hybrid 8.4 ms, "
-                                       "offload 7.6 ms)"]
+    assert backend_lines(seen)[1:] == ["expert backend: auto chose cpu by the median decode step (cpu 7.1 ms, "
+                                       "hybrid 8.4 ms, offload 7.6 ms)"]
 
 
 def test_a_cpu_only_run_logs_no_backend(settings, folder, cpu_only):

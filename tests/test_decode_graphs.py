@@ -135,24 +135,41 @@ def test_misses_computed_on_the_cpu_give_the_same_step(tiny_checkpoint, backend,
     assert not steps.with_cpu_share and executor.stats()["cpu_expert_calls"] == stats["cpu_expert_calls"]
 
 
-@pytest.mark.parametrize("slower", ["hybrid", "offload"])
-def test_auto_times_hybrid_against_offload_and_keeps_the_faster(tiny_checkpoint, slower):
-    """Where the calibration favours the CPU, auto's decode steps take turns under hybrid and offload (each switch
-    remakes the steps, the logits unchanged), timed on the executor's clock, and the faster stays. A prompt
-    between two steps is not a step's time."""
+HELPS = (1e9, 1e9, 0.0, 1)  # a calibration that gives the CPU half of a step's misses
+USELESS_BUT_PAGEABLE = (1e9, 1e6, 0.0, 1, 1e9)  # one that gives it none, though the records are pageable
+SLOW_PAGEABLE = (50e9, 5e9, 0.0, 1, 2e9)  # pinned copies would win, pageable ones are slow: the CPU helps
+ALL = ("hybrid", "cpu", "offload")
+
+
+@pytest.mark.parametrize("calibration, fastest, timed, host_copies", [
+    (HELPS, "hybrid", ALL, False), (HELPS, "cpu", ALL, False), (HELPS, "offload", ALL, False),
+    (SLOW_PAGEABLE, "cpu", ALL, True), (USELESS_BUT_PAGEABLE, "cpu", ("cpu", "offload"), True),
+    (USELESS_BUT_PAGEABLE, "offload", ("cpu", "offload"), False)], ids=lambda v: v if isinstance(v, str) else None)
+def test_auto_times_the_backends_that_can_win_and_keeps_the_fastest(tiny_checkpoint, monkeypatch, calibration,
+                                                                     fastest, timed, host_copies):
+    """Where the CPU kernel is ready, auto's decode steps take turns under each candidate (a switch to or from
+    offload remakes the steps, cpu and hybrid share theirs; the logits unchanged), timed on the executor's clock,
+    and the fastest stays. The records here are pageable (nothing is pinned off CUDA): where the calibration
+    gives the CPU nothing, cpu is still timed against offload. With `host_copies` the host copies every layer's
+    misses and computes the CPU's share, as for pageable records on CUDA. A prompt between two steps is not a
+    step's time."""
     from engine.experts.split import BackendTrial, Calibration
     from engine.kernels.cpu_experts import CpuExpertKernel
     folder = tiny_checkpoint("qwen3_5_moe", "nvfp4")
     plain, auto = engine.load_model(folder, expert_cache_slots=8), engine.load_model(folder, expert_cache_slots=8)
     executor = auto.expert_executor
+    assert not any(packed.pinned for packed in executor.packed.values())
     executor.cpu_kernel = CpuExpertKernel(executor.cache.layout, "float32")  # on CUDA prepare() makes these
-    executor.calibration = Calibration(1e9, 1e9, 0.0, 1)
+    executor.calibration = Calibration(*calibration)
     executor.choose_backend("auto")
+    assert executor.backend_trial.candidates == timed
+    if host_copies:
+        monkeypatch.setattr(executor, "copies_by_kernel", lambda layer: False)
     now, ran = [0.0], []
 
-    def clock():  # called as a step begins: the step before it took 2 ms under the slower backend, else 1
+    def clock():  # called as a step begins: the step before it took 1 ms under the fastest backend, else 2 or 3
         ran.append(executor.backend)
-        now[0] += 0.002 if executor.backend == slower else 0.001
+        now[0] += 0.001 if executor.backend == fastest else 0.002 + 0.001 * (len(ran) % 2)
         return now[0]
     executor.clock = clock
     steps = DecodeSteps(auto, use_graphs=False)
@@ -163,17 +180,51 @@ def test_auto_times_hybrid_against_offload_and_keeps_the_faster(tiny_checkpoint,
     token = _step_alongside(plain, steps, states, 4, 5)
     plain.forward(prompt[:3], states[0])
     auto.forward(prompt[:3], states[1])
-    token = _step_alongside(plain, steps, states, token, BackendTrial.STEPS - 4)  # STEPS + 1 steps, STEPS - 1 timed
-    assert executor.backend_trial.chosen is None  # a step short: the prompt broke one pair of steps
-    assert {"hybrid", "offload"} <= set(ran) and executor.stats()["cpu_expert_calls"] > 0
+    trial = executor.backend_trial
+    token = _step_alongside(plain, steps, states, token, trial.steps - 4)  # steps + 1 steps, steps - 1 timed
+    assert trial.chosen is None  # a step short: the prompt broke one pair of steps
+    assert set(ran) == set(timed) and len(ran) == trial.steps + 1 <= BackendTrial.STEPS + 1
+    assert executor.stats()["cpu_expert_calls"] > 0
     _step_alongside(plain, steps, states, token, 3)
-    faster = "offload" if slower == "hybrid" else "hybrid"
-    assert executor.backend == executor.backend_trial.chosen == faster
-    assert steps.with_cpu_share == (faster == "hybrid")
-    assert executor.stats()["expert_backend_trial"][f"{slower}_step_seconds"] == pytest.approx(0.002)
+    assert executor.backend == trial.chosen == fastest
+    assert steps.with_cpu_share == (fastest != "offload")
+    assert steps._slots_on_device == (0 if host_copies else auto.config.num_hidden_layers)  # every layer is MoE
+    seconds = executor.stats()["expert_backend_trial"]["step_seconds"]
+    assert list(seconds) == list(timed) and seconds[fastest] == pytest.approx(0.001)
+    assert all(seconds[other] >= 0.002 for other in timed if other != fastest)
 
 
-def test_a_failed_capture_hands_decode_to_the_plain_forward_and_ends_auto_s_trial(tiny_checkpoint, monkeypatch):
+def test_hybrid_s_balance_hears_only_its_own_steps(tiny_checkpoint):
+    """cpu and hybrid share the step's graphs, and a step's waits for the CPU are read at the next one: the waits
+    of a cpu step of auto's trial (the GPU waits for the CPU in most layers) must not move hybrid's split."""
+    from engine.experts.split import Calibration
+    from engine.kernels.cpu_experts import CpuExpertKernel
+    folder = tiny_checkpoint("qwen3_5_moe", "nvfp4")
+    plain, model = engine.load_model(folder, expert_cache_slots=8), engine.load_model(folder, expert_cache_slots=8)
+    executor = model.expert_executor
+    executor.cpu_kernel = CpuExpertKernel(executor.cache.layout, "float32")
+    executor.backend, executor.calibration = "hybrid", Calibration(*HELPS)
+    steps = DecodeSteps(model, use_graphs=False)
+    states = plain.new_state(30), model.new_state(30)
+    prompt = torch.randint(2, 320, (9,), generator=torch.Generator().manual_seed(10))
+    plain.forward(prompt, states[0])
+    model.forward(prompt, states[1])
+    token = _step_alongside(plain, steps, states, 4, 1)  # the first step makes hybrid's balance, and hears nothing
+    heard = []
+    update = executor.hybrid_balance.update
+    executor.hybrid_balance.update = lambda waited, layers: heard.append(waited) or update(waited, layers)
+    token = _step_alongside(plain, steps, states, token, 2)
+    assert steps._share_on_device and len(heard) == 2  # each hybrid step hears the one before it
+    executor.backend = "cpu"
+    token = _step_alongside(plain, steps, states, token, 3)
+    executor.backend = "hybrid"
+    _step_alongside(plain, steps, states, token, 2)  # the first hears the last cpu step's waits: not passed on
+    assert len(heard) == 3
+
+
+@pytest.mark.parametrize("calibration, calibrated", [(HELPS, "hybrid"), (USELESS_BUT_PAGEABLE, "offload")])
+def test_a_failed_capture_hands_decode_to_the_plain_forward_and_ends_auto_s_trial(tiny_checkpoint, monkeypatch,
+                                                                                  calibration, calibrated):
     """A step that cannot be captured: a warning, the plain forward takes that step and the rest with the same
     logits, and auto's trial, which only graphed steps can time, ends on the calibration's choice."""
     from engine.experts.split import Calibration
@@ -183,7 +234,7 @@ def test_a_failed_capture_hands_decode_to_the_plain_forward_and_ends_auto_s_tria
     plain, model = engine.load_model(folder, expert_cache_slots=8), engine.load_model(folder, expert_cache_slots=8)
     executor = model.expert_executor
     executor.cpu_kernel = CpuExpertKernel(executor.cache.layout, "float32")
-    executor.calibration = Calibration(1e9, 1e9, 0.0, 1)
+    executor.calibration = Calibration(*calibration)
     executor.choose_backend("auto")
     model.decode_steps = DecodeSteps(model, use_graphs=False)  # on CUDA the model makes them
     states = plain.new_state(30), model.new_state(30)
@@ -203,7 +254,7 @@ def test_a_failed_capture_hands_decode_to_the_plain_forward_and_ends_auto_s_tria
             got = model.forward([token], states[1])
         assert torch.allclose(got, expected, rtol=0, atol=1e-5 * float(expected.abs().max()))
         token = int(expected.argmax())
-    assert model.decode_steps is None and executor.backend == "hybrid"
+    assert model.decode_steps is None and executor.backend == calibrated
     assert "expert_backend_trial" not in executor.stats()
 
 

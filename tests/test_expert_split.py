@@ -6,7 +6,8 @@ import pytest
 import torch
 
 from engine.experts import split
-from engine.experts.split import BackendTrial, Calibration, cpu_faster_for_chunk, cpu_share, resolve
+from engine.experts.split import (BackendTrial, Calibration, cpu_faster_for_chunk, cpu_share, resolve,
+                                  trial_candidates)
 
 RECORD = 1_000_000  # bytes of one expert record
 
@@ -45,21 +46,81 @@ def test_auto_takes_hybrid_only_when_the_cpu_would_help():
     assert resolve("cpu", None, RECORD) == "cpu"
 
 
-def test_auto_s_trial_alternates_the_backends_and_keeps_the_shorter_median_step():
-    trial = BackendTrial()
+def test_auto_takes_gpu_where_the_cache_holds_every_layer():
+    """Nothing misses once the cache is warm: gpu, untried (under cpu the cache would never warm)."""
+    helps = Calibration(50e9, 30e9, 0.0, 16, 2e9)
+    assert resolve("auto", helps, RECORD, all_pinned=False, all_resident=True) == "gpu"
+    assert trial_candidates(helps, RECORD, all_pinned=False, all_resident=True) == ()
+    assert resolve("offload", helps, RECORD, all_resident=True) == "offload"  # asked for: as asked
+
+
+
+def test_an_executor_whose_cache_holds_every_layer_runs_auto_as_gpu_untried(tiny_checkpoint):
+    import engine
+    from engine.kernels.cpu_experts import CpuExpertKernel
+    folder = tiny_checkpoint("qwen3_5_moe", "nvfp4")
+    layers = engine.load_model(folder, expert_cache_slots=8).config.num_hidden_layers
+    for slots, backend, trial in ((8 * layers, "gpu", False), (8 * (layers - 1), "hybrid", True)):
+        executor = engine.load_model(folder, expert_cache_slots=slots).expert_executor
+        executor.cpu_kernel = CpuExpertKernel(executor.cache.layout, "float32")  # on CUDA prepare() makes these
+        executor.calibration = Calibration(1e9, 1e9, 0.0, 1)  # the CPU would help
+        executor.choose_backend("auto")
+        assert executor._calibrated_backend == backend and (executor.backend_trial is not None) == trial
+        assert executor.backend == ("hybrid" if trial else "gpu")  # a trial starts on its first candidate
+
+
+def test_the_trial_s_candidates_are_the_backends_that_can_win_here():
+    helps, useless = Calibration(50e9, 30e9, 0.0, 16), Calibration(50e9, 1e9, 0.0, 16, 15e9)
+    assert trial_candidates(helps, RECORD) == ("hybrid", "cpu", "offload")
+    assert trial_candidates(useless, RECORD) == ()  # pinned copies win by the calibration: offload, untried
+    assert resolve("auto", useless, RECORD) == "offload"
+    assert trial_candidates(None, RECORD, all_pinned=False) == ()  # nothing measured: no CPU kernel either
+
+
+def test_pageable_records_put_cpu_on_trial_even_where_the_calibration_gives_it_nothing():
+    """Records that could not be pinned (WSL2; pin budget 0): decode's pageable copies can run far below the
+    calibration's rate, so cpu is timed against offload even where the calibration gives the CPU no miss (hybrid
+    would split as offload does), and with all three where a slow pageable copy makes the CPU help."""
+    useless = Calibration(50e9, 1e9, 0.0, 16, 15e9)
+    assert not cpu_share(8, "hybrid", useless, RECORD, pinned=False)
+    assert resolve("auto", useless, RECORD, all_pinned=False) == "offload"  # what stands if nothing is timed
+    assert trial_candidates(useless, RECORD, all_pinned=False) == ("cpu", "offload")
+    slow_pageable = Calibration(50e9, 10e9, 1e-4, 8, 2e9)
+    assert resolve("auto", slow_pageable, RECORD) == "offload"  # pinned, the copies would win
+    assert resolve("auto", slow_pageable, RECORD, all_pinned=False) == "hybrid"
+    assert trial_candidates(slow_pageable, RECORD, all_pinned=False) == ("hybrid", "cpu", "offload")
+
+
+@pytest.mark.parametrize("fastest", ["hybrid", "cpu", "offload"])
+def test_auto_s_trial_takes_turns_and_keeps_the_shortest_median_step(fastest):
+    candidates = ("hybrid", "cpu", "offload")
+    trial = BackendTrial(candidates)
     ran = []
-    for step in range(BackendTrial.STEPS):
+    for step in range(trial.steps):
         ran.append(trial.backend)
-        slow = step == BackendTrial.SETTLE  # an outlier (a collection, another program) in hybrid's first window
-        trial.record(0.5 if slow else 0.010 if trial.backend == "hybrid" else 0.012)
+        slow = step == BackendTrial.SETTLE + 1  # an outlier (a collection, another program) in the first window
+        trial.record(0.5 if slow else 0.010 if trial.backend == fastest else 0.012 + 0.001 * (len(ran) % 3))
     window = BackendTrial.WINDOW
-    assert ran == (["hybrid"] * window + ["offload"] * window) * BackendTrial.ROUNDS
+    assert trial.steps == BackendTrial.STEPS  # three candidates: the longest trial, which bench.py leaves untimed
+    assert ran == [backend for backend in candidates for _ in range(window)] * BackendTrial.ROUNDS
     counted = BackendTrial.ROUNDS * (window - BackendTrial.SETTLE)  # a window's first steps capture graphs again
-    assert [len(trial.seconds[b]) for b in BackendTrial.CANDIDATES] == [counted, counted]
-    assert trial.chosen == trial.backend == "hybrid"  # the median, not the mean, which the outlier would sway
-    assert trial.to_dict() == {"chosen": "hybrid", "hybrid_step_seconds": 0.010, "offload_step_seconds": 0.012}
+    assert [len(trial.seconds[b]) for b in candidates] == [counted] * 3
+    assert trial.chosen == trial.backend == fastest  # the median, not the mean, which the outlier would sway
+    assert list(trial.to_dict()["step_seconds"]) == list(candidates)
+    assert trial.to_dict()["chosen"] == fastest and trial.to_dict()["step_seconds"][fastest] == 0.010
     trial.record(0.001)  # chosen: later steps change nothing
-    assert trial.backend == "hybrid" and len(trial.seconds["hybrid"]) == counted
+    assert trial.backend == fastest and len(trial.seconds[fastest]) == counted
+
+
+def test_a_trial_of_two_is_shorter_and_a_trial_of_one_is_refused():
+    trial = BackendTrial(("cpu", "offload"))
+    assert trial.steps == 2 * BackendTrial.WINDOW * BackendTrial.ROUNDS < BackendTrial.STEPS
+    assert trial.to_dict() == {"chosen": None, "step_seconds": {"cpu": None, "offload": None}}
+    for _ in range(trial.steps):
+        trial.record(0.02 if trial.backend == "offload" else 0.01)
+    assert trial.chosen == "cpu"
+    with pytest.raises(ValueError, match="two or three"):
+        BackendTrial(("offload",))
 
 
 def test_calibration_is_measured_once_per_machine(tmp_path, monkeypatch):
@@ -221,7 +282,7 @@ def test_hybrid_balance_leaves_a_far_start_in_a_few_steps_and_stays_within_bound
         balance.update(waited=0, layers=40)
         steps += 1
     assert steps <= 9 and balance.notch == HybridBalance.LARGEST_NOTCH  # 24 at the smallest notch
-    assert balance.counts(8) == list(range(9))
+    assert balance.counts(8) == list(range(9)) == [cpu_share(m, "cpu", None, RECORD) for m in range(9)]  # = cpu
     for _ in range(100):
         balance.update(waited=40, layers=40)
     assert balance.fraction == 0.0 and balance.counts(8) == [0] * 9

@@ -52,14 +52,16 @@ def _overlap_text(overlap: bool, layers: int) -> str:
 
 
 def _trial_text(trial: dict | None) -> str:
-    """Auto's trial of hybrid against offload (engine/experts/split.py BackendTrial), for the backend row."""
+    """Auto's trial of the backends that can win here (engine/experts/split.py BackendTrial), for the backend
+    row: what it times, then the chosen one's step and the others' (by name: a signal's dict comes sorted)."""
     if not trial:
         return ""
+    seconds = trial["step_seconds"]
     if trial["chosen"] is None:
-        return " · auto is timing hybrid against offload"
-    other = "offload" if trial["chosen"] == "hybrid" else "hybrid"
-    return (f" · auto chose it: {trial[trial['chosen'] + '_step_seconds'] * 1000:.1f} ms a token, "
-            f"{other} {trial[other + '_step_seconds'] * 1000:.1f}")
+        return f" · auto is timing {', '.join(sorted(seconds))}"
+    others = ", ".join(f"{backend} {seconds[backend] * 1000:.1f}" for backend in sorted(seconds)
+                       if backend != trial["chosen"])
+    return f" · auto chose it: {seconds[trial['chosen']] * 1000:.1f} ms a token, {others}"
 
 
 class CustomPlanEditor(QGroupBox):
@@ -232,7 +234,7 @@ class LiveGauges(QGroupBox):
 
     def _show_backend(self, numbers: dict | None) -> None:
         """E.g. "hybrid · CPU 38% of experts" (a share only where the CPU computes some), and auto's trial: "timing
-        hybrid against offload", then "auto chose it: 7.6 ms a token, hybrid 8.4"; no row without stats."""
+        cpu, hybrid, offload", then "auto chose it: 7.6 ms a token, cpu 9.1, hybrid 8.4"; no row without stats."""
         self.backend_title.setVisible(numbers is not None)
         self.backend_label.setVisible(numbers is not None)
         if numbers is None:

@@ -30,8 +30,10 @@ SAMPLING_FIELDS = (
 THEMES = (("Light", "light"), ("Dark", "dark"))
 # (label, engine.experts.split backend, when it helps)
 EXPERT_BACKENDS = (
-    ("Auto (measured)", "auto", "Measures this machine's PCIe and CPU memory speeds once, then uses Hybrid when "
-                                "the CPU helps and Offload otherwise. Right for most machines."),
+    ("Auto (measured)", "auto", "Measures this machine's PCIe and CPU memory speeds once; where the CPU may "
+                                "help, times the first tokens of a reply under each of CPU, Hybrid and Offload "
+                                "that can win and keeps the fastest, else uses Offload (All experts in VRAM when "
+                                "the cache holds every layer). Right for most machines."),
     ("All experts in VRAM", "gpu", "Keeps every expert on the card, so nothing is copied once warm: the fastest, "
                                    "but only when the preset's expert cache holds every layer (a big card or a "
                                    "small model); otherwise loading is refused."),

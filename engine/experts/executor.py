@@ -29,7 +29,8 @@ from engine.experts.bank import ExpertBank, run_expert
 from engine.experts.cache import ExpertCache
 from engine.experts.packed import PackedExperts, pack_banks
 from engine.experts.split import (BACKENDS, CALIBRATION_RECORDS, TOKEN_MISSES, BackendTrial, HybridBalance,
-                                  cached_calibration, calibrate, cpu_faster_for_chunk, cpu_share, machine_key, resolve)
+                                  cached_calibration, calibrate, cpu_faster_for_chunk, cpu_share, machine_key, resolve,
+                                  trial_candidates)
 from engine.kernels.groups import ExpertGroups
 
 
@@ -75,7 +76,8 @@ class CachedExpertExecutor:
         self.expert_calls = self.cpu_expert_calls = 0
         self._calibration_calls = 0  # CPU calls the calibration made: where the next one's experts start
         self.hybrid_balance: HybridBalance | None = None  # hybrid's split where the device applies it
-        self.backend_trial: BackendTrial | None = None  # auto timing hybrid against offload
+        self.backend_trial: BackendTrial | None = None  # auto timing the backends that can win here
+        self._calibrated_backend = backend  # what auto stands for by the calibration alone (`resolve`)
         self.clock = time.perf_counter  # what the trial's steps are timed with
         self._last_decode_step: tuple[float, int] | None = None  # (clock, position) when the last step began
 
@@ -94,15 +96,21 @@ class CachedExpertExecutor:
         if self.requested_backend in ("auto", "cpu", "hybrid") and self.device.type == "cuda":
             self._prepare_cpu(first.layout, dtype)
         self.choose_backend(self.requested_backend)
-        if self.backend not in ("cpu", "hybrid"):
+        if self.backend not in ("cpu", "hybrid") and self.backend_trial is None:
             self.cpu_kernel = None
 
     def choose_backend(self, backend: str) -> None:
-        """Run `backend` from the next step on; `auto` resolves by the calibration, and where that favours the
-        CPU, decode steps time hybrid against offload (`note_decode_step`) before one stays."""
-        self.backend = resolve(backend, self.calibration, self.cache.layout.record_bytes,
-                               all(packed.pinned for packed in self.packed.values()))
-        self.backend_trial = BackendTrial() if backend == "auto" and self.backend == "hybrid" else None
+        """Run `backend` from the next step on; `auto` resolves by the calibration, and where the CPU kernel is
+        ready and more than one backend can win (`trial_candidates`), decode steps time them in turn
+        (`note_decode_step`) before the fastest stays."""
+        record_bytes = self.cache.layout.record_bytes
+        all_pinned = all(packed.pinned for packed in self.packed.values())
+        all_resident = self.cache.blocks >= len(self.packed)
+        self.backend = self._calibrated_backend = resolve(backend, self.calibration, record_bytes, all_pinned,
+                                                          all_resident)
+        candidates = trial_candidates(self.calibration, record_bytes, all_pinned, all_resident) \
+            if backend == "auto" and self.cpu_kernel is not None else ()
+        self.backend_trial = BackendTrial(candidates) if candidates else None
         if self.backend_trial is not None:
             self.backend = self.backend_trial.backend
         self._last_decode_step = None
@@ -111,7 +119,7 @@ class CachedExpertExecutor:
         """Decode steps are no longer graphed (their capture failed): nothing times them, and the plain forward
         never splits a one-token step, so the calibration's choice stands and the trial stops saying it is timing."""
         if self.backend_trial is not None and self.backend_trial.chosen is None:
-            self.choose_backend("hybrid")
+            self.backend_trial, self.backend = None, self._calibrated_backend
 
     def note_decode_step(self, position: int) -> None:
         """A graphed decode step for `position` begins: the time since the last began, if that was the one

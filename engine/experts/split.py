@@ -4,9 +4,11 @@ straight from host RAM (`cpu`), or split between the two so that both finish tog
 On a laptop's narrow PCIe link the CPU's memory bandwidth is the faster path, on a desktop PCIe is; both
 together beat either. The split comes from two bandwidths measured once per machine (a pinned record copy to
 the GPU, and the CPU expert kernel at the chosen thread count) and kept in a small JSON file, so later loads
-skip the measurement. `auto` takes offload when the CPU would take none of a token's misses; otherwise it times
-decode steps under hybrid and under offload and keeps the faster (`BackendTrial`). `gpu` asks for every expert
-resident in VRAM (a cache of every layer), which never misses once warm.
+skip the measurement. `gpu` asks for every expert resident in VRAM (a cache of every layer), which never misses
+once warm; `auto` takes it where the cache holds every layer. Otherwise `auto` times decode steps under each
+backend that can win here (`trial_candidates`: cpu, hybrid and offload where the CPU would take some of a
+token's misses, cpu and offload where records are pageable) and keeps the fastest (`BackendTrial`); with
+nothing to try, offload.
 """
 
 from __future__ import annotations
@@ -128,34 +130,62 @@ def cpu_faster_for_chunk(calibration: Calibration, tokens_per_expert: list[int],
     return cpu < copy_bytes / calibration.copy_bytes_per_s(pinned)
 
 
-def resolve(backend: str, calibration: Calibration | None, record_bytes: int, all_pinned: bool = True) -> str:
-    """The backend `auto` stands for on this machine's calibration: hybrid when the CPU would take some of a
-    token's misses (TOKEN_MISSES of them) from a pinned layer, or from a pageable one if some layers are
-    (`all_pinned` False), else offload; the others are themselves. The executor then has a `BackendTrial` time
-    auto's hybrid against offload."""
+def cpu_helps(calibration: Calibration | None, record_bytes: int, all_pinned: bool = True) -> bool:
+    """Whether the calibration gives the CPU some of a token's misses (TOKEN_MISSES of them) from a pinned layer,
+    or from a pageable one if some layers are (`all_pinned` False)."""
+    return calibration is not None and any(cpu_share(TOKEN_MISSES, "hybrid", calibration, record_bytes, pinned)
+                                           for pinned in {True, all_pinned})
+
+
+def resolve(backend: str, calibration: Calibration | None, record_bytes: int, all_pinned: bool = True,
+            all_resident: bool = False) -> str:
+    """The backend `auto` stands for on this machine's calibration: gpu when the cache holds every layer
+    (`all_resident`: nothing misses once warm), hybrid where the CPU helps (`cpu_helps`), else offload; the
+    others are themselves. The executor then has a `BackendTrial` time the `trial_candidates`."""
     if backend != "auto":
         return backend
-    helps = calibration is not None and any(cpu_share(TOKEN_MISSES, "hybrid", calibration, record_bytes, pinned)
-                                            for pinned in {True, all_pinned})
-    return "hybrid" if helps else "offload"
+    if all_resident:
+        return "gpu"
+    return "hybrid" if cpu_helps(calibration, record_bytes, all_pinned) else "offload"
+
+
+def trial_candidates(calibration: Calibration | None, record_bytes: int, all_pinned: bool = True,
+                     all_resident: bool = False) -> tuple[str, ...]:
+    """The backends auto's trial times, where the CPU expert kernel is ready: hybrid, cpu and offload where the
+    CPU helps (`cpu_helps`; hybrid first, as its balance starts from the calibration's split); cpu and offload
+    where it does not but some records are pageable, since decode's pageable copies (a layer's few at a time,
+    from anywhere in RAM) can run far below the calibration's rate (a few fresh records back to back), and
+    hybrid would split as offload does; none where the cache holds every layer or pinned copies win (the
+    calibration's choice stands)."""
+    if calibration is None or all_resident:
+        return ()
+    if cpu_helps(calibration, record_bytes, all_pinned):
+        return ("hybrid", "cpu", "offload")
+    return () if all_pinned else ("cpu", "offload")
 
 
 class BackendTrial:
-    """`auto`'s choice between hybrid and offload, by decode steps timed under each. The calibration times each
-    path alone on a token's full misses; a step's speed also depends on how few misses the cache leaves and on
-    what the CPU share's hand-offs cost (H200 at 12gb, ~85 % hits: offload 132 tok/s, hybrid 119, though the
-    calibration favoured the CPU). The two take turns in windows of WINDOW steps, ROUNDS each, so the cache's
-    warming favours neither; a window's first SETTLE steps are not counted (the step's graphs are captured
-    again for the other backend). Then the one with the shorter median step stays."""
+    """`auto`'s choice among `candidates` (`trial_candidates`), by decode steps timed under each. The calibration
+    times each path alone on a token's full misses; a step's speed also depends on how few misses the cache
+    leaves, on what the CPU share's hand-offs cost (H200 at 12gb, ~85 % hits: offload 132 tok/s, hybrid 119,
+    though the calibration favoured the CPU) and on how pageable copies fare in decode. The candidates take
+    turns in windows of WINDOW steps, ROUNDS each, so the cache's warming favours none; a window's first SETTLE
+    steps are not counted (the step's graphs are captured again for another backend). Then the one with the
+    shortest median step stays. STEPS is the most steps a trial takes (MOST_CANDIDATES of them): what a
+    benchmark leaves untimed for it."""
 
-    CANDIDATES = ("hybrid", "offload")
     WINDOW = 8
     SETTLE = 2
     ROUNDS = 2
-    STEPS = WINDOW * len(CANDIDATES) * ROUNDS
+    MOST_CANDIDATES = 3
+    STEPS = WINDOW * ROUNDS * MOST_CANDIDATES
 
-    def __init__(self):
-        self.seconds: dict[str, list[float]] = {backend: [] for backend in self.CANDIDATES}
+    def __init__(self, candidates: tuple[str, ...]):
+        if not 2 <= len(candidates) <= self.MOST_CANDIDATES:
+            raise ValueError(f"a backend trial times two or three backends, not {candidates!r}")
+        self.candidates = candidates
+        self.steps = self.WINDOW * self.ROUNDS * len(candidates)
+        self.seconds: dict[str, list[float]] = {backend: [] for backend in candidates}
         self.chosen: str | None = None
         self._steps = 0
 
@@ -164,7 +194,7 @@ class BackendTrial:
         """The backend for the next step."""
         if self.chosen is not None:
             return self.chosen
-        return self.CANDIDATES[(self._steps // self.WINDOW) % len(self.CANDIDATES)]
+        return self.candidates[(self._steps // self.WINDOW) % len(self.candidates)]
 
     def record(self, seconds: float) -> None:
         """A decode step under `backend` took `seconds`."""
@@ -173,13 +203,14 @@ class BackendTrial:
         if self._steps % self.WINDOW >= self.SETTLE:
             self.seconds[self.backend].append(seconds)
         self._steps += 1
-        if self._steps == self.STEPS:
-            self.chosen = min(self.CANDIDATES, key=lambda backend: statistics.median(self.seconds[backend]))
+        if self._steps == self.steps:
+            self.chosen = min(self.candidates, key=lambda backend: statistics.median(self.seconds[backend]))
 
     def to_dict(self) -> dict:
-        """The median step of each backend so far (seconds; None before its first), and the choice once made."""
-        return {"chosen": self.chosen, **{f"{backend}_step_seconds": statistics.median(seconds) if seconds else None
-                                          for backend, seconds in self.seconds.items()}}
+        """The choice once made, and each candidate's median step so far (seconds; None before its first), in
+        the order they are timed."""
+        return {"chosen": self.chosen, "step_seconds": {backend: statistics.median(seconds) if seconds else None
+                                                        for backend, seconds in self.seconds.items()}}
 
 
 def calibration_file() -> Path:

@@ -61,6 +61,7 @@ class DecodeSteps:
         self.share_base = torch.zeros(1, dtype=torch.int32, device=device)  # the step's first mailbox sequence number
         self.share_waits = torch.zeros(2, dtype=torch.int32, device=device)  # kernels.wait_cpu_share's counts
         self._waits_taken = [0, 0]
+        self._waits_backend: str | None = None  # the backend of the step whose waits were copied last
         self._share: cpu_share.CpuShareWorker | None = None  # the CPU threads of the device-driven share
         self._share_on_device = False  # whether this step's CPU share goes through the mailbox
         self._counts_sent: list[int] | None = None  # the split last copied into cpu_counts
@@ -146,6 +147,7 @@ class DecodeSteps:
             self.executor.expert_calls -= computed
             self.executor.cpu_expert_calls += computed
             self._share_waits_host.copy_(self.share_waits, non_blocking=True)  # read at the next step, not waited for
+            self._waits_backend = self.executor.backend
             if self._waits_copied is not None:
                 self._waits_copied.record()
         for cache in self._kv_moved:
@@ -263,7 +265,8 @@ class DecodeSteps:
         waits = self._share_waits_host.tolist()
         waited, layers = (now - before for now, before in zip(waits, self._waits_taken))
         self._waits_taken = waits
-        self.executor.balance_share(waited, layers)
+        if self._waits_backend == self.executor.backend:  # a cpu step of auto's trial says nothing of hybrid's split
+            self.executor.balance_share(waited, layers)
 
     def _send_cpu_counts(self) -> None:
         """The split for the backend of the moment (cpu and hybrid share the graphs: the table tells them apart)."""
