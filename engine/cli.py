@@ -198,11 +198,21 @@ def _read_line(prompt: str) -> str:
     """One line typed at the chat prompt; CliError when it is not UTF-8 text, EOFError at the end of input."""
     try:
         line = input(prompt)
-    except UnicodeDecodeError as exc:
+    except UnicodeDecodeError as exc:  # a stdin that could not be told to keep undecodable bytes
         raise CliError(f"that line is not valid UTF-8 text ({exc.reason} at byte {exc.start}); "
                        f"type UTF-8 text, e.g. set a UTF-8 locale") from None
     _check_text(line, "that line")
     return line.strip()
+
+
+def _keep_undecodable_input() -> None:
+    """Read stdin so that bytes that are not UTF-8 stay in their line (as surrogates) instead of failing a read,
+    which loses the rest of the buffered input too."""
+    if isinstance(sys.stdin, io.TextIOWrapper):
+        try:
+            sys.stdin.reconfigure(errors="surrogateescape")
+        except io.UnsupportedOperation:  # read from already: a line that fails to decode is then refused whole
+            pass
 
 
 def _stream(events, out) -> TurnFinished:
@@ -232,6 +242,7 @@ def _stats_line(stats) -> str:
 
 
 def run_chat(args) -> int:
+    _keep_undecodable_input()
     session = _open_session(args)
     print("Chat started. /reset clears the conversation, /think on|off switches thinking, /exit quits.")
     # Ctrl-C while a reply streams cancels the reply; at the prompt it quits
