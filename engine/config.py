@@ -61,8 +61,8 @@ class ModelConfig:
 def read_config(folder: Path) -> ModelConfig:
     config_path = folder / "config.json"
     if not folder.is_dir():
-        cause = ("is not a folder" if folder.exists() else
-                 "is a link that leads nowhere (broken, or a loop of links)" if folder.is_symlink() else "does not exist")
+        cause = ("is not a folder" if folder.exists() else "does not exist" if not folder.is_symlink() else
+                 "is a link that leads nowhere (broken, or a loop of links)")
         raise CheckpointError(folder, cause,
                               "choose the folder that holds config.json and the .safetensors files")
     if not config_path.is_file():

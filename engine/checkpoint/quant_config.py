@@ -62,7 +62,8 @@ def read_quant_settings(folder: Path, quantization_config: dict | None) -> Quant
             if rows < 1 or cols < 1 or any(isinstance(b, bool) or int(b) != b for b in block):
                 raise ValueError(block)
         except (TypeError, ValueError):
-            raise CheckpointError(source, f"has an FP8 weight_block_size {block!r} that is not two whole numbers above 0",
+            raise CheckpointError(source, f"has an FP8 weight_block_size {block!r} that is not two whole numbers "
+                                          f"above 0",
                                   REPAIR) from None
         return QuantSettings(method, fp8_block_size=(rows, cols))
     if method == "modelopt":
