@@ -48,6 +48,7 @@ class MainWindow(QMainWindow):
         self.models_page = ModelsPage(self.worker, settings)
         self.engine_page = EnginePage(self.worker, settings)
         self.logs_page = LogsPage(self.worker)
+        settings.report_warnings(self.logs_page.add_record)  # settings refused at load are said there
         self.settings_page = SettingsPage(settings)
         self.pages = QStackedWidget()
         for page in (self.chat_page, self.models_page, self.engine_page, self.logs_page, self.settings_page):

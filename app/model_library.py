@@ -15,6 +15,7 @@ from pathlib import Path
 
 from app.paths import DEMO_MODEL
 from engine.checkpoint import INDEX_FILE
+from engine.checkpoint.quant_config import read_hf_quant_config
 from engine.checkpoint.safetensors_file import SafetensorsFile
 from engine.errors import CheckpointError
 from engine.runtime.planner import PlanError, footprint_from_checkpoint, plan_memory, preset_budget_bytes
@@ -48,7 +49,10 @@ def scan_library(extra_folders: list[Path], hf_cache: Path | None = None, downlo
     seen: set[Path] = set()
 
     def add(folder: Path, source: str, name: str | None = None) -> None:
-        key = folder.resolve()
+        try:
+            key = folder.resolve()
+        except (OSError, RuntimeError):  # a symlink loop: the folder is listed with the engine's reason
+            key = folder.absolute()
         if key not in seen:
             seen.add(key)
             entries.append(describe_model(folder, source, name))
@@ -106,8 +110,11 @@ def hf_snapshots(hub: Path) -> list[tuple[str, Path]]:
 def _current_snapshot(repo: Path) -> Path | None:
     main_ref = repo / "refs" / "main"
     if main_ref.is_file():
-        snapshot = repo / "snapshots" / main_ref.read_text(encoding="utf-8").strip()
-        if snapshot.is_dir():
+        try:
+            snapshot = repo / "snapshots" / main_ref.read_text(encoding="utf-8").strip()
+        except (OSError, UnicodeDecodeError):  # a damaged ref: the newest snapshot stands in
+            snapshot = None
+        if snapshot is not None and snapshot.is_dir():
             return snapshot
     try:
         snapshots = [p for p in (repo / "snapshots").iterdir() if p.is_dir()]
@@ -176,13 +183,13 @@ def size_on_disk(folder: Path) -> int:
 
 def weight_format(folder: Path, raw: dict) -> str:
     """bf16, fp16, fp32, fp8, nvfp4 or the quantisation method's own name; "" when it cannot be told."""
-    quant = raw.get("quantization_config") or (raw.get("text_config") or {}).get("quantization_config")
-    if not quant and (folder / "hf_quant_config.json").is_file():  # ModelOpt's side file
+    text = raw.get("text_config")
+    quant = raw.get("quantization_config") or (text.get("quantization_config") if isinstance(text, dict) else None)
+    if not quant:
         try:
-            side = json.loads((folder / "hf_quant_config.json").read_text(encoding="utf-8"))
-            quant = dict(side.get("quantization") or {}, quant_method="modelopt")
-        except (OSError, ValueError, AttributeError):
-            quant = None
+            quant = read_hf_quant_config(folder)  # ModelOpt's side file
+        except CheckpointError:
+            quant = None  # the load error, reported separately, says what is wrong with it
     if isinstance(quant, dict) and quant:
         return _format_from_quant_config(quant)
     return _format_from_headers(folder)
@@ -191,15 +198,18 @@ def weight_format(folder: Path, raw: dict) -> str:
 def _format_from_quant_config(quant: dict) -> str:
     method = str(quant.get("quant_method", "")).lower()
     if method == "modelopt":
-        layers = quant.get("quantized_layers") or {}
+        layers = quant.get("quantized_layers")
+        specs = layers.values() if isinstance(layers, dict) else ()
         algos = {str(quant.get("quant_algo", "")).upper()}
-        algos |= {str(spec.get("quant_algo", "")).upper() for spec in layers.values() if isinstance(spec, dict)}
+        algos |= {str(spec.get("quant_algo", "")).upper() for spec in specs if isinstance(spec, dict)}
         return "nvfp4" if any("NVFP4" in algo for algo in algos) else "fp8"
     if method == "compressed-tensors":
         if "nvfp4" in str(quant.get("format", "")):
             return "nvfp4"
-        groups = quant.get("config_groups") or {}
-        bits = {(group.get("weights") or {}).get("num_bits") for group in groups.values() if isinstance(group, dict)}
+        groups = quant.get("config_groups")
+        weights = [group.get("weights") for group in (groups.values() if isinstance(groups, dict) else ())
+                   if isinstance(group, dict)]
+        bits = {spec.get("num_bits") for spec in weights if isinstance(spec, dict)}
         return "nvfp4" if 4 in bits else "fp8"
     return method or ""
 

@@ -2,11 +2,18 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
+import logging
+import math
+import os
 
 from PySide6.QtCore import QSettings
 
 from engine.experts.split import BACKENDS
+from engine.runtime.sampling import SamplingParams
+
+log = logging.getLogger(__name__)
 
 DEFAULTS = {
     "preset": "auto",  # 4gb | 8gb | 12gb | auto | custom
@@ -29,28 +36,117 @@ DEFAULTS = {
 }
 
 
+MIN_CONTEXT_TOKENS = 2048
+MAX_CONTEXT_TOKENS = 262144  # the longest context of the models MoE Desk runs
+PRESETS = ("4gb", "8gb", "12gb", "auto", "custom")
+THEME_NAMES = ("light", "dark")
+
+
+def _whole(value, low: int, high: float = math.inf) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and low <= value <= high
+
+
+def _number(value, low: float = 0.0, high: float = math.inf) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value) \
+        and low <= value <= high
+
+
+def _custom_plan(value) -> bool:
+    return (isinstance(value, dict) and set(value) == set(DEFAULTS["custom_plan"])
+            and _whole(value["expert_cache_layers"], 0) and isinstance(value["prefill_overlap"], bool)
+            and _whole(value["prefill_chunk_tokens"], 1) and _whole(value["kv_tokens"], 1))
+
+
+def _sampling(value) -> bool:
+    if not isinstance(value, dict) or not set(value) <= {f.name for f in dataclasses.fields(SamplingParams)}:
+        return False
+    try:
+        SamplingParams(**value).validate()
+    except (TypeError, ValueError):  # TypeError: text compared with a number
+        return False
+    return all(_number(v, -math.inf) for k, v in value.items() if k != "stop") and (
+        value.get("seed") is None or _whole(value["seed"], 0))
+
+
+def _strings(value) -> bool:
+    return isinstance(value, list) and all(isinstance(item, str) for item in value)
+
+
+# what each stored value must be, checked when it is read: (test, the allowed values in words)
+CHECKS = {
+    "preset": (lambda v: v in PRESETS, f"one of {', '.join(PRESETS)}"),
+    "custom_plan": (_custom_plan, f"a plan with the keys {', '.join(DEFAULTS['custom_plan'])}"),
+    "vram_gib": (_number, "a number of GiB, 0 or more"),
+    "context_tokens": (lambda v: _whole(v, MIN_CONTEXT_TOKENS, MAX_CONTEXT_TOKENS),
+                       f"a whole number of tokens from {MIN_CONTEXT_TOKENS} to {MAX_CONTEXT_TOKENS}"),
+    "sampling": (_sampling, "sampling settings the engine accepts"),
+    "enable_thinking": (lambda v: isinstance(v, bool), "true or false"),
+    "theme": (lambda v: v in THEME_NAMES, f"one of {', '.join(THEME_NAMES)}"),
+    "model_folders": (_strings, "a list of folders"),
+    "last_model": (lambda v: isinstance(v, str), "a folder"),
+    "cpu_threads": (lambda v: _whole(v, 0, max_cpu_threads()),
+                    "a whole number from 0 (physical cores) to this machine's thread count"),
+    "pin_budget_gib": (_number, "a number of GiB, 0 or more"),
+    "expert_backend": (lambda v: v in BACKENDS, f"one of {', '.join(BACKENDS)}"),
+    "hf_endpoint": (lambda v: isinstance(v, str), "an address"),
+    "hub_offline": (lambda v: isinstance(v, bool), "true or false"),
+    "cpu_notice_seen": (lambda v: isinstance(v, str), "text"),
+    "download_folder": (lambda v: isinstance(v, str), "a folder"),
+}
+
+
+def max_cpu_threads() -> int:
+    """The most CPU threads a setting may ask for: the machine's logical CPUs (more crash inside torch)."""
+    return os.cpu_count() or 1
+
+
 def load_options(settings: "AppSettings") -> dict:
     """What the engine worker needs to open a model, from the settings."""
-    options = {key: settings.get(key) for key in ("context_tokens", "cpu_threads", "preset", "vram_gib",
-                                                   "custom_plan", "pin_budget_gib", "expert_backend")}
-    if options["expert_backend"] not in BACKENDS:  # a hand-edited value: run what the Settings page shows instead
-        options["expert_backend"] = DEFAULTS["expert_backend"]
-    return options
+    return {key: settings.get(key) for key in ("context_tokens", "cpu_threads", "preset", "vram_gib",
+                                               "custom_plan", "pin_budget_gib", "expert_backend")}
 
 
 class AppSettings:
+    """Typed settings: a stored value that is unreadable or out of range reads as its default, with a warning."""
+
     def __init__(self, store: QSettings | None = None):
         self._store = store or QSettings("MoE Desk", "MoE Desk")
+        self.warnings: list[str] = []  # what was refused so far, for the Logs page
+        self._on_warning = None
+        self._warned: set[tuple[str, str]] = set()
+
+    def report_warnings(self, on_warning) -> None:
+        """Hand every warning so far, and each later one, to on_warning(level, message)."""
+        self._on_warning = on_warning
+        for message in self.warnings:
+            on_warning("warning", message)
 
     def get(self, key: str):
         raw = self._store.value(key)
-        default = DEFAULTS[key]
+        default = json.loads(json.dumps(DEFAULTS[key]))  # a fresh copy of lists and dicts
         if raw is None:
-            return json.loads(json.dumps(default))  # a fresh copy of lists and dicts
+            return default
+        check, allowed = CHECKS[key]
         try:
-            return json.loads(raw)
+            value = json.loads(raw)
         except (TypeError, ValueError):
-            return default  # a hand-edited or foreign value: fall back rather than crash
+            value = raw  # a hand-edited or foreign value, shown in the warning as found
+        else:
+            if check(value):
+                return value
+        self._warn(key, raw, allowed)
+        return default
+
+    def _warn(self, key: str, raw, allowed: str) -> None:
+        if (key, str(raw)) in self._warned:  # once per bad value, however often it is read
+            return
+        self._warned.add((key, str(raw)))
+        message = (f"setting {key} in {self._store.fileName()} is {raw!r:.80}, not {allowed}; using the default "
+                   f"{json.dumps(DEFAULTS[key])} (change it on the Settings page to store a valid one)")
+        log.warning(message)
+        self.warnings.append(message)
+        if self._on_warning is not None:
+            self._on_warning("warning", message)
 
     def set(self, key: str, value) -> None:
         if key not in DEFAULTS:

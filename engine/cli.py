@@ -6,6 +6,8 @@ Every error a user can make ends in one line on stderr and a non-zero exit code.
 from __future__ import annotations
 
 import argparse
+import codecs
+import io
 import json
 import signal
 import sys
@@ -97,7 +99,8 @@ def build_parser() -> argparse.ArgumentParser:
 def _model_and_sampling(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", type=resolve_model, default=DEMO_MODEL,
                    help="checkpoint folder, or 'demo' for the built-in demo model (the default)")
-    p.add_argument("--context", type=int, default=DEFAULT_CONTEXT_TOKENS, help="context size in tokens")
+    p.add_argument("--context", type=int, help=f"context size in tokens (default: {DEFAULT_CONTEXT_TOKENS}, or the "
+                                                f"model's maximum when that is less)")
     p.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto",
                    help="auto: the GPU under --preset's memory plan when one is usable, else the CPU")
     p.add_argument("--preset", choices=["4gb", "8gb", "12gb", "auto"], default="auto",
@@ -130,8 +133,11 @@ def _open_session(args):
     from engine.runtime.session import ChatSession
     from engine.runtime.tokenizer import ChatTokenizer
 
-    if args.context < 16:
+    if args.context is not None and args.context < 16:
         raise CliError(f"--context must be at least 16 tokens, got {args.context}")
+    _check_text(args.system, "--system")
+    for stop in args.stop or ():
+        _check_text(stop, "--stop")
     if args.cpu_threads is not None:
         from engine.kernels import cpu_experts
         try:  # checked before the long load, against the CPU expert kernels' own limit
@@ -139,7 +145,11 @@ def _open_session(args):
         except ValueError as exc:
             raise CliError(f"--cpu-threads: {exc}") from None
         torch.set_num_threads(args.cpu_threads)  # torch's threads run the whole model in CPU mode, as in the app
-    read_config(args.model)  # first: it explains a wrong folder best
+    config = read_config(args.model)  # first: it explains a wrong folder best
+    longest = config.max_position_embeddings
+    if args.context is not None and args.context > longest:
+        raise CliError(f"--context {args.context} is more than this model's maximum of {longest} tokens "
+                       f"(max_position_embeddings in config.json); use --context {longest} or less")
     if args.device == "cuda" and not gpu_status()[0]:
         raise CliError(f"--device cuda: {gpu_status()[1]}")
     try:
@@ -167,9 +177,42 @@ def _open_session(args):
         raise CliError(str(exc)) from None
     plan = placement.plan
     chunk = {"prefill_chunk_tokens": plan.prefill_chunk_tokens} if plan is not None else {}
-    context = min(args.context, plan.kv_tokens) if plan is not None else args.context
+    context = args.context or min(DEFAULT_CONTEXT_TOKENS, longest)
+    context = min(context, plan.kv_tokens) if plan is not None else context
     return ChatSession(model, tokenizer, context_tokens=context, sampling=sampling,
                        system_prompt=args.system, enable_thinking=not args.no_think, **chunk)
+
+
+def _check_text(text: str | None, what: str) -> None:
+    """CliError when text holds bytes that were not UTF-8 (Python keeps them as lone surrogates)."""
+    if text is None:
+        return
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise CliError(f"{what} is not valid UTF-8 text (undecodable bytes at character {exc.start}); pass UTF-8 "
+                       f"text, e.g. under a UTF-8 locale") from None
+
+
+def _read_line(prompt: str) -> str:
+    """One line typed at the chat prompt; CliError when it is not UTF-8 text, EOFError at the end of input."""
+    try:
+        line = input(prompt)
+    except UnicodeDecodeError as exc:  # a stdin that could not be told to keep undecodable bytes
+        raise CliError(f"that line is not valid UTF-8 text ({exc.reason} at byte {exc.start}); "
+                       f"type UTF-8 text, e.g. set a UTF-8 locale") from None
+    _check_text(line, "that line")
+    return line.strip()
+
+
+def _keep_undecodable_input() -> None:
+    """Read stdin so that bytes that are not UTF-8 stay in their line (as surrogates) instead of failing a read,
+    which loses the rest of the buffered input too."""
+    if isinstance(sys.stdin, io.TextIOWrapper):
+        try:
+            sys.stdin.reconfigure(errors="surrogateescape")
+        except io.UnsupportedOperation:  # read from already: a line that fails to decode is then refused whole
+            pass
 
 
 def _stream(events, out) -> TurnFinished:
@@ -199,24 +242,30 @@ def _stats_line(stats) -> str:
 
 
 def run_chat(args) -> int:
+    _keep_undecodable_input()
     session = _open_session(args)
     print("Chat started. /reset clears the conversation, /think on|off switches thinking, /exit quits.")
     # Ctrl-C while a reply streams cancels the reply; at the prompt it quits
     previous = signal.signal(signal.SIGINT, lambda *_: session.cancel())
+    refused_input = False  # a line that was not UTF-8 is refused and the chat goes on; the exit code says so
     try:
         while True:
             try:
                 signal.signal(signal.SIGINT, previous)
-                line = input("\n> ").strip()
+                line = _read_line("\n> ")
             except (EOFError, KeyboardInterrupt):
                 print()
-                return 0
+                return EXIT_USAGE if refused_input else 0
+            except CliError as exc:
+                print(f"error: {exc}", file=sys.stderr)
+                refused_input = True
+                continue
             finally:
                 signal.signal(signal.SIGINT, lambda *_: session.cancel())
             if not line:
                 continue
             if line in ("/exit", "/quit"):
-                return 0
+                return EXIT_USAGE if refused_input else 0
             if line == "/reset":
                 session.reset()
                 print("(conversation cleared)")
@@ -240,12 +289,16 @@ def run_chat(args) -> int:
 
 def run_generate(args) -> int:
     if args.prompt is not None:
+        _check_text(args.prompt, "--prompt")
         prompts = [args.prompt]
     else:
         try:
             prompts = [line for line in args.prompts_file.read_text(encoding="utf-8").splitlines() if line.strip()]
         except OSError as exc:
             raise CliError(f"cannot read {args.prompts_file}: {exc.strerror or exc}") from None
+        except UnicodeDecodeError as exc:
+            raise CliError(f"{args.prompts_file} is not UTF-8 text ({exc.reason} at byte {exc.start}); "
+                           f"save it as UTF-8") from None
         if not prompts:
             raise CliError(f"{args.prompts_file} holds no prompts (one per line)")
     session = _open_session(args)
@@ -463,7 +516,15 @@ def run_pull(args) -> int:
     return 0
 
 
+def _printable_output() -> None:
+    """Let a terminal or pipe that is not UTF-8 show what it cannot encode as escapes instead of failing."""
+    for stream in (sys.stdout, sys.stderr):
+        if isinstance(stream, io.TextIOWrapper) and codecs.lookup(stream.encoding).name != "utf-8":
+            stream.reconfigure(errors="backslashreplace")
+
+
 def main(argv: list[str] | None = None) -> int:
+    _printable_output()
     try:
         args = build_parser().parse_args(argv)
         commands = {"chat": run_chat, "generate": run_generate, "plan": run_plan, "bench": run_bench,

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -60,7 +61,9 @@ class ModelConfig:
 def read_config(folder: Path) -> ModelConfig:
     config_path = folder / "config.json"
     if not folder.is_dir():
-        raise CheckpointError(folder, "is not a folder" if folder.exists() else "does not exist",
+        cause = ("is not a folder" if folder.exists() else "does not exist" if not folder.is_symlink() else
+                 "is a link that leads nowhere (broken, or a loop of links)")
+        raise CheckpointError(folder, cause,
                               "choose the folder that holds config.json and the .safetensors files")
     if not config_path.is_file():
         raise CheckpointError(folder, "has no config.json, so it is not a Hugging Face model folder",
@@ -70,8 +73,11 @@ def read_config(folder: Path) -> ModelConfig:
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
         raise CheckpointError(config_path, f"is not valid JSON ({exc})", "the download may be incomplete; fetch it again")
     if not isinstance(raw, dict):
-        raise CheckpointError(config_path, "does not hold a JSON object")
+        raise CheckpointError(config_path, "does not hold a JSON object", FIX_CONFIG)
     return config_from_dict(raw, config_path)
+
+
+FIX_CONFIG = "config.json is damaged or was edited by hand; download it again from the model's repository"
 
 
 def config_from_dict(raw: dict, source: Path) -> ModelConfig:
@@ -84,22 +90,57 @@ def config_from_dict(raw: dict, source: Path) -> ModelConfig:
     if model_type == "qwen3_5_moe":
         text = raw.get("text_config")
         if not isinstance(text, dict):
-            raise CheckpointError(source, "model_type qwen3_5_moe needs a text_config section")
+            raise CheckpointError(source, "model_type qwen3_5_moe needs a text_config section", FIX_CONFIG)
         quantization_config = quantization_config or text.get("quantization_config")
     try:
-        if model_type == "qwen3_moe":
-            return _qwen3_moe(text, quantization_config)
-        return _qwen3_5_moe(text, quantization_config)
+        config = _qwen3_moe(text, quantization_config) if model_type == "qwen3_moe" else \
+            _qwen3_5_moe(text, quantization_config)
+        _check_consistent(config)
     except KeyError as exc:
-        raise CheckpointError(source, f"is missing the setting {exc.args[0]!r}") from None
+        raise CheckpointError(source, f"is missing the setting {exc.args[0]!r}", FIX_CONFIG) from None
     except (TypeError, ValueError) as exc:
-        raise CheckpointError(source, f"has a setting of the wrong kind ({exc})") from None
+        raise CheckpointError(source, f"has an unusable setting: {exc}", FIX_CONFIG) from None
+    return config
+
+
+def _whole(text: dict, key: str, default=None, minimum: int = 1) -> int:
+    """text[key] (or default when it is absent or null) as an int of at least `minimum`; ValueError naming the key
+    for text, fractions, booleans and smaller numbers, KeyError when it is absent without a default."""
+    value = text.get(key)
+    if value is None:
+        if default is None:
+            raise KeyError(key)
+        value = default
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not float(value).is_integer():
+        raise ValueError(f"{key} must be a whole number, got {value!r}")
+    if value < minimum:
+        raise ValueError(f"{key} must be at least {minimum}, got {value!r}")
+    return int(value)
+
+
+def _positive(value, key: str, maximum: float = math.inf) -> float:
+    """value as a finite float above 0 and at most `maximum`; ValueError naming the key otherwise."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value <= maximum \
+            or not math.isfinite(value):
+        bound = f"at most {maximum:g}" if math.isfinite(maximum) else "finite"
+        raise ValueError(f"{key} must be a number above 0 and {bound}, got {value!r}")
+    return float(value)
+
+
+def _section(text: dict, key: str) -> dict:
+    """text[key] as a dict ({} when absent or null); ValueError when it is something else."""
+    value = text.get(key)
+    if value is None:
+        return {}
+    if not isinstance(value, dict):
+        raise ValueError(f"{key} must be a JSON object, got {value!r:.60}")
+    return value
 
 
 def _rope(text: dict, default_partial: float) -> tuple[float, float]:
     """(theta, partial_rotary_factor) from either rope_parameters (transformers 5) or rope_theta/rope_scaling."""
-    params = text.get("rope_parameters") or {}
-    scaling = text.get("rope_scaling") or {}
+    params = _section(text, "rope_parameters")
+    scaling = _section(text, "rope_scaling")
     rope_type = params.get("rope_type") or scaling.get("rope_type") or scaling.get("type") or "default"
     if rope_type != "default":
         raise ValueError(f"rope type {rope_type!r} is not supported yet, only 'default'")
@@ -107,38 +148,60 @@ def _rope(text: dict, default_partial: float) -> tuple[float, float]:
     if theta is None:
         raise KeyError("rope_theta")
     partial = params.get("partial_rotary_factor", text.get("partial_rotary_factor", default_partial))
-    return float(theta), float(partial)
+    return _positive(theta, "rope_theta"), _positive(partial, "partial_rotary_factor", maximum=1.0)
 
 
 def _eos(text: dict) -> tuple[int, ...]:
     eos = text.get("eos_token_id")
-    if eos is None:
-        return ()
-    return tuple(eos) if isinstance(eos, list) else (int(eos),)
+    ids = [] if eos is None else eos if isinstance(eos, list) else [eos]
+    if not all(isinstance(i, int) and not isinstance(i, bool) and i >= 0 for i in ids):
+        raise ValueError(f"eos_token_id must be a token id or a list of them, got {eos!r}")
+    return tuple(ids)
 
 
 def _common(text: dict, default_partial: float) -> dict:
     theta, partial = _rope(text, default_partial)
-    hidden = int(text["hidden_size"])
-    heads = int(text["num_attention_heads"])
-    head_dim = int(text.get("head_dim") or hidden // heads)
+    hidden = _whole(text, "hidden_size")
+    heads = _whole(text, "num_attention_heads")
+    head_dim = _whole(text, "head_dim", default=hidden // heads)
     return dict(
-        vocab_size=int(text["vocab_size"]),
+        vocab_size=_whole(text, "vocab_size"),
         hidden_size=hidden,
-        num_hidden_layers=int(text["num_hidden_layers"]),
+        num_hidden_layers=_whole(text, "num_hidden_layers"),
         num_attention_heads=heads,
-        num_key_value_heads=int(text.get("num_key_value_heads", heads)),
+        num_key_value_heads=_whole(text, "num_key_value_heads", default=heads),
         head_dim=head_dim,
-        rms_norm_eps=float(text.get("rms_norm_eps", 1e-6)),
+        rms_norm_eps=_positive(text.get("rms_norm_eps", 1e-6), "rms_norm_eps", maximum=1.0),
         rope_theta=theta,
         rotary_dim=int(head_dim * partial),
-        num_experts=int(text.get("num_experts", text.get("num_local_experts", 0))),
-        num_experts_per_tok=int(text["num_experts_per_tok"]),
-        moe_intermediate_size=int(text["moe_intermediate_size"]),
+        num_experts=_whole(text, "num_experts", default=_whole(text, "num_local_experts", default=0, minimum=0),
+                           minimum=0),
+        num_experts_per_tok=_whole(text, "num_experts_per_tok"),
+        moe_intermediate_size=_whole(text, "moe_intermediate_size"),
         tie_word_embeddings=bool(text.get("tie_word_embeddings", False)),
-        max_position_embeddings=int(text.get("max_position_embeddings", 32768)),
+        max_position_embeddings=_whole(text, "max_position_embeddings", default=32768),
         eos_token_id=_eos(text),
     )
+
+
+def _check_consistent(config: ModelConfig) -> None:
+    """ValueError when settings that are each in range contradict one another."""
+    if config.num_attention_heads % config.num_key_value_heads:
+        raise ValueError(f"num_attention_heads {config.num_attention_heads} is not a multiple of "
+                         f"num_key_value_heads {config.num_key_value_heads}")
+    if config.rotary_dim < 2 or config.rotary_dim % 2:
+        raise ValueError(f"head_dim {config.head_dim} x partial_rotary_factor gives {config.rotary_dim} rotated "
+                         f"dimensions, which must be an even number of at least 2")
+    moe_layers = config.num_hidden_layers - len(config.dense_mlp_layers)
+    if moe_layers and not 1 <= config.num_experts_per_tok <= config.num_experts:
+        raise ValueError(f"num_experts_per_tok {config.num_experts_per_tok} must be from 1 to num_experts "
+                         f"{config.num_experts}")
+    if config.dense_mlp_layers and config.intermediate_size < 1:
+        raise ValueError(f"intermediate_size must be at least 1 for the dense MLP layers "
+                         f"{list(config.dense_mlp_layers)}, got {config.intermediate_size}")
+    if config.num_linear_attention_layers and config.linear_num_value_heads % config.linear_num_key_heads:
+        raise ValueError(f"linear_num_value_heads {config.linear_num_value_heads} is not a multiple of "
+                         f"linear_num_key_heads {config.linear_num_key_heads}")
 
 
 def _qwen3_moe(text: dict, quantization_config: dict | None) -> ModelConfig:
@@ -146,8 +209,10 @@ def _qwen3_moe(text: dict, quantization_config: dict | None) -> ModelConfig:
         raise ValueError("sliding-window attention is not supported")
     common = _common(text, default_partial=1.0)
     layers = common["num_hidden_layers"]
-    step = int(text.get("decoder_sparse_step", 1))
-    mlp_only = set(text.get("mlp_only_layers") or [])
+    step = _whole(text, "decoder_sparse_step", default=1)
+    mlp_only = text.get("mlp_only_layers") or []
+    if not isinstance(mlp_only, list) or not all(isinstance(i, int) and not isinstance(i, bool) for i in mlp_only):
+        raise ValueError(f"mlp_only_layers must be a list of layer numbers, got {mlp_only!r:.60}")
     dense = tuple(i for i in range(layers)
                   if i in mlp_only or common["num_experts"] == 0 or (i + 1) % step != 0)
     return ModelConfig(
@@ -155,7 +220,7 @@ def _qwen3_moe(text: dict, quantization_config: dict | None) -> ModelConfig:
         layer_types=("full_attention",) * layers,
         norm_topk_prob=bool(text.get("norm_topk_prob", False)),
         dense_mlp_layers=dense,
-        intermediate_size=int(text.get("intermediate_size", 0)),
+        intermediate_size=_whole(text, "intermediate_size", default=0, minimum=0),
         quantization_config=quantization_config,
         **common,
     )
@@ -166,9 +231,10 @@ def _qwen3_5_moe(text: dict, quantization_config: dict | None) -> ModelConfig:
     layers = common["num_hidden_layers"]
     layer_types = text.get("layer_types")
     if layer_types is None:
-        interval = int(text.get("full_attention_interval", 4))
+        interval = _whole(text, "full_attention_interval", default=4)
         layer_types = ["linear_attention" if (i + 1) % interval else "full_attention" for i in range(layers)]
-    if len(layer_types) != layers or set(layer_types) - {"linear_attention", "full_attention"}:
+    if not isinstance(layer_types, list) or len(layer_types) != layers \
+            or not all(t in ("linear_attention", "full_attention") for t in layer_types):
         raise ValueError(f"layer_types must list 'linear_attention'/'full_attention' for all {layers} layers")
     return ModelConfig(
         model_type="qwen3_5_moe_text",
@@ -176,12 +242,12 @@ def _qwen3_5_moe(text: dict, quantization_config: dict | None) -> ModelConfig:
         norm_topk_prob=True,
         attention_output_gate=True,
         zero_centered_norms=True,
-        shared_expert_intermediate_size=int(text["shared_expert_intermediate_size"]),
-        linear_num_key_heads=int(text["linear_num_key_heads"]),
-        linear_num_value_heads=int(text["linear_num_value_heads"]),
-        linear_key_head_dim=int(text["linear_key_head_dim"]),
-        linear_value_head_dim=int(text["linear_value_head_dim"]),
-        linear_conv_kernel_dim=int(text.get("linear_conv_kernel_dim", 4)),
+        shared_expert_intermediate_size=_whole(text, "shared_expert_intermediate_size"),
+        linear_num_key_heads=_whole(text, "linear_num_key_heads"),
+        linear_num_value_heads=_whole(text, "linear_num_value_heads"),
+        linear_key_head_dim=_whole(text, "linear_key_head_dim"),
+        linear_value_head_dim=_whole(text, "linear_value_head_dim"),
+        linear_conv_kernel_dim=_whole(text, "linear_conv_kernel_dim", default=4),
         quantization_config=quantization_config,
         **common,
     )

@@ -25,3 +25,11 @@ class ContextOverflowError(ValueError):
         self.needed, self.limit = needed, limit
         super().__init__(f"the conversation needs {needed} tokens but this session holds at most {limit}; "
                          f"start a new chat, shorten the prompt, or raise the context size")
+
+
+class NonFiniteLogitsError(RuntimeError):
+    """The model's scores for the next token hold NaN or infinity, so no token can be chosen."""
+
+    def __init__(self):
+        super().__init__("the model produced NaN/inf logits: its weights are damaged or the format is misread; "
+                         "re-download it")

@@ -511,3 +511,54 @@ def test_the_library_scan_never_blocks_the_gui_thread(qtbot, worker, settings, m
     with qtbot.waitSignal(page.libraryScanned, timeout=5000):
         release.set()
     assert threads and gui not in threads and "Scanning…" not in page.sources_label.text()
+
+
+# a hand-edited or foreign settings file: every bad value reads as its default, with one warning
+
+@pytest.mark.parametrize("key, stored", [
+    ("context_tokens", '"abc"'), ("context_tokens", "1000000000000"), ("context_tokens", "8192.5"),
+    ("cpu_threads", "10000"), ("cpu_threads", '"many"'), ("cpu_threads", "-1"), ("cpu_threads", "true"),
+    ("vram_gib", "NaN"), ("vram_gib", "-4"), ("pin_budget_gib", '"lots"'),
+    ("preset", '"16gb"'), ("preset", "4"), ("theme", '"neon"'), ("expert_backend", '"warp"'),
+    ("custom_plan", "[1, 2]"), ("custom_plan", '{"expert_cache_layers": "x", "prefill_overlap": false, '
+                                               '"prefill_chunk_tokens": 256, "kv_tokens": 8192}'),
+    ("sampling", '{"temperature": "hot"}'), ("sampling", '{"seed": -1}'), ("sampling", '{"top_p": 7}'),
+    ("sampling", '{"bogus": 1}'), ("sampling", "[]"),
+    ("enable_thinking", '"yes"'), ("model_folders", '"/one/folder"'), ("model_folders", "[1]"),
+    ("last_model", "{}"), ("hub_offline", "1"), ("download_folder", "{not json"),
+])
+def test_a_bad_stored_setting_reads_as_its_default_with_one_warning(settings, key, stored):
+    from app.settings import DEFAULTS
+
+    settings._store.setValue(key, stored)
+    assert settings.get(key) == DEFAULTS[key] and settings.get(key) == DEFAULTS[key]
+    (warning,) = settings.warnings  # read twice, said once
+    assert warning.startswith(f"setting {key} in {settings._store.fileName()} is {stored!r:.80}") \
+        and f"using the default {json.dumps(DEFAULTS[key])}" in warning
+
+
+@pytest.mark.parametrize("key, stored, value", [
+    ("context_tokens", "32768", 32768), ("cpu_threads", "1", 1), ("vram_gib", "6", 6),
+    ("sampling", '{"temperature": 0.5, "seed": 7}', {"temperature": 0.5, "seed": 7}),
+    ("custom_plan", '{"expert_cache_layers": 2, "prefill_overlap": true, "prefill_chunk_tokens": 128, '
+                    '"kv_tokens": 4096}',
+     {"expert_cache_layers": 2, "prefill_overlap": True, "prefill_chunk_tokens": 128, "kv_tokens": 4096}),
+])
+def test_a_good_stored_setting_reads_as_stored(settings, key, stored, value):
+    settings._store.setValue(key, stored)
+    assert settings.get(key) == value and settings.warnings == []
+
+
+def test_the_settings_page_and_load_options_survive_bad_stored_values(qtbot, settings):
+    reported = []
+    settings.report_warnings(lambda level, message: reported.append((level, message)))
+    for key, stored in (("context_tokens", '"abc"'), ("cpu_threads", "10000"), ("sampling", '{"top_k": "x"}')):
+        settings._store.setValue(key, stored)
+    page = SettingsPage(settings)
+    qtbot.addWidget(page)
+    assert (page.context_spin.value(), page.threads_spin.value()) == (8192, 0)
+    assert page.sampling_fields["top_k"].text() == ""
+    assert {k: load_options(settings)[k] for k in ("context_tokens", "cpu_threads")} == \
+        {"context_tokens": 8192, "cpu_threads": 0}
+    assert [(level, message.split(" in ")[0]) for level, message in reported] == [
+        ("warning", "setting sampling"), ("warning", "setting context_tokens"), ("warning", "setting cpu_threads")]

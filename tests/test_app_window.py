@@ -105,3 +105,16 @@ def test_bad_model_folder_shows_the_error(qtbot, tmp_path, settings):
                     "config.json" in window.models_page.error_banner.text(), timeout=5000)
     assert "config.json" in window.models_page.error_banner.text()
     window.close()
+
+
+def test_settings_refused_at_startup_are_warnings_on_the_logs_page(qtbot, tmp_path, settings, model_folder):
+    from app.pages.logs import LEVEL_ROLE, MESSAGE_ROLE
+
+    settings._store.setValue("cpu_threads", "10000")
+    settings.get("cpu_threads")  # read before the window exists: kept until the Logs page can show it
+    window = open_window(qtbot, ConversationStore(tmp_path / "c.sqlite3"), settings, model_folder)
+    records = window.logs_page.records
+    found = [(records.index(row).data(LEVEL_ROLE), records.index(row).data(MESSAGE_ROLE))
+             for row in range(records.rowCount())]
+    assert [r for r in found if "setting cpu_threads" in r[1]] == [("warning", settings.warnings[0])]
+    assert "is '10000', not a whole number from 0 (physical cores)" in settings.warnings[0]

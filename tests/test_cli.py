@@ -2,6 +2,8 @@
 
 import io
 import json
+import os
+import shutil
 import subprocess
 import sys
 from types import SimpleNamespace
@@ -183,3 +185,104 @@ def test_plan_on_a_usable_gpu_uses_the_reserve_measured_there(capsys, monkeypatc
     assert plan["breakdown"]["runtime_reserve"] == measured.reserve_bytes
     reference = plan_memory(footprint, 4 * GIB, "4gb")
     assert plan["max_prompt_tokens"] == expected.max_prompt_tokens < reference.max_prompt_tokens
+
+
+# hostile inputs: each is one line on stderr and a non-zero exit, never a traceback
+
+def _one_error_line(err: str, message: str) -> None:
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: ") and message in lines[0], err
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--prompt", "x", "--seed", "-1"], "seed must be a whole number from 0 to 18446744073709551615, got -1"),
+    (["--prompt", "x", "--seed", str(2**64)], f"seed must be a whole number from 0 to {2**64 - 1}, got {2**64}"),
+    (["--prompt", "x", "--context", "1000000000"],
+     "--context 1000000000 is more than this model's maximum of 4096 tokens (max_position_embeddings in "
+     "config.json); use --context 4096 or less"),
+    (["--prompt", "x", "--cpu-threads", "10000"], "--cpu-threads: threads must be between 1 and"),
+    (["--prompt", "caf\udce9"], "--prompt is not valid UTF-8 text (undecodable bytes at character 3)"),
+    (["--prompt", "x", "--system", "\udcff"], "--system is not valid UTF-8 text"),
+    (["--prompt", "x", "--stop", "\udcff"], "--stop is not valid UTF-8 text"),
+])
+def test_hostile_generate_arguments_are_one_line(argv, message, model_dir, capsys, restored_threads):
+    code, out, err = run(["generate", "--model", model_dir, *argv], capsys)
+    assert code == 2
+    _one_error_line(err, message)
+
+
+def test_a_prompts_file_that_is_not_utf8_is_one_line(model_dir, tmp_path, capsys):
+    prompts = tmp_path / "latin1.txt"
+    prompts.write_bytes("café\n".encode("latin-1"))
+    code, out, err = run(["generate", "--model", model_dir, "--prompts-file", str(prompts)], capsys)
+    assert code == 2
+    _one_error_line(err, f"{prompts} is not UTF-8 text (invalid continuation byte at byte 3); save it as UTF-8")
+
+
+def test_a_prompt_past_the_models_own_context_gets_the_apps_message(model_dir, capsys):
+    """Without --context the session holds at most max_position_embeddings (4096 here), as in the app."""
+    code, out, err = run(["generate", "--model", model_dir, "--prompt", "x " * 5000, "--max-new-tokens", "1"], capsys)
+    assert code == 1
+    _one_error_line(err, "but this session holds at most 4096; start a new chat, shorten the prompt")
+
+
+def test_a_chat_line_that_is_not_utf8_is_refused_and_the_chat_goes_on(model_dir, capsys, monkeypatch):
+    typed = b"\xff\xfe\nHi\n/exit\n"
+    monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(typed), encoding="utf-8"))
+    code, out, err = run(["chat", "--model", model_dir, "--max-new-tokens", "2"], capsys)
+    assert code == 2 and out.count("[2 tokens") == 1
+    _one_error_line(err, "that line is not valid UTF-8 text (undecodable bytes at character 0)")
+
+
+class _StrictStdin(io.StringIO):
+    """A stdin whose first line fails to decode, as a strict reader that cannot be reconfigured does."""
+
+    def readline(self, *args):
+        if self.tell() == 0:
+            self.seek(1)
+            raise UnicodeDecodeError("utf-8", b"\xff", 0, 1, "invalid start byte")
+        return super().readline(*args)
+
+
+def test_a_strict_stdin_that_fails_to_decode_a_line_is_one_line(model_dir, capsys, monkeypatch):
+    monkeypatch.setattr(sys, "stdin", _StrictStdin("\nHi\n/exit\n"))
+    code, out, err = run(["chat", "--model", model_dir, "--max-new-tokens", "2"], capsys)
+    assert code == 2 and out.count("[2 tokens") == 1
+    _one_error_line(err, "that line is not valid UTF-8 text (invalid start byte at byte 0)")
+
+
+def test_a_chat_line_with_undecodable_bytes_is_refused(model_dir, capsys, monkeypatch):
+    """Under a C locale Python reads stdin with surrogateescape: the bytes arrive as lone surrogates."""
+    monkeypatch.setattr(sys, "stdin", io.StringIO("caf\udce9\n/exit\n"))
+    code, out, err = run(["chat", "--model", model_dir, "--max-new-tokens", "2"], capsys)
+    assert code == 2 and "[2 tokens" not in out
+    _one_error_line(err, "that line is not valid UTF-8 text (undecodable bytes at character 3)")
+
+
+def test_a_reply_prints_on_an_ascii_terminal(model_dir):
+    result = subprocess.run([sys.executable, "-X", "utf8=0", "-m", "engine", "generate", "--model", model_dir,
+                             "--prompt", "Hi", "--max-new-tokens", "3", "--seed", "1"], capture_output=True,
+                            env={**os.environ, "LC_ALL": "C", "PYTHONIOENCODING": "ascii"})
+    assert result.returncode == 0, result.stderr.decode()
+    assert b"Traceback" not in result.stderr and b"[3 tokens" in result.stdout
+
+
+@pytest.fixture(scope="module")
+def nan_model_dir(tiny_checkpoint, tmp_path_factory):
+    """The tiny model with its output projection full of NaN, as a damaged download or a misread format gives."""
+    from safetensors.torch import load_file, save_file
+
+    folder = shutil.copytree(tiny_checkpoint("qwen3_5_moe", "bf16"), tmp_path_factory.mktemp("nan") / "model")
+    tensors = load_file(str(folder / "model.safetensors"))
+    tensors["lm_head.weight"] = torch.full_like(tensors["lm_head.weight"], float("nan"))
+    save_file(tensors, str(folder / "model.safetensors"))
+    return str(folder)
+
+
+@pytest.mark.parametrize("sampling", [["--temperature", "0"], ["--temperature", "0.7", "--seed", "1"]],
+                         ids=["greedy", "sampled"])
+def test_nan_logits_stop_the_reply_with_a_clear_error(nan_model_dir, sampling, capsys):
+    code, out, err = run(["generate", "--model", nan_model_dir, "--prompt", "Hi", "--json", *sampling], capsys)
+    assert code == 1 and json.loads(out)["reply"] == ""
+    _one_error_line(err, "the model produced NaN/inf logits: its weights are damaged or the format is misread; "
+                         "re-download it")

@@ -8,14 +8,14 @@ controls cannot hold an invalid value and are saved as they change.
 
 from __future__ import annotations
 
-import os
 
 from PySide6.QtCore import Qt, Signal
 from PySide6.QtWidgets import (QCheckBox, QComboBox, QDoubleSpinBox, QFormLayout, QGroupBox, QHBoxLayout, QLabel,
                                QLineEdit, QPushButton, QSpinBox, QVBoxLayout, QWidget)
 
 from app import system_info
-from engine.runtime.sampling import SamplingParams
+from app.settings import MAX_CONTEXT_TOKENS, MIN_CONTEXT_TOKENS, max_cpu_threads
+from engine.runtime.sampling import MAX_SEED, SamplingParams
 
 # (settings key = SamplingParams field, label, type, placeholder)
 SAMPLING_FIELDS = (
@@ -46,9 +46,6 @@ EXPERT_BACKENDS = (
                                       "moving the split so both finish together. Helps when the two paths are about "
                                       "as fast. The CPU's threads stay busy while a reply is written."),
 )
-MIN_CONTEXT_TOKENS = 2048
-MAX_CONTEXT_TOKENS = 262144  # the longest context of the models MoE Desk runs
-MAX_SEED = 2 ** 63 - 1  # torch.Generator.manual_seed's range for a non-negative seed
 
 
 def parse_sampling(texts: dict[str, str]) -> dict:
@@ -120,7 +117,7 @@ class SettingsPage(QWidget):
         self.context_spin.setToolTip("Used when a model is loaded; capped at the model's own maximum.")
         self.context_spin.valueChanged.connect(lambda n: settings.set("context_tokens", n))
         self.threads_spin = QSpinBox()
-        self.threads_spin.setRange(0, os.cpu_count() or 1)
+        self.threads_spin.setRange(0, max_cpu_threads())
         self.threads_spin.setSpecialValueText("physical cores")
         self.threads_spin.setToolTip("Threads for the CPU's work: the whole model in CPU mode, the experts it "
                                      "computes on a GPU run. Applies when a model is loaded.")

@@ -121,6 +121,10 @@ class Checkpoint:
                 names = sorted(set(weight_map.values()))
             except (ValueError, KeyError, TypeError, AttributeError) as exc:
                 raise CheckpointError(index_path, f"is not a valid safetensors index ({exc!r})", REDOWNLOAD) from None
+            if not names or not all(isinstance(n, str) and n and Path(n).name == n for n in names):
+                raise CheckpointError(index_path, f"is not a valid safetensors index: its weight_map must give each "
+                                                  f"tensor the name of a shard file in this folder, not "
+                                                  f"{names[:3]!r:.80}", REDOWNLOAD)
             missing = [n for n in names if not (self.folder / n).is_file()]
             if missing:
                 raise CheckpointError(self.folder, f"is missing shard {missing[0]}"

@@ -16,7 +16,8 @@ MODELOPT_ALGOS = {"FP8", "NVFP4", "W4A16_NVFP4", "MIXED_PRECISION"}
 MODELOPT_LAYER_ALGOS = {"FP8", "NVFP4", "W4A16_NVFP4"}
 COMPRESSED_TENSORS_FORMATS = {"nvfp4-pack-quantized", "float-quantized", "mixed-precision"}
 SUPPORTED = "bf16/fp16/fp32, FP8 (block or per-tensor) and NVFP4 (ModelOpt or compressed-tensors)"
-REPAIR = "the quantisation settings are damaged; download config.json again"
+REPAIR = "the quantisation settings are damaged; download config.json (and hf_quant_config.json) again"
+HF_QUANT_CONFIG = "hf_quant_config.json"
 
 
 @dataclass(frozen=True)
@@ -25,15 +26,29 @@ class QuantSettings:
     fp8_block_size: tuple[int, int] = (128, 128)
 
 
+def read_hf_quant_config(folder: Path) -> dict | None:
+    """The quantisation section of ModelOpt's side file hf_quant_config.json as a modelopt quantization_config,
+    or None when the folder has no such file; CheckpointError when it is not the JSON object it should be."""
+    source = folder / HF_QUANT_CONFIG
+    if not source.is_file():
+        return None
+    try:
+        side = json.loads(source.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as exc:
+        raise CheckpointError(source, f"is not valid quantisation JSON ({exc})", REPAIR) from None
+    if not isinstance(side, dict):
+        raise CheckpointError(source, "does not hold a JSON object", REPAIR)
+    quantization = side.get("quantization")
+    if not isinstance(quantization, (dict, type(None))):
+        raise CheckpointError(source, f"has a \"quantization\" entry that is not a JSON object "
+                                      f"({quantization!r:.60})", REPAIR)
+    return dict(quantization or {}, quant_method="modelopt")
+
+
 def read_quant_settings(folder: Path, quantization_config: dict | None) -> QuantSettings:
     source = folder / "config.json"
-    if quantization_config is None and (folder / "hf_quant_config.json").is_file():
-        source = folder / "hf_quant_config.json"
-        try:
-            quantization_config = json.loads(source.read_text(encoding="utf-8")).get("quantization")
-            quantization_config = dict(quantization_config or {}, quant_method="modelopt")
-        except (ValueError, AttributeError, TypeError) as exc:
-            raise CheckpointError(source, f"is not valid quantisation JSON ({exc})") from None
+    if quantization_config is None and (side := read_hf_quant_config(folder)) is not None:
+        source, quantization_config = folder / HF_QUANT_CONFIG, side
     if not quantization_config:
         return QuantSettings(method=None)
     if not isinstance(quantization_config, dict):
@@ -44,8 +59,11 @@ def read_quant_settings(folder: Path, quantization_config: dict | None) -> Quant
         block = quantization_config.get("weight_block_size") or [128, 128]
         try:
             rows, cols = (int(b) for b in block)
+            if rows < 1 or cols < 1 or any(isinstance(b, bool) or int(b) != b for b in block):
+                raise ValueError(block)
         except (TypeError, ValueError):
-            raise CheckpointError(source, f"has an FP8 weight_block_size {block!r} that is not two whole numbers",
+            raise CheckpointError(source, f"has an FP8 weight_block_size {block!r} that is not two whole numbers "
+                                          f"above 0",
                                   REPAIR) from None
         return QuantSettings(method, fp8_block_size=(rows, cols))
     if method == "modelopt":

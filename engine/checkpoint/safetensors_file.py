@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import mmap
+import stat
 import struct
 from pathlib import Path
 
@@ -29,7 +30,11 @@ class SafetensorsFile:
     def __init__(self, path: Path):
         self.path = path
         try:
-            size = path.stat().st_size
+            status = path.stat()
+            if not stat.S_ISREG(status.st_mode):  # a named pipe or device would block or stream forever
+                raise CheckpointError(path, "is not a regular file: a folder, named pipe or device has the "
+                                            "name of a weights file", "remove it and download the model again")
+            size = status.st_size
             with open(path, "rb") as handle:
                 prefix = handle.read(8)
                 if len(prefix) < 8:
@@ -40,7 +45,8 @@ class SafetensorsFile:
                                                 f"(header says {header_len} bytes, file has {size})", REDOWNLOAD)
                 header_bytes = handle.read(header_len)
         except OSError as exc:
-            raise CheckpointError(path, f"cannot be read ({exc.strerror or exc})") from None
+            raise CheckpointError(path, f"cannot be read ({exc.strerror or exc})",
+                                  "check that the file exists, is readable and is no broken link") from None
         try:
             header = json.loads(header_bytes.decode("utf-8"))
             if not isinstance(header, dict):
@@ -57,16 +63,20 @@ class SafetensorsFile:
     def _check_entry(self, name: str, entry: dict, size: int):
         try:
             dtype = DTYPES[entry["dtype"]]
-            shape = tuple(int(d) for d in entry["shape"])
-            start, end = (int(o) for o in entry["data_offsets"])
+            shape = tuple(entry["shape"])
+            start, end = entry["data_offsets"]
         except (KeyError, TypeError, ValueError):
             raise CheckpointError(self.path, f"has an unreadable entry for tensor {name!r} "
                                              f"(dtype {entry.get('dtype') if isinstance(entry, dict) else entry!r})",
                                   REDOWNLOAD) from None
+        if not all(_is_count(n) for n in (*shape, start, end)):
+            raise CheckpointError(self.path, f"tensor {name!r} has shape {list(shape)} and data offsets "
+                                             f"{[start, end]}, which must all be whole numbers of 0 or more",
+                                  REDOWNLOAD)
         numel = 1
         for d in shape:
             numel *= d
-        if end - start != numel * dtype.itemsize or start < 0:
+        if end - start != numel * dtype.itemsize:
             raise CheckpointError(self.path, f"tensor {name!r} has {end - start} bytes of data "
                                              f"but shape {list(shape)} needs {numel * dtype.itemsize}", REDOWNLOAD)
         if self._data_start + end > size:
@@ -94,3 +104,8 @@ class SafetensorsFile:
                 self._map = mmap.mmap(handle.fileno(), 0, access=mmap.ACCESS_COPY)
         flat = torch.frombuffer(self._map, dtype=torch.uint8, count=end - start, offset=self._data_start + start)
         return flat.view(dtype).reshape(shape)
+
+
+def _is_count(value) -> bool:
+    """Whether a header value is a whole number of 0 or more (JSON true is no number here)."""
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0

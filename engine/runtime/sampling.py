@@ -8,6 +8,8 @@ from dataclasses import dataclass
 
 import torch
 
+from engine.errors import NonFiniteLogitsError
+
 # The generation_config.json keys that carry a sampling setting, with the type each is kept as.
 _GENERATION_CONFIG_KEYS = {
     "temperature": float,
@@ -18,6 +20,15 @@ _GENERATION_CONFIG_KEYS = {
     "presence_penalty": float,
     "max_new_tokens": int,
 }
+MAX_SEED = 2**64 - 1  # torch.Generator.manual_seed takes 0 to 2**64 - 1 (negative seeds wrap around)
+
+
+def _typed(key: str, value, kind: type) -> float | int:
+    """value as `kind` (int or float), refusing text, booleans and, for int, fractions; ValueError names the key."""
+    number = isinstance(value, (int, float)) and not isinstance(value, bool)
+    if not number or (kind is int and not float(value).is_integer()):
+        raise ValueError(f"{key} must be {'a whole number' if kind is int else 'a number'}, got {value!r}")
+    return kind(value)
 
 
 @dataclass(frozen=True)
@@ -44,6 +55,8 @@ class SamplingParams:
             ("max_new_tokens", self.max_new_tokens, self.max_new_tokens >= 1, ">= 1"),
             ("stop", self.stop, not isinstance(self.stop, str) and all(isinstance(s, str) and s for s in self.stop),
              "a sequence of non-empty strings"),
+            ("seed", self.seed, self.seed is None or isinstance(self.seed, int) and 0 <= self.seed <= MAX_SEED,
+             f"a whole number from 0 to {MAX_SEED}"),
         ]
         for name, value, ok, allowed in checks:
             if not ok:  # written as "not ok" so NaN fails every range
@@ -52,7 +65,7 @@ class SamplingParams:
     @classmethod
     def from_generation_config(cls, config: dict, **overrides) -> SamplingParams:
         """Defaults from a Hugging Face generation_config.json dict; overrides that are not None win."""
-        values = {key: convert(config[key]) for key, convert in _GENERATION_CONFIG_KEYS.items()
+        values = {key: _typed(key, config[key], kind) for key, kind in _GENERATION_CONFIG_KEYS.items()
                   if config.get(key) is not None}
         if config.get("do_sample") is False:
             values["temperature"] = 0.0  # Hugging Face's switch for greedy decoding
@@ -74,6 +87,8 @@ class Sampler:
 
         context_ids is every token so far (prompt and generated); generated_ids is the generated part.
         """
+        if not bool(torch.isfinite(logits).all()):  # argmax of NaNs is token 0 and multinomial refuses them
+            raise NonFiniteLogitsError()
         p = self.params
         logits = logits.clone()  # the caller's logits stay untouched
         if p.repetition_penalty != 1.0:

@@ -26,7 +26,7 @@ from dataclasses import dataclass, replace
 
 import torch
 
-from engine.errors import ContextOverflowError
+from engine.errors import ContextOverflowError, NonFiniteLogitsError
 from engine.models.base import CausalLM, Interrupted, StateSnapshot
 from engine.runtime.events import AnswerDelta, ReasoningDelta, TurnFinished, TurnStats
 from engine.runtime.sampling import Sampler, SamplingParams
@@ -174,6 +174,8 @@ class ChatSession:
 
 
 def _explain(exc: Exception, phase: str) -> str:
+    if isinstance(exc, NonFiniteLogitsError):
+        return str(exc)
     if isinstance(exc, torch.OutOfMemoryError):
         return (f"the engine ran out of memory while {phase}; the conversation is as it was before this message. "
                 f"Try a shorter message, a larger VRAM preset, or closing other programs that use the GPU")

@@ -19,6 +19,7 @@ from jinja2.sandbox import ImmutableSandboxedEnvironment
 from tokenizers import Tokenizer
 
 from engine.errors import CheckpointError
+from engine.runtime.sampling import SamplingParams
 
 REFETCH = "the download may be incomplete; fetch the model's tokenizer files again"
 REPLACE_TEMPLATE = "replace chat_template.jinja with the one from the model's original repository"
@@ -141,6 +142,12 @@ class ChatTokenizer:
         generation_path = folder / "generation_config.json"
         generation = _read_json(generation_path)
         eos_ids = _eos_ids(generation, generation_path, tokenizer.token_to_id(eos_text) if eos_text else None)
+        try:  # checked once here, so every session that starts from these defaults can use them
+            SamplingParams.from_generation_config(generation).validate()
+        except ValueError as exc:
+            raise CheckpointError(generation_path, f"has an unusable sampling setting: {exc}",
+                                  "fix or delete that value in generation_config.json, or download the file "
+                                  "again") from None
         source, template_path = _template_source(folder, config)
         template = None
         if source is not None:
