@@ -26,7 +26,7 @@ from dataclasses import dataclass, replace
 
 import torch
 
-from engine.errors import ContextOverflowError, NonFiniteLogitsError
+from engine.errors import CheckpointError, ContextOverflowError, NonFiniteLogitsError
 from engine.models.base import CausalLM, Interrupted, StateSnapshot
 from engine.runtime.events import AnswerDelta, ReasoningDelta, TurnFinished, TurnStats
 from engine.runtime.sampling import Sampler, SamplingParams
@@ -141,7 +141,8 @@ class ChatSession:
         def encode(messages: list[dict], after: str | None = None) -> tuple[list[int], str]:
             # message texts are data: a control token written in them is never one (ChatTokenizer.encode_chat)
             return self.tokenizer.encode_chat(messages, after=after, add_generation_prompt=True,
-                                              enable_thinking=self.enable_thinking, preserve_thinking=True)
+                                              enable_thinking=self.enable_thinking, preserve_thinking=True,
+                                              interrupt=self._cancel.is_set)
 
         if not self._fed:
             system = [{"role": "system", "content": self.system_prompt}] if self.system_prompt else []
@@ -159,12 +160,21 @@ class ChatSession:
         params = sampling or self.sampling
         sampler = Sampler(replace(params, stop=tuple(params.stop)))
         user = {"role": "user", "content": user_text}
-        ids, rendered = self._prompt_ids(self.messages[self._synced:] + [user])
+
+        def refused(reason: str, error: str | None = None) -> TurnFinished:
+            return TurnFinished("", "", TurnStats(self._state.position, 0, 0, 0.0, 0.0, 0.0, reason, sampler.seed,
+                                                  error))
+        try:
+            ids, rendered = self._prompt_ids(self.messages[self._synced:] + [user])
+        except Interrupted:  # Stop while the template rendered
+            yield refused("cancelled")
+            return
+        except CheckpointError as exc:  # the model's template cannot render this conversation
+            yield refused("error", str(exc))
+            return
         needed = self._state.position + len(ids) + 1  # at least one reply token must fit
         if needed > self.context_tokens:
-            error = str(ContextOverflowError(needed, self.context_tokens))
-            yield TurnFinished("", "", TurnStats(self._state.position, 0, 0, 0.0, 0.0, 0.0, "error",
-                                                 sampler.seed, error))
+            yield refused("error", str(ContextOverflowError(needed, self.context_tokens)))
             return
         self.messages.append(user)
         self._boundaries.append(_Boundary(len(self.messages) - 1, self._state.snapshot(), len(self._fed),

@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Sequence
+import threading
+import time
+from collections.abc import Callable, Sequence
 from datetime import datetime
 from pathlib import Path
 
@@ -19,6 +21,7 @@ from jinja2.sandbox import ImmutableSandboxedEnvironment
 from tokenizers import Tokenizer
 
 from engine.errors import CheckpointError
+from engine.models.base import Interrupted
 from engine.runtime.sampling import SamplingParams
 
 REFETCH = "the download may be incomplete; fetch the model's tokenizer files again"
@@ -28,8 +31,60 @@ REPLACEMENT_CHARACTER = "\ufffd"
 _PLACEHOLDER = re.compile("\ue000(\\d+)\ue001")
 
 
+RENDER_SECONDS = 5.0  # a real chat template renders in milliseconds; one still running is one that never ends
+MAX_TEMPLATE_TEXT = 64 * 2**20  # characters (or items) one template operation may build
+MAX_POWER_EXPONENT = 4096
+
+
 class _TemplateRejected(jinja2.TemplateError):
     """A template's own raise_exception(): the template refuses the conversation on purpose."""
+
+
+class _TemplateRunaway(jinja2.TemplateError):
+    """A template that runs past RENDER_SECONDS or builds text beyond MAX_TEMPLATE_TEXT."""
+
+
+_RENDER = threading.local()  # the render in progress on this thread: its deadline and interrupt
+
+
+def _check_render() -> None:
+    """Raise when the render on this thread ran out of time or its caller asked it to stop."""
+    interrupt = getattr(_RENDER, "interrupt", None)
+    if interrupt is not None and interrupt():
+        raise Interrupted()
+    if time.monotonic() > getattr(_RENDER, "deadline", float("inf")):
+        raise _TemplateRunaway(f"it ran for more than {RENDER_SECONDS:g} s")
+
+
+def _checked_range(*args):
+    """range() for templates: bounded like the sandbox's, and asking after the render's time as it goes."""
+    for count, value in enumerate(range(*args)):
+        if count == MAX_TEMPLATE_TEXT:
+            raise _TemplateRunaway(f"a range of more than {MAX_TEMPLATE_TEXT:,} items")
+        if count % 1024 == 0:
+            _check_render()
+        yield value
+
+
+class _TemplateEnvironment(ImmutableSandboxedEnvironment):
+    """The sandbox, with every call and range step asking whether the render may go on, and * and ** bounded."""
+
+    intercepted_binops = frozenset({"*", "**"})
+
+    def call(__self, __context, __obj, *args, **kwargs):  # noqa: N805 (jinja's own signature)
+        _check_render()
+        return super().call(__context, __obj, *args, **kwargs)
+
+    def call_binop(self, context, operator, left, right):
+        _check_render()
+        if operator == "*":
+            for sequence, times in ((left, right), (right, left)):
+                if isinstance(sequence, (str, list, tuple)) and isinstance(times, int) \
+                        and len(sequence) * times > MAX_TEMPLATE_TEXT:
+                    raise _TemplateRunaway(f"a repetition of more than {MAX_TEMPLATE_TEXT:,} characters")
+        if operator == "**" and isinstance(right, (int, float)) and abs(right) > MAX_POWER_EXPONENT:
+            raise _TemplateRunaway(f"a power of more than {MAX_POWER_EXPONENT}")
+        return super().call_binop(context, operator, left, right)
 
 
 def _raise_exception(message: str):
@@ -48,7 +103,8 @@ def _strftime_now(fmt: str) -> str:
 
 def _environment() -> ImmutableSandboxedEnvironment:
     """The Jinja setup chat templates are written for: sandboxed, block tags trimmed, HF's helpers."""
-    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True, extensions=[loopcontrols])
+    env = _TemplateEnvironment(trim_blocks=True, lstrip_blocks=True, extensions=[loopcontrols])
+    env.globals["range"] = _checked_range
     env.filters["tojson"] = _tojson
     env.globals["raise_exception"] = _raise_exception
     env.globals["strftime_now"] = _strftime_now
@@ -190,6 +246,9 @@ class ChatTokenizer:
         texts: list[str] = []
         masked = _replace_texts(messages, texts)
         masked_tools = _replace_texts(options.get("tools"), texts)
+        if after is not None and after not in text or not text.strip():
+            raise CheckpointError(self._template_path, "the chat template renders nothing of this conversation's "
+                                                       "messages", REPLACE_TEMPLATE)
         if not any(self._control_pattern and self._control_pattern.search(t) for t in texts):
             kept = text.rsplit(after, 1)[1] if after is not None else text
             return self.encode(kept), kept
@@ -231,7 +290,8 @@ class ChatTokenizer:
         return self._tokenizer.token_to_id(text)
 
     def render(self, messages: list[dict], *, add_generation_prompt: bool = True, enable_thinking: bool = True,
-               tools: list[dict] | None = None, preserve_thinking: bool = False) -> str:
+               tools: list[dict] | None = None, preserve_thinking: bool = False,
+               interrupt: Callable[[], bool] | None = None) -> str:
         """Render a conversation to the prompt text, by the model's chat template.
 
         Messages are Hugging Face's chat format: {"role", "content"} with role system, user, assistant or
@@ -239,7 +299,8 @@ class ChatTokenizer:
         ([{"type": "function", "function": {"name", "arguments"}}], arguments a dict; Qwen3's template also
         takes a JSON string). `tools` are JSON-schema function specs. `preserve_thinking` asks templates that
         know it (Qwen3.5/3.6) to keep the reasoning of every assistant turn instead of only the current one's;
-        templates that do not read it ignore it.
+        templates that do not read it ignore it. A template still running after RENDER_SECONDS is refused;
+        `interrupt` is asked as it runs, and raises Interrupted when it answers True.
         """
         if self._template is None:
             raise CheckpointError(self._template_path.parent, "has no chat template",
@@ -248,8 +309,14 @@ class ChatTokenizer:
         context = dict(self._special_tokens, messages=messages, tools=tools,
                        add_generation_prompt=add_generation_prompt, enable_thinking=enable_thinking,
                        preserve_thinking=preserve_thinking)
+        _RENDER.deadline, _RENDER.interrupt = time.monotonic() + RENDER_SECONDS, interrupt
         try:
             return self._template.render(**context)
+        except Interrupted:
+            raise
+        except _TemplateRunaway as exc:
+            raise CheckpointError(self._template_path, f"the chat template does not finish: {exc.message}",
+                                  REPLACE_TEMPLATE) from None
         except _TemplateRejected as exc:
             raise CheckpointError(self._template_path, f"the chat template rejects this conversation: {exc.message}",
                                   "check the order and roles of the messages") from None
@@ -259,6 +326,8 @@ class ChatTokenizer:
                 hint = "give each tool call's arguments as a dict, not a JSON string, or " + REPLACE_TEMPLATE
             raise CheckpointError(self._template_path, f"the chat template fails to render "
                                                        f"({type(exc).__name__}: {exc})", hint) from None
+        finally:
+            _RENDER.deadline, _RENDER.interrupt = float("inf"), None
 
 
 def _replace_texts(value, texts: list[str]):
