@@ -21,6 +21,13 @@ the engine opens and what the app's library lists. Bytes in flight live in `FOLD
 a verified file is renamed into the folder; `config.json` is placed last, so a folder is only taken for
 a model once every weight is there. A finished download leaves `FOLDER/.moedesk-download.json` (repo,
 revision, commit, files and hashes) and no `.download/`.
+
+What a server says is not trusted: every file name to be written must be a plain relative name on Windows and
+POSIX alike; a safetensors header may claim at most what the local reader accepts (MAX_HEADER_BYTES) and a
+config file at most MAX_SMALL_FILE_BYTES; a read never keeps more bytes than it asked for; an HTML page or
+wrong-shaped JSON is named as "not the Hub's API". Planning requests are retried on 429/5xx (Retry-After obeyed
+up to a cap) and run on a helper thread, so a stop (Ctrl-C, Cancel) ends planning at once even while a read is
+stalled; every read has a timeout.
 """
 
 from __future__ import annotations
@@ -1042,7 +1049,8 @@ class _Download:
                     kept = f"{format_size(f.have)} of {format_size(f.size)} arrived and are kept"
                     if isinstance(exc, HfHubHTTPError):
                         status = _status_message(self.hub, exc.response.status_code, f.path, failures)
-                        raise HubError("server", f"{status} ({kept}; the download resumes from them.)") from None
+                        raise HubError("server", f"{status} {kept[0].upper()}{kept[1:]}; the download resumes "
+                                                 f"from them.") from None
                     raise HubError("network", f"The connection to {self.hub.host} was lost while downloading "
                                               f"{f.path} ({kept}): {_first_line(exc)}. Check the network, then resume.")
                 self._progress(f, "retrying", force=True)

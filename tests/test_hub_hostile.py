@@ -296,6 +296,20 @@ def test_a_stop_during_a_retry_wait_ends_planning(fake_hub, tmp_path):
         hub.plan_download(client, TINY, models_dir=tmp_path / "models", control=control)
 
 
+def _ctrl_c_on_the_main_thread() -> None:
+    """SIGINT to the main thread, as a terminal's Ctrl-C reaches a process: a blocked read there is interrupted."""
+    signal.pthread_kill(threading.main_thread().ident, signal.SIGINT)
+
+
+def _pull_pressing_ctrl_c(fake_hub, folder, presses) -> int:
+    """`python -m engine pull` of TINY into `folder` on this (the main) thread, while `presses` runs beside it."""
+    presser = threading.Thread(target=presses, daemon=True)
+    presser.start()
+    code = main(["pull", TINY, "--endpoint", fake_hub.endpoint, "--local-dir", str(folder)])
+    presser.join(WAIT_S)
+    return code
+
+
 def test_ctrl_c_stops_cli_pull_against_a_stalled_server(fake_hub, tmp_path, capsys):
     """The CLI's own SIGINT handler (it runs on the main thread, as in a terminal) ends planning; exit code 130."""
     fake_hub.faults[API] = Fault(stall=True, times=0)
@@ -304,13 +318,44 @@ def test_ctrl_c_stops_cli_pull_against_a_stalled_server(fake_hub, tmp_path, caps
         if fake_hub.stalled.wait(WAIT_S):
             signal.raise_signal(signal.SIGINT)
 
-    presser = threading.Thread(target=press_ctrl_c, daemon=True)
-    presser.start()
-    code = main(["pull", TINY, "--endpoint", fake_hub.endpoint, "--local-dir", str(tmp_path / "m")])
-    presser.join(WAIT_S)
+    code = _pull_pressing_ctrl_c(fake_hub, tmp_path / "m", press_ctrl_c)
     err = capsys.readouterr().err.strip().splitlines()
     assert code == 130 and err == ["error: interrupted; nothing was downloaded"]
     assert not (tmp_path / "m").exists()
+
+
+@pytest.mark.skipif(not hasattr(signal, "pthread_kill"), reason="signals to a thread are POSIX")
+def test_ctrl_c_mid_download_keeps_what_arrived(fake_hub, tmp_path, capsys):
+    folder = tmp_path / "m"
+    partial = folder / hub.STAGING_DIR / (SHARD1 + hub.INCOMPLETE_SUFFIX)
+    fake_hub.throttle = (32 * 1024, 0.02)  # several pieces per shard: the stop lands between two
+
+    def press_once_bytes_arrived():
+        deadline = time.monotonic() + WAIT_S
+        while time.monotonic() < deadline and not (partial.is_file() and partial.stat().st_size > 0):
+            time.sleep(0.01)
+        _ctrl_c_on_the_main_thread()
+
+    code = _pull_pressing_ctrl_c(fake_hub, folder, press_once_bytes_arrived)
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 130
+    assert err == [f"error: interrupted; what arrived is kept in {folder}: run the same command again to resume"]
+    assert partial.stat().st_size > 0 and hub.partial_download(folder)
+
+
+@pytest.mark.skipif(not hasattr(signal, "pthread_kill"), reason="signals to a thread are POSIX")
+def test_a_second_ctrl_c_does_not_wait_for_a_stalled_download(fake_hub, tmp_path, capsys):
+    fake_hub.faults[SHARD2] = Fault(stall=True, times=0, after=1)  # the header probe passes, the download stalls
+
+    def press_twice():
+        if fake_hub.stalled.wait(WAIT_S):
+            _ctrl_c_on_the_main_thread()  # asks the download to stop at its next piece, which never comes
+            time.sleep(0.1)
+            _ctrl_c_on_the_main_thread()
+
+    code = _pull_pressing_ctrl_c(fake_hub, tmp_path / "m", press_twice)
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 130 and err == ["error: interrupted; what arrived is kept: run the same command again to resume"]
 
 
 # ---- the CLI's usage messages ------------------------------------------------------------------------

@@ -20,7 +20,8 @@ claims a different size), `corrupt` (one byte of the served file flipped), `thro
 A hostile or failing Hub: `faults[KEY] = Fault(...)` answers the model info (KEY `API`), one file's resolve
 (KEY its path) or every request (KEY `ANY`) with an HTTP status (and Retry-After), an HTML page (a captive
 portal), a body of your choice (wrong-shaped JSON), or a stall (nothing sent until the hub stops; `stalled` is
-set while a request hangs), for the next `times` requests or, with times 0, every one.
+set while a request hangs), for the next `times` requests (after letting `after` through) or, with times 0,
+every one.
 """
 
 from __future__ import annotations
@@ -53,6 +54,7 @@ class Fault:
     body: bytes | None = None  # answer 200 with this JSON body
     stall: bool = False  # send nothing until the fake Hub stops
     times: int = 1  # how many requests it spoils; 0: every one
+    after: int = 0  # how many requests it lets through first
 
 
 @dataclass
@@ -166,6 +168,9 @@ class FakeHub:
         with self.lock:
             for name in (key, ANY):
                 fault = self.faults.get(name)
+                if fault is not None and fault.after:
+                    fault.after -= 1
+                    return None
                 if fault is not None:
                     if fault.times == 1:
                         del self.faults[name]
