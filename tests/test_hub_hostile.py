@@ -75,6 +75,17 @@ def test_a_config_file_listed_as_huge_is_not_read(fake_hub, tmp_path):
     assert not any(path.endswith("config.json") for _, path, _, _ in fake_hub.requests)
 
 
+def test_a_server_ignoring_ranges_gives_the_same_fit(fake_hub, tmp_path, monkeypatch):
+    """Whole files (200) answer the header reads; only the asked bytes are kept, taken from the right offset."""
+    client, _ = _hub(fake_hub)
+    expected = hub.plan_download(client, TINY, models_dir=tmp_path / "models").fit
+    monkeypatch.setattr(hub, "HEADER_PROBE_BYTES", 16)  # so the rest of each header is a second, offset read
+    fake_hub.ignore_ranges = True
+    fake_hub.requests.clear()
+    assert hub.plan_download(client, TINY, models_dir=tmp_path / "models").fit == expected
+    assert any((rng or "").startswith("bytes=16-") for _, _, rng, _ in fake_hub.requests)
+
+
 # ---- file names that would leave the folder ----------------------------------------------------------
 
 @pytest.mark.parametrize("name, reason", [

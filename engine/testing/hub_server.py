@@ -15,7 +15,8 @@ It serves on 127.0.0.1 only:
   401 + X-Error-Code GatedRepo for a gated repo without a valid `Authorization: Bearer` token.
 Faults for tests: `drop_after` (close the connection after N bytes of a file, once; with `down_after_drop`
 every later connection is closed unanswered, as when the network goes down), `size_lies` (the listing
-claims a different size), `corrupt` (one byte of the served file flipped), `throttle` (a slow network), and
+claims a different size), `corrupt` (one byte of the served file flipped), `ignore_ranges` (whole files, 200,
+whatever Range asks), `throttle` (a slow network), and
 `served` / `requests`, which count what went over the wire.
 A hostile or failing Hub: `faults[KEY] = Fault(...)` answers the model info (KEY `API`), one file's resolve
 (KEY its path) or every request (KEY `ANY`) with an HTTP status (and Retry-After), an HTML page (a captive
@@ -80,6 +81,7 @@ class FakeHub:
         self.drop_after: dict[str, int] = {}  # file path -> bytes sent before the connection is dropped (once)
         self.size_lies: dict[str, int] = {}  # file path -> bytes the listing adds to its real size
         self.corrupt: set[str] = set()  # file paths served with one byte flipped
+        self.ignore_ranges = False  # answer every GET with the whole file (200), as some mirrors and proxies do
         self.throttle: tuple[int, float] | None = None  # (bytes per write, seconds between writes)
         self.down_after_drop = False  # after a drop, every connection is closed unanswered (the network is down)
         self.down = False
@@ -320,7 +322,7 @@ class _Handler(BaseHTTPRequestHandler):
         data = self.fake.body(path, data)
         total = len(data)
         start, end, status = 0, total - 1, 200
-        wanted = self.headers.get("Range")
+        wanted = None if self.fake.ignore_ranges else self.headers.get("Range")
         if wanted:
             match = re.fullmatch(r"bytes=(\d*)-(\d*)", wanted.strip())
             if match is None or not match[1]:
