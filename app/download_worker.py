@@ -88,7 +88,7 @@ class DownloadWorker(QObject):
                 raise hub.DownloadCancelled(request.get("models_dir") or "", control.stopping == "cancel")
             client = hub.Hub(request.get("endpoint") or None, None, bool(request.get("offline")))
             plan = hub.plan_download(client, request["repo_id"], request.get("revision") or "main",
-                                     models_dir=request.get("models_dir") or None)
+                                     models_dir=request.get("models_dir") or None, control=control)
             self.planned.emit(plan.to_dict())
             if not download:
                 return
@@ -103,7 +103,7 @@ class DownloadWorker(QObject):
             self.log.emit("error", f"download: {exc}")
             self.failed.emit(exc.kind, str(exc))
         except hub.DownloadCancelled as exc:
-            self.log.emit("info", "download cancelled" if exc.discarded else
+            self.log.emit("info", "download cancelled" if exc.discarded or exc.folder is None else
                           f"download stopped; what arrived is kept in {exc.folder} and resumes next time")
             self.cancelled.emit(exc.discarded)
         except Exception as exc:  # a bug must not take the app down; the log keeps the traceback

@@ -21,7 +21,7 @@ from engine.runtime.events import AnswerDelta, ReasoningDelta, TurnFinished
 from engine.runtime.sampling import SamplingParams
 
 DEFAULT_CONTEXT_TOKENS = 8192
-EXIT_USAGE, EXIT_FAILED = 2, 1
+EXIT_USAGE, EXIT_FAILED, EXIT_INTERRUPTED = 2, 1, 130
 
 
 class CliError(Exception):
@@ -30,7 +30,16 @@ class CliError(Exception):
 
 class _Parser(argparse.ArgumentParser):
     def error(self, message):  # argparse's default prints the whole usage block first
-        raise CliError(f"{message} (see python -m engine {self.prog.split()[-1]} --help)")
+        raise CliError(f"{message} (see {self.prog} --help)")
+
+    def parse_args(self, args=None, namespace=None):
+        """Parse, pointing an unknown argument after a command at that command's help."""
+        parsed, extra = self.parse_known_args(args, namespace)
+        if extra:
+            command = getattr(parsed, "command", None)
+            where = f"{self.prog} {command}" if command else self.prog
+            raise CliError(f"unrecognized arguments: {' '.join(extra)} (see {where} --help)")
+        return parsed
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -452,8 +461,8 @@ def run_cpu_experts_bench(args) -> int:
 def run_pull(args) -> int:
     """Download with one status line (rewritten in place on a terminal, a line per file otherwise).
 
-    The token is huggingface_hub's own (`hf auth login` or HF_TOKEN); Ctrl-C stops and keeps what arrived,
-    and running the same command again resumes."""
+    The token is huggingface_hub's own (`hf auth login` or HF_TOKEN); Ctrl-C stops and keeps what arrived
+    (a second Ctrl-C stops without waiting for a stalled read), and running the same command again resumes."""
     from engine import hub
 
     out = sys.stdout
@@ -493,7 +502,13 @@ def run_pull(args) -> int:
         out.flush()
 
     control = hub.DownloadControl()
-    previous = signal.signal(signal.SIGINT, lambda *_: control.interrupt())
+
+    def on_interrupt(*_) -> None:
+        if control.stopping:  # the second Ctrl-C: do not wait for the download to reach its next piece
+            raise KeyboardInterrupt
+        control.interrupt()
+
+    previous = signal.signal(signal.SIGINT, on_interrupt)
     try:
         folder = hub.pull(args.repo_id, args.revision, args.local_dir, endpoint=args.endpoint,
                           offline=args.offline, progress=show, control=control, on_plan=show_plan)
@@ -502,12 +517,14 @@ def run_pull(args) -> int:
             out.write("\n")
         print(f"error: {exc}", file=sys.stderr)
         return EXIT_FAILED
-    except hub.DownloadCancelled as exc:
+    except (hub.DownloadCancelled, KeyboardInterrupt) as exc:
         if tty:
             out.write("\n")
-        print(f"error: interrupted; what arrived is kept in {exc.folder}: run the same command again to resume",
-              file=sys.stderr)
-        return EXIT_FAILED
+        folder = getattr(exc, "folder", "")
+        kept = ("nothing was downloaded" if folder is None else
+                f"what arrived is kept{f' in {folder}' if folder else ''}: run the same command again to resume")
+        print(f"error: interrupted; {kept}", file=sys.stderr)
+        return EXIT_INTERRUPTED
     finally:
         signal.signal(signal.SIGINT, previous)
     if tty:

@@ -21,14 +21,23 @@ the engine opens and what the app's library lists. Bytes in flight live in `FOLD
 a verified file is renamed into the folder; `config.json` is placed last, so a folder is only taken for
 a model once every weight is there. A finished download leaves `FOLDER/.moedesk-download.json` (repo,
 revision, commit, files and hashes) and no `.download/`.
+
+What a server says is not trusted: every file name to be written must be a plain relative name on Windows and
+POSIX alike; a safetensors header may claim at most what the local reader accepts (MAX_HEADER_BYTES) and a
+config file at most MAX_SMALL_FILE_BYTES; a read never keeps more bytes than it asked for; an HTML page or
+wrong-shaped JSON is named as "not the Hub's API". Planning requests are retried on 429/5xx (Retry-After obeyed
+up to a cap) and run on a helper thread, so a stop (Ctrl-C, Cancel) ends planning at once even while a read is
+stalled; every read has a timeout.
 """
 
 from __future__ import annotations
 
 import contextlib
+import email.utils
 import errno
 import fnmatch
 import hashlib
+import http
 import json
 import os
 import shutil
@@ -39,11 +48,12 @@ import threading
 import time
 from collections import deque
 from dataclasses import asdict, dataclass, field
-from pathlib import Path
+from pathlib import Path, PurePosixPath, PureWindowsPath
 from typing import Callable
 from urllib.parse import urlparse
 
 from engine.checkpoint import INDEX_FILE, Checkpoint, LayoutShard
+from engine.checkpoint.safetensors_file import MAX_HEADER_BYTES
 from engine.config import read_config
 from engine.errors import CheckpointError
 
@@ -64,6 +74,14 @@ RETRY_WAIT_S = 1.0  # first wait before a retry; doubles each time, at most 8 s
 PROGRESS_INTERVAL_S = 0.1
 SPEED_WINDOW_S = 5.0
 TIMEOUT_S = 10.0  # connect and read timeout: a stalled connection fails (and is retried) after this long
+REQUEST_TRIES = 4  # tries of one planning request while the server answers 429 or 5xx
+RETRY_AFTER_MAX_S = 30.0  # the longest wait a server's Retry-After is obeyed for
+MAX_SMALL_FILE_BYTES = 64 * 1024 * 1024  # the most a config or index file read while planning may be
+STOP_POLL_S = 0.2  # how often a wait for the network looks at the stop flag (signal handlers run in between)
+# Windows gives these names (with any extension) to devices: a file called so cannot be written there.
+WINDOWS_DEVICE_NAMES = frozenset({"CON", "PRN", "AUX", "NUL", "CONIN$", "CONOUT$"}
+                                 | {f"{port}{n}" for port in ("COM", "LPT") for n in (*"123456789", "¹", "²", "³")})
+WINDOWS_FORBIDDEN_CHARS = frozenset('<>:"|?*\\')
 
 
 class HubError(Exception):
@@ -77,11 +95,15 @@ class HubError(Exception):
 
 class DownloadCancelled(Exception):
     """The download stopped because it was asked to. discarded: its files were deleted (Cancel); otherwise what
-    arrived is kept and the same download resumes from it (an interrupted CLI run)."""
+    arrived is kept and the same download resumes from it (an interrupted CLI run). folder None: it stopped
+    while planning, before anything was written."""
 
-    def __init__(self, folder: Path, discarded: bool):
+    def __init__(self, folder: Path | None, discarded: bool):
         self.folder, self.discarded = folder, discarded
-        kept = "nothing was kept" if discarded else f"what arrived is kept in {folder}"
+        if folder is None:
+            kept = "nothing was downloaded yet"
+        else:
+            kept = "nothing was kept" if discarded else f"what arrived is kept in {folder}"
         super().__init__(f"download cancelled; {kept}")
 
 
@@ -328,23 +350,82 @@ class DownloadControl:
 
     def sleep(self, seconds: float) -> None:
         """Wait, but wake at once for a pause, a resume or a stop."""
+        deadline = time.monotonic() + seconds
         with self._cond:
-            self._cond.wait(seconds)
+            while self._stop is None and (left := deadline - time.monotonic()) > 0:
+                # in slices: on Windows a Ctrl-C handler runs only once the wait returns
+                if self._cond.wait(min(left, STOP_POLL_S)):
+                    return
+
+    def call(self, fn: Callable):
+        """Return fn() run on a helper thread, or raise DownloadCancelled as soon as a stop is asked.
+
+        A blocked socket read cannot be woken from another thread, so the caller does not wait for it: an
+        abandoned request ends on its own at its read timeout and its result is dropped."""
+        outcome: dict = {}
+
+        def run() -> None:
+            try:
+                outcome["value"] = fn()
+            except BaseException as exc:  # handed to the waiting thread, which raises it
+                outcome["error"] = exc
+            with self._cond:
+                outcome["done"] = True
+                self._cond.notify_all()
+
+        threading.Thread(target=run, name="hub-request", daemon=True).start()
+        with self._cond:
+            while "done" not in outcome and self._stop is None:
+                self._cond.wait(STOP_POLL_S)  # in slices, as in sleep()
+        if "done" not in outcome:
+            raise DownloadCancelled(None, self._stop == "cancel")
+        if "error" in outcome:
+            raise outcome["error"]
+        return outcome["value"]
 
 
 # ---- talking to the Hub -------------------------------------------------------------------------
 
 class Hub:
-    """One Hub (or mirror) with one token choice. token None: the token huggingface_hub has stored, if any."""
+    """One Hub (or mirror) with one token choice. token None: the token huggingface_hub has stored, if any.
+    sleep: how retries wait (tests pass a recorder); None: the download control's stoppable wait."""
 
     def __init__(self, endpoint: str | None = None, token: str | None = None, offline: bool = False,
-                 timeout: float = TIMEOUT_S):
+                 timeout: float = TIMEOUT_S, sleep: Callable[[float], None] | None = None,
+                 retry_wait_s: float = RETRY_WAIT_S):
         from huggingface_hub import constants
 
         self.endpoint = (endpoint or "").strip().rstrip("/") or constants.ENDPOINT
         self.token = token or None
         self.offline = offline
         self.timeout = timeout
+        self.sleep = sleep
+        self.retry_wait_s = retry_wait_s
+
+    def wait(self, control: DownloadControl, seconds: float) -> None:
+        """Wait before a retry; raise DownloadCancelled when a stop was asked meanwhile."""
+        if self.sleep is not None:
+            self.sleep(seconds)
+        else:
+            control.sleep(seconds)
+        if control.stopping:
+            raise DownloadCancelled(None, control.stopping == "cancel")
+
+    def request(self, control: DownloadControl | None, what: str, fn: Callable):
+        """fn() (one request about `what`), stoppable through `control`; answers of 429 and 5xx are tried
+        REQUEST_TRIES times, waiting as Retry-After asks (capped) or backing off."""
+        from huggingface_hub.errors import HfHubHTTPError
+
+        control = control or DownloadControl()
+        for attempt in range(1, REQUEST_TRIES + 1):
+            try:
+                return control.call(fn)
+            except HfHubHTTPError as exc:
+                if not _transient(exc):
+                    raise
+                if attempt == REQUEST_TRIES:
+                    raise HubError("server", _status_message(self, exc.response.status_code, what, attempt)) from None
+                self.wait(control, retry_wait(exc, attempt, self.retry_wait_s))
 
     @property
     def host(self) -> str:
@@ -358,13 +439,27 @@ class Hub:
             raise HubError("offline", "Offline mode is on (the HF_HUB_OFFLINE environment variable is set), so "
                                       "nothing can be downloaded. Unset HF_HUB_OFFLINE to download.")
 
-    def model_info(self, repo_id: str, revision: str):
+    def model_info(self, repo_id: str, revision: str, control: DownloadControl | None = None):
+        """The repo's info with its files' sizes and hashes; an answer that is not the Hub's is a HubError."""
         from huggingface_hub import HfApi
+        from huggingface_hub.errors import HFValidationError
+
+        def ask():
+            try:
+                return HfApi(endpoint=self.endpoint, token=self.token).model_info(
+                    repo_id, revision=revision, files_metadata=True, timeout=self.timeout)
+            except HFValidationError:
+                raise
+            except json.JSONDecodeError as exc:
+                page = exc.doc.lstrip()[:1] == "<"
+                raise HubError("server", _not_the_hub(self, "an HTML page" if page else "an answer that is not "
+                                                                                          "JSON")) from None
+            except (ValueError, TypeError, KeyError, AttributeError):
+                raise HubError("server", _not_the_hub(self, "JSON that is not a model's file list")) from None
 
         self.check_online()
         with self.errors(repo_id, revision):
-            return HfApi(endpoint=self.endpoint, token=self.token).model_info(
-                repo_id, revision=revision, files_metadata=True, timeout=self.timeout)
+            return self.request(control, f"the file list of {repo_id}", ask)
 
     def _headers(self) -> dict:
         from huggingface_hub.utils import build_hf_headers
@@ -389,12 +484,30 @@ class Hub:
         with get_session().stream("GET", url, headers=headers, follow_redirects=True,
                                   timeout=httpx2.Timeout(self.timeout)) as response:
             hf_raise_for_status(response)
+            if response.headers.get("Content-Type", "").startswith("text/html") and \
+                    not path.lower().endswith((".html", ".htm")):
+                raise HubError("server", _not_the_hub(self, f"an HTML page where {path} should be"))
             yield response
 
-    def read(self, repo_id: str, commit: str, path: str, start: int = 0, end: int | None = None) -> bytes:
-        """A small file (or a range of one) in memory."""
-        with self.errors(repo_id, commit, path), self.stream(repo_id, commit, path, start, end) as response:
-            return response.read()
+    def read(self, repo_id: str, commit: str, path: str, start: int, end: int,
+             control: DownloadControl | None = None) -> bytes:
+        """Bytes `start` to `end` (inclusive) of a file, in memory: never more, whatever the server sends."""
+        def fetch() -> bytes:
+            wanted = end - start + 1
+            data = bytearray()
+            with self.stream(repo_id, commit, path, start, end) as response:
+                skip = start if response.status_code == 200 else 0  # the server ignored the range
+                for chunk in response.iter_bytes():
+                    if skip:
+                        dropped = min(skip, len(chunk))
+                        chunk, skip = chunk[dropped:], skip - dropped
+                    data += chunk[:wanted - len(data)]
+                    if len(data) >= wanted:
+                        break
+            return bytes(data)
+
+        with self.errors(repo_id, commit, path):
+            return self.request(control, f"{path} of {repo_id}", fetch)
 
     @contextlib.contextmanager
     def errors(self, repo_id: str, revision: str, path: str | None = None):
@@ -425,10 +538,9 @@ class Hub:
             raise HubError("server", f"{self.host} lists {path} in {repo_id} but does not serve it; try again "
                                      f"later.") from None
         except hf_errors.HfHubHTTPError as exc:
-            status = exc.response.status_code if exc.response is not None else "?"
-            raise HubError("server", f"{self.host} answered {status} for {repo_id}"
-                                     f"{f' ({path})' if path else ''}: {_first_line(exc)}. Try again later, or "
-                                     f"check the endpoint (mirror) setting.") from None
+            status = exc.response.status_code if exc.response is not None else 0
+            raise HubError("server", _status_message(self, status, f"{path} of {repo_id}" if path else repo_id,
+                                                     1)) from None
         except (httpx2.TransportError, httpx2.HTTPError, ConnectionError, TimeoutError) as exc:
             raise HubError("network", _network_message(self, exc)) from None
 
@@ -456,9 +568,34 @@ def _gated_message(repo_id: str, hub: Hub) -> str:
 
 
 def _network_message(hub: Hub, exc: BaseException) -> str:
-    reason = _first_line(exc)
-    return (f"Cannot reach {hub.host} ({reason}). Check the network connection, or the endpoint (mirror) "
-            f"setting.")
+    import httpx2
+
+    if isinstance(exc, (httpx2.ReadTimeout, httpx2.WriteTimeout)):
+        return (f"{hub.host} stopped answering (nothing arrived for {hub.timeout:g} s). Check the network "
+                f"connection, or the endpoint (mirror) setting, and try again.")
+    return (f"Cannot reach {hub.host} ({_first_line(exc)}). Check the network connection, or the endpoint "
+            f"(mirror) setting.")
+
+
+def _status_message(hub: Hub, status: int, what: str, tries: int) -> str:
+    """What an HTTP error answer means, for the status codes no other message covers."""
+    try:
+        phrase = f" ({http.HTTPStatus(status).phrase})"
+    except ValueError:
+        phrase = ""
+    times = f", {tries} times in a row" if tries > 1 else ""
+    if status >= 500:
+        advice = ("the Hub (or the mirror) is failing on its side. Try again later; if it keeps happening, "
+                  "check the endpoint (mirror) setting")
+    else:
+        advice = "try again later, or check the endpoint (mirror) setting"
+    return f"{hub.host} answered HTTP {status}{phrase} for {what}{times}: {advice}."
+
+
+def _not_the_hub(hub: Hub, what: str) -> str:
+    return (f"The Hub endpoint {hub.endpoint} answered something that is not the Hub's API ({what}): check your "
+            f"network (a Wi-Fi login page may be answering in its place) or the endpoint (mirror) setting, then "
+            f"try again.")
 
 
 def format_size(n: int | float) -> str:
@@ -488,17 +625,75 @@ def needed_files(paths: list[str]) -> tuple[list[str], list[str]]:
     return needed, [p for p in paths if p not in needed]
 
 
+def unsafe_name_reason(name: str) -> str | None:
+    """Why a repo's file name cannot be written as a file inside the model folder on Windows or POSIX (it
+    leaves the folder, names a drive, a device or a data stream, or the system would rename it); None if safe."""
+    if not name:
+        return "it is empty"
+    if any(ord(c) < 32 for c in name):
+        return "it contains a control character"
+    bad = sorted(WINDOWS_FORBIDDEN_CHARS.intersection(name))
+    if bad:
+        return f"it contains {' '.join(bad)}, which Windows does not allow in a file name"
+    posix, windows = PurePosixPath(name), PureWindowsPath(name)
+    if posix.is_absolute() or windows.is_absolute() or windows.drive or windows.root:
+        return "it is an absolute path"
+    parts = name.split("/")
+    if any(part in ("", ".", "..") for part in parts):
+        return "it is not a plain relative path (an empty, '.' or '..' part)"
+    for part in parts:
+        if part[-1] in ". ":
+            return f"{part!r} ends with a dot or a space, which Windows drops"
+        if part.split(".")[0].rstrip(" ").upper() in WINDOWS_DEVICE_NAMES:
+            return f"{part!r} is a device name on Windows"
+        if len(part.encode("utf-8")) > 255:
+            return "a part of it is longer than 255 bytes"
+    return None
+
+
+def check_file_names(repo_id: str, names) -> None:
+    """Refuse the repo (HubError) when one of the file names it would write is unsafe on some system."""
+    for name in names:
+        reason = unsafe_name_reason(name)
+        if reason is not None:
+            raise HubError("unsupported", f"{repo_id} lists a file MoE Desk will not write: {name!r} ({reason}). "
+                                          f"A model's files have plain relative names, so this repo is broken or "
+                                          f"hostile; nothing was downloaded. Choose another model.")
+
+
+def _checked_listing(hub: Hub, info) -> tuple[str | None, dict]:
+    """(commit, {path: sibling}) of a model info, refusing values of the wrong type (an answer not from the Hub)."""
+    def count(value) -> bool:
+        return value is None or (isinstance(value, int) and not isinstance(value, bool) and value >= 0)
+
+    wrong = HubError("server", _not_the_hub(hub, "JSON that is not a model's file list"))
+    if info.sha is not None and not isinstance(info.sha, str) or not isinstance(info.siblings or [], list):
+        raise wrong
+    siblings = {}
+    for s in info.siblings or []:
+        lfs = s.lfs
+        if not isinstance(s.rfilename, str) or not count(s.size) or not (s.blob_id is None or isinstance(
+                s.blob_id, str)) or lfs is not None and (not count(lfs.size) or not isinstance(lfs.sha256, str)):
+            raise wrong
+        siblings[s.rfilename] = s
+    return info.sha, siblings
+
+
 def plan_download(hub: Hub, repo_id: str, revision: str = "main", folder: str | Path | None = None,
-                  models_dir: str | Path | None = None, with_fit: bool = True) -> DownloadPlan:
+                  models_dir: str | Path | None = None, with_fit: bool = True,
+                  control: DownloadControl | None = None) -> DownloadPlan:
     """What downloading `repo_id` at `revision` involves: the files and sizes from the Hub, what is already
-    here, the free disk, and (with_fit) the RAM/VRAM fit from the config and the safetensors headers."""
+    here, the free disk, and (with_fit) the RAM/VRAM fit from the config and the safetensors headers.
+
+    A stop asked through `control` ends it at once with DownloadCancelled (folder None)."""
     repo_id, revision = repo_id.strip(), (revision or "main").strip() or "main"
     if not repo_id:
         raise HubError("invalid", "Give a repo id, e.g. Qwen/Qwen3-30B-A3B.")
-    info = hub.model_info(repo_id, revision)
-    commit = info.sha or revision
-    siblings = {s.rfilename: s for s in info.siblings or []}
+    info = hub.model_info(repo_id, revision, control)
+    commit, siblings = _checked_listing(hub, info)
+    commit = commit or revision
     wanted, skipped = needed_files(sorted(siblings))
+    check_file_names(repo_id, wanted)
     weights = [p for p in wanted if fnmatch.fnmatch(p, WEIGHT_PATTERN)]
     if not weights:
         raise HubError("unsupported", f"{repo_id} has no .safetensors weights at its top level: MoE Desk runs "
@@ -510,7 +705,13 @@ def plan_download(hub: Hub, repo_id: str, revision: str = "main", folder: str | 
     small = {}
     for name in (CONFIG_FILE, "hf_quant_config.json", INDEX_FILE):
         if name in siblings:
-            small[name] = hub.read(repo_id, commit, name)  # also where a gated repo without access is found out
+            size = _listed_size(hub, siblings[name])
+            if size > MAX_SMALL_FILE_BYTES:
+                raise HubError("unsupported", f"{repo_id}'s {name} is listed as {format_size(size)}, far more than "
+                                              f"a config file takes (at most {format_size(MAX_SMALL_FILE_BYTES)} "
+                                              f"is read): the repo is broken. Choose another model.")
+            # also where a gated repo without access is found out
+            small[name] = hub.read(repo_id, commit, name, 0, size - 1, control) if size else b""
     if INDEX_FILE in small:
         try:
             listed = set(json.loads(small[INDEX_FILE])["weight_map"].values())
@@ -526,10 +727,7 @@ def plan_download(hub: Hub, repo_id: str, revision: str = "main", folder: str | 
     for path in wanted:
         sibling = siblings[path]
         lfs = sibling.lfs
-        size = lfs.size if lfs is not None else sibling.size
-        if size is None:
-            raise HubError("server", f"{hub.host} did not give the size of {path}; try again later.")
-        files.append(PlanFile(path, int(size), sha256=lfs.sha256 if lfs is not None else None,
+        files.append(PlanFile(path, _listed_size(hub, sibling), sha256=lfs.sha256 if lfs is not None else None,
                               blob_id=None if lfs is not None else sibling.blob_id))
     target = Path(folder).expanduser() if folder else Path(models_dir or default_models_dir()) / folder_name(
         repo_id, revision)
@@ -539,8 +737,15 @@ def plan_download(hub: Hub, repo_id: str, revision: str = "main", folder: str | 
     _mark_local(plan)
     plan.free_bytes = free_disk_bytes(target)
     if with_fit:
-        plan.fit, plan.fit_note = _remote_fit(hub, plan, small)
+        plan.fit, plan.fit_note = _remote_fit(hub, plan, small, control)
     return plan
+
+
+def _listed_size(hub: Hub, sibling) -> int:
+    size = sibling.lfs.size if sibling.lfs is not None else sibling.size
+    if size is None:
+        raise HubError("server", f"{hub.host} did not give the size of {sibling.rfilename}; try again later.")
+    return int(size)
 
 
 def _order(files: list[PlanFile]) -> list[PlanFile]:
@@ -604,15 +809,23 @@ def _header_shard(header: dict, path: Path) -> LayoutShard:
     return LayoutShard({k: (v["dtype"], tuple(int(d) for d in v["shape"])) for k, v in entries.items()}, path)
 
 
-def _safetensors_header(hub: Hub, plan: DownloadPlan, f: PlanFile) -> dict:
-    probe = hub.read(plan.repo_id, plan.commit, f.path, 0, min(f.size, HEADER_PROBE_BYTES) - 1)
+def _safetensors_header(hub: Hub, plan: DownloadPlan, f: PlanFile, control: DownloadControl | None) -> dict:
+    probe = hub.read(plan.repo_id, plan.commit, f.path, 0, min(f.size, HEADER_PROBE_BYTES) - 1, control) \
+        if f.size >= 8 else b""
     if len(probe) < 8:
         raise CheckpointError(Path(f.path), "is too short to be a safetensors file")
     (length,) = struct.unpack("<Q", probe[:8])
+    if length > MAX_HEADER_BYTES:
+        # the engine refuses such a file when it opens it, so downloading it would be in vain
+        raise HubError("unsupported", f"{plan.repo_id}'s {f.path} claims a safetensors header of "
+                                      f"{format_size(length)}, more than the {format_size(MAX_HEADER_BYTES)} a "
+                                      f"safetensors file may have: the file is damaged or not a real checkpoint, "
+                                      f"and MoE Desk could not open it. Nothing was downloaded; choose another "
+                                      f"model.")
     if length > f.size - 8:
         raise CheckpointError(Path(f.path), "has a corrupt safetensors header")
     if 8 + length > len(probe):
-        probe += hub.read(plan.repo_id, plan.commit, f.path, len(probe), 8 + length - 1)
+        probe += hub.read(plan.repo_id, plan.commit, f.path, len(probe), 8 + length - 1, control)
     try:
         header = json.loads(probe[8:8 + length].decode("utf-8"))
     except (UnicodeDecodeError, ValueError) as exc:
@@ -622,7 +835,8 @@ def _safetensors_header(hub: Hub, plan: DownloadPlan, f: PlanFile) -> dict:
     return header
 
 
-def _remote_fit(hub: Hub, plan: DownloadPlan, small: dict[str, bytes]) -> tuple[Fit | None, str]:
+def _remote_fit(hub: Hub, plan: DownloadPlan, small: dict[str, bytes],
+                control: DownloadControl | None) -> tuple[Fit | None, str]:
     """The fit from config.json and the safetensors headers (a few range requests, no weight data)."""
     with tempfile.TemporaryDirectory(prefix="moedesk-fit-") as tmp:
         folder = Path(tmp)
@@ -635,7 +849,7 @@ def _remote_fit(hub: Hub, plan: DownloadPlan, small: dict[str, bytes]) -> tuple[
             raise HubError("unsupported", f"{plan.repo_id} is not a model MoE Desk runs: "
                                           f"{exc.cause}{f' ({exc.hint})' if exc.hint else ''}.") from None
         try:
-            shards = [_header_shard(_safetensors_header(hub, plan, f), Path(f.path))
+            shards = [_header_shard(_safetensors_header(hub, plan, f, control), Path(f.path))
                       for f in plan.files if fnmatch.fnmatch(f.path, WEIGHT_PATTERN)]
             footprint = footprint_from_headers(folder, config, shards)
         except CheckpointError as exc:
@@ -818,11 +1032,15 @@ class _Download:
                     raise
                 failures = 0 if f.have > before else failures + 1
                 if failures > MAX_RETRIES:
+                    kept = f"{format_size(f.have)} of {format_size(f.size)} arrived and are kept"
+                    if isinstance(exc, HfHubHTTPError):
+                        status = _status_message(self.hub, exc.response.status_code, f.path, failures)
+                        raise HubError("server", f"{status} {kept[0].upper()}{kept[1:]}; the download resumes "
+                                                 f"from them.") from None
                     raise HubError("network", f"The connection to {self.hub.host} was lost while downloading "
-                                              f"{f.path} ({format_size(f.have)} of {format_size(f.size)} arrived "
-                                              f"and are kept): {_first_line(exc)}. Check the network, then resume.")
+                                              f"{f.path} ({kept}): {_first_line(exc)}. Check the network, then resume.")
                 self._progress(f, "retrying", force=True)
-                self.control.sleep(min(self.retry_wait_s * 2 ** max(failures - 1, 0), 8.0))
+                self.control.sleep(retry_wait(exc, failures, self.retry_wait_s))
         self._progress(f, "verifying", force=True)
         self._verify(f, incomplete)
         target = self.plan.folder / f.path
@@ -905,6 +1123,20 @@ def _transient(exc) -> bool:
     return status in (408, 429) or status >= 500
 
 
+def retry_wait(exc: BaseException, attempt: int, base_s: float) -> float:
+    """Seconds to wait after failed try number `attempt`: what the answer's Retry-After asks (at most
+    RETRY_AFTER_MAX_S), else base_s doubled for each earlier failure, at most 8 s."""
+    response = getattr(exc, "response", None)
+    asked = response.headers.get("Retry-After", "").strip() if response is not None else ""
+    if asked.isdigit():
+        return min(float(asked), RETRY_AFTER_MAX_S)
+    if asked:
+        with contextlib.suppress(TypeError, ValueError):
+            when = email.utils.parsedate_to_datetime(asked)
+            return min(max(when.timestamp() - time.time(), 0.0), RETRY_AFTER_MAX_S)
+    return min(base_s * 2 ** max(attempt - 1, 0), 8.0)
+
+
 def _length_from(response, start: int) -> int | None:
     """The whole file's length according to the response: Content-Range's total, else start + Content-Length."""
     content_range = response.headers.get("Content-Range")
@@ -923,6 +1155,7 @@ def download(hub: Hub, plan: DownloadPlan, progress: Callable[[Progress], None] 
 
     Raises HubError (plain message) or DownloadCancelled. Refuses at once when the disk is too small."""
     hub.check_online()
+    check_file_names(plan.repo_id, [f.path for f in plan.files])
     plan.free_bytes = free_disk_bytes(plan.folder)
     if not plan.disk_ok:
         raise HubError("disk", plan.disk_message())
@@ -934,7 +1167,7 @@ def pull(repo_id: str, revision: str = "main", local_dir: str | Path | None = No
          control: DownloadControl | None = None, on_plan: Callable[[DownloadPlan], None] | None = None) -> Path:
     """Plan and download in one call (what `python -m engine pull` does)."""
     hub = Hub(endpoint, token, offline)
-    plan = plan_download(hub, repo_id, revision, local_dir)
+    plan = plan_download(hub, repo_id, revision, local_dir, control=control)
     if on_plan is not None:
         on_plan(plan)
     return download(hub, plan, progress, control)

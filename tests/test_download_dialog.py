@@ -20,6 +20,7 @@ from app.model_library import DOWNLOAD_SOURCE
 from app.pages.models import ModelsPage
 from app_fakes import FakeWorker
 from engine import hub
+from engine.testing.hub_server import API, Fault
 from hub_fixtures import GATED, SHARD1, SHARD2, TINY, TOKEN, fake_hub, hf_home  # noqa: F401
 
 TIMEOUT_MS = 15_000
@@ -155,6 +156,19 @@ def test_cancel_deletes_the_partial_download(qtbot, page, dialog, fake_hub, priv
         page.refresh()
     assert page.library.rowCount() == 0
     assert dialog.download_button.isEnabled() and not dialog.cancel_button.isEnabled()
+
+
+def test_cancel_stops_asking_a_stalled_hub(qtbot, dialog, fake_hub, private_library):
+    fake_hub.faults[API] = Fault(stall=True, times=0)
+    _choose(dialog, TINY)
+    dialog.download_button.click()
+    qtbot.waitUntil(fake_hub.stalled.is_set, timeout=TIMEOUT_MS)
+    # well inside the client's read timeout (hub.TIMEOUT_S): the stop, not the timeout, ends the run
+    with qtbot.waitSignal(dialog.runEnded, timeout=int(hub.TIMEOUT_S * 1000 / 2)) as ended:
+        dialog.cancel_button.click()
+    assert ended.args == ["cancelled", "discarded"]
+    assert not private_library.exists() or not any(private_library.iterdir())
+    assert dialog.check_button.isEnabled() and not dialog.cancel_button.isEnabled()
 
 
 def test_closing_mid_download_keeps_what_arrived_for_next_time(qtbot, page, dialog, fake_hub, private_library):

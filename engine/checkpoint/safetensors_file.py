@@ -23,7 +23,7 @@ DTYPES = {
     "U8": torch.uint8, "BOOL": torch.bool,
 }
 REDOWNLOAD = "the file is damaged or incomplete; download the model again"
-_MAX_HEADER = 100 * 1024 * 1024
+MAX_HEADER_BYTES = 100 * 1024 * 1024  # the most header a safetensors file may claim (local and remote)
 
 
 class SafetensorsFile:
@@ -40,7 +40,7 @@ class SafetensorsFile:
                 if len(prefix) < 8:
                     raise CheckpointError(path, f"is {size} bytes long, too short to be a safetensors file", REDOWNLOAD)
                 (header_len,) = struct.unpack("<Q", prefix)
-                if header_len > min(_MAX_HEADER, size - 8):
+                if header_len > min(MAX_HEADER_BYTES, size - 8):
                     raise CheckpointError(path, f"has a corrupt or truncated safetensors header "
                                                 f"(header says {header_len} bytes, file has {size})", REDOWNLOAD)
                 header_bytes = handle.read(header_len)

@@ -15,8 +15,14 @@ It serves on 127.0.0.1 only:
   401 + X-Error-Code GatedRepo for a gated repo without a valid `Authorization: Bearer` token.
 Faults for tests: `drop_after` (close the connection after N bytes of a file, once; with `down_after_drop`
 every later connection is closed unanswered, as when the network goes down), `size_lies` (the listing
-claims a different size), `corrupt` (one byte of the served file flipped), `throttle` (a slow network), and
+claims a different size), `corrupt` (one byte of the served file flipped), `ignore_ranges` (whole files, 200,
+whatever Range asks), `throttle` (a slow network), and
 `served` / `requests`, which count what went over the wire.
+A hostile or failing Hub: `faults[KEY] = Fault(...)` answers the model info (KEY `API`), one file's resolve
+(KEY its path) or every request (KEY `ANY`) with an HTTP status (and Retry-After), an HTML page (a captive
+portal), a body of your choice (wrong-shaped JSON), or a stall (nothing sent until the hub stops; `stalled` is
+set while a request hangs), for the next `times` requests (after letting `after` through) or, with times 0,
+every one.
 """
 
 from __future__ import annotations
@@ -34,6 +40,22 @@ from pathlib import Path
 from urllib.parse import unquote, urlsplit
 
 LFS_PATTERN = ".safetensors"
+API, ANY = "api", "*"  # fault keys: the model-info route, every route
+PORTAL_PAGE = (b"<!DOCTYPE html><html><head><title>Hotel Wi-Fi</title></head>"
+               b"<body><form>Accept the terms to get online</form></body></html>")
+
+
+@dataclass
+class Fault:
+    """How the fake Hub misbehaves on a route, instead of answering it."""
+
+    status: int = 0  # answer with this HTTP status and a short JSON error
+    retry_after: str | None = None  # the Retry-After header of that answer
+    html: bool = False  # answer 200 with a captive portal's HTML page
+    body: bytes | None = None  # answer 200 with this JSON body
+    stall: bool = False  # send nothing until the fake Hub stops
+    times: int = 1  # how many requests it spoils; 0: every one
+    after: int = 0  # how many requests it lets through first
 
 
 @dataclass
@@ -59,9 +81,13 @@ class FakeHub:
         self.drop_after: dict[str, int] = {}  # file path -> bytes sent before the connection is dropped (once)
         self.size_lies: dict[str, int] = {}  # file path -> bytes the listing adds to its real size
         self.corrupt: set[str] = set()  # file paths served with one byte flipped
+        self.ignore_ranges = False  # answer every GET with the whole file (200), as some mirrors and proxies do
         self.throttle: tuple[int, float] | None = None  # (bytes per write, seconds between writes)
         self.down_after_drop = False  # after a drop, every connection is closed unanswered (the network is down)
         self.down = False
+        self.faults: dict[str, Fault] = {}  # API, ANY or a file path -> how its requests are answered
+        self.stalled = threading.Event()  # set while a request is held by a stall fault
+        self._release = threading.Event()  # set at stop(): stalled requests end
         self.served: Counter = Counter()  # file path -> body bytes sent
         self.requests: list[tuple[str, str, str | None, str | None]] = []  # (method, path, Range, Authorization)
         self.lock = threading.Lock()
@@ -117,6 +143,7 @@ class FakeHub:
         return self
 
     def stop(self) -> None:
+        self._release.set()
         for server in self._servers:
             server.shutdown()
             server.server_close()
@@ -137,6 +164,22 @@ class FakeHub:
         if repo.is_lfs(path):
             entry["lfs"] = {"sha256": hashlib.sha256(data).hexdigest(), "size": size, "pointerSize": 134}
         return entry
+
+    def take_fault(self, key: str) -> Fault | None:
+        """The fault that spoils this request of `key` (its own first, else ANY's), used up once."""
+        with self.lock:
+            for name in (key, ANY):
+                fault = self.faults.get(name)
+                if fault is not None and fault.after:
+                    fault.after -= 1
+                    return None
+                if fault is not None:
+                    if fault.times == 1:
+                        del self.faults[name]
+                    elif fault.times > 1:
+                        fault.times -= 1
+                    return fault
+        return None
 
     def body(self, path: str, data: bytes) -> bytes:
         if path in self.corrupt and data:
@@ -196,7 +239,30 @@ class _Handler(BaseHTTPRequestHandler):
             return None
         return repo, commit
 
+    def _spoiled(self, key: str, head: bool) -> bool:
+        """Answer with the fault of `key`, if there is one; True when it was answered that way."""
+        fault = self.fake.take_fault(key)
+        if fault is None:
+            return False
+        if fault.stall:
+            self.fake.stalled.set()
+            self.fake._release.wait()
+            self.close_connection = True
+        elif fault.status:
+            headers = {"Content-Type": "application/json"}
+            if fault.retry_after is not None:
+                headers["Retry-After"] = fault.retry_after
+            self._send(fault.status, json.dumps({"error": "the fake Hub fails on purpose"}).encode(), headers,
+                       head, None)
+        elif fault.html:
+            self._send(200, PORTAL_PAGE, {"Content-Type": "text/html; charset=utf-8"}, head, None)
+        else:
+            self._send(200, fault.body or b"", {"Content-Type": "application/json"}, head, None)
+        return True
+
     def _api(self, repo_id: str, revision: str, head: bool) -> None:
+        if self._spoiled(API, head):
+            return
         found = self._repo(repo_id, revision)
         if found is None:
             return
@@ -215,6 +281,8 @@ class _Handler(BaseHTTPRequestHandler):
         return auth.startswith("Bearer ") and auth[len("Bearer "):] in self.fake.valid_tokens
 
     def _resolve(self, repo_id: str, revision: str, path: str, head: bool) -> None:
+        if self._spoiled(path, head):
+            return
         found = self._repo(repo_id, revision)
         if found is None:
             return
@@ -254,7 +322,7 @@ class _Handler(BaseHTTPRequestHandler):
         data = self.fake.body(path, data)
         total = len(data)
         start, end, status = 0, total - 1, 200
-        wanted = self.headers.get("Range")
+        wanted = None if self.fake.ignore_ranges else self.headers.get("Range")
         if wanted:
             match = re.fullmatch(r"bytes=(\d*)-(\d*)", wanted.strip())
             if match is None or not match[1]:
