@@ -1,6 +1,7 @@
 """The built-in demo model really answers: arithmetic through our engine, small talk, and the same
 replies through transformers."""
 
+import multiprocessing
 import random
 import sys
 from concurrent.futures import ProcessPoolExecutor
@@ -43,7 +44,8 @@ def _solve(problems):
 
 def _rate(problems):
     halves = [problems[0::2], problems[1::2]]
-    with ProcessPoolExecutor(max_workers=2) as pool:
+    # spawned, not forked: the test process runs Qt and thread-pool threads that a fork would copy mid-call
+    with ProcessPoolExecutor(max_workers=2, mp_context=multiprocessing.get_context("spawn")) as pool:
         results = [r for part in pool.map(_solve, halves) for r in part]
     return sum(results) / len(results)
 

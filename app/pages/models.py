@@ -1,6 +1,7 @@
 """The Models page: the local library (Hugging Face cache, the user's folders, downloads, the demo model), with load.
 
-Scanning reads config.json and safetensors headers on a pool thread (app/library_scanner.py); loading
+Scanning reads config.json and safetensors headers on a daemon thread (app/library_scanner.py)
+the page polls; loading
 goes to the engine worker through the queued `loadRequested` signal and reports back through the
 worker's loadStarted / loaded / loadFailed signals. "Download…" opens the download dialog
 (app/dialogs/download_dialog.py); a model it finishes is rescanned, selected and can be loaded at once.
@@ -11,12 +12,12 @@ from __future__ import annotations
 import html
 from pathlib import Path
 
-from PySide6.QtCore import QAbstractTableModel, QModelIndex, QPersistentModelIndex, Qt, Signal
+from PySide6.QtCore import QAbstractTableModel, QModelIndex, QPersistentModelIndex, Qt, QTimer, Signal
 from PySide6.QtGui import QColor
 from PySide6.QtWidgets import (QAbstractItemView, QFileDialog, QHBoxLayout, QHeaderView, QLabel, QProgressBar,
                                QPushButton, QTableView, QVBoxLayout, QWidget)
 
-from app.library_scanner import LibraryScanner
+from app.library_scanner import LibraryScan
 from app.model_library import SIZE_PRESETS, default_hf_cache
 from app.paths import DEMO_MODEL, download_folder
 from app.settings import load_options
@@ -26,6 +27,7 @@ COLUMNS = ("Name", "Architecture", "Format", "Size", "Fits", "Status")
 PRESET_NAMES = {"4gb": "4 GB", "8gb": "8 GB", "12gb": "12 GB"}
 ERROR_COLOUR = QColor("#d14343")
 LOADED_COLOUR = QColor("#2e8b57")
+SCAN_POLL_MS = 30  # how often the page looks whether its library scan is done
 
 
 def fits_text(entry: dict) -> str:
@@ -202,9 +204,9 @@ class ModelsPage(QWidget):
         layout.addWidget(self.status_label)
 
         self._busy = False
-        self._scanner = LibraryScanner(self)
-        self._scanner.scanned.connect(self._on_scanned)
-        self._scan_request = 0
+        self._scan: LibraryScan | None = None  # the newest scan; an older one still running is forgotten
+        self._scan_poll = QTimer(self, interval=SCAN_POLL_MS)
+        self._scan_poll.timeout.connect(self._poll_scan)
         self._after_scan: list = []  # what waits for the newest scan: selecting or loading what it found
         self.loadRequested.connect(worker.load)
         self.unloadRequested.connect(worker.unload)
@@ -224,14 +226,16 @@ class ModelsPage(QWidget):
         where = [f"downloads ({downloads})", f"the Hugging Face cache ({default_hf_cache()})"] + folders
         self._sources = "Looking in " + "; ".join(where) + "."
         self.sources_label.setText(self._sources + " Scanning…")
-        self._scan_request += 1
         if then is not None:
             self._after_scan.append(then)
-        self._scanner.scan(folders, downloads, self._scan_request)
+        self._scan = LibraryScan(folders, downloads)
+        self._scan_poll.start()
 
-    def _on_scanned(self, entries: list, request: int) -> None:
-        if request != self._scan_request:
-            return  # a newer scan is on its way
+    def _poll_scan(self) -> None:
+        if self._scan is None or not self._scan.done():
+            return
+        entries, self._scan = self._scan.entries, None
+        self._scan_poll.stop()
         self.library.set_entries(entries)
         self.sources_label.setText(self._sources)
         self._update_buttons()
