@@ -393,9 +393,3 @@ def text_config(config: ModelConfig) -> dict:
     text["layer_types"] = list(config.layer_types)
     text["mlp_only_layers"] = list(config.dense_mlp_layers)
     return text
-
-
-def checkpoint_format(model: SyntheticModel) -> str:
-    """The tiny_checkpoints format name closest to `model`'s build (for the tiled benchmark weights)."""
-    return {NVFP4: "nvfp4", NVFP4_CT: "nvfp4_ct", FP8_BLOCK: "fp8_block"}.get(model.build.experts, "bf16")
-

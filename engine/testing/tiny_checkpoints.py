@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import re
 from pathlib import Path
 
@@ -98,51 +97,22 @@ class _Writer:
             self.quantized[module] = fmt
 
 
-class _TiledWriter(_Writer):
-    """Full-size random weights in seconds: one random block per format, encoded once and tiled. The values
-    repeat, which a speed or memory measurement does not care about."""
-
-    BLOCK = 256
-
-    def __init__(self, seed: int, plain_dtype: torch.dtype):
-        super().__init__(seed, plain_dtype)
-        self._plain_block = torch.randn(self.BLOCK * self.BLOCK, generator=self.generator)
-        self._encoded_blocks: dict[str, dict[str, torch.Tensor]] = {}
-
-    def randn(self, *shape: int, std: float) -> torch.Tensor:
-        count = math.prod(shape)
-        return self._plain_block.repeat(-(-count // self._plain_block.numel()))[:count].reshape(shape) * std
-
-    def linear(self, module: str, out_features: int, in_features: int, fmt: str, std: float | None = None) -> None:
-        if fmt not in self._encoded_blocks:
-            block = torch.randn(self.BLOCK, self.BLOCK, generator=self.generator) * self.BLOCK ** -0.5
-            self._encoded_blocks[fmt] = _encode(block, fmt)
-        for role, t in self._encoded_blocks[fmt].items():
-            if t.dim() == 2:  # a weight or a per-block scale: same layout at every size, so tile it
-                rows = -(-out_features * t.shape[0] // self.BLOCK)
-                cols = -(-in_features * t.shape[1] // self.BLOCK)
-                t = t.repeat(-(-rows // t.shape[0]), -(-cols // t.shape[1]))[:rows, :cols]
-            self.tensors[f"{module}.{role}"] = t.contiguous()
-        if fmt not in ("bf16", "fp32"):
-            self.quantized[module] = fmt
-
-
-def checkpoint_tensors(arch: str, fmt: str, text: dict, fused_experts: bool = False, seed: int = 0,
-                       tiled: bool = False) -> tuple[dict[str, torch.Tensor], dict | None]:
+def checkpoint_tensors(arch: str, fmt: str, text: dict, fused_experts: bool = False,
+                       seed: int = 0) -> tuple[dict[str, torch.Tensor], dict | None]:
     """(tensors under their checkpoint names, quantization_config) of a random model with the shapes of
-    `text` (a text config dict); `tiled` builds full-size models fast from repeated blocks."""
-    tensors, quant, _ = _checkpoint(arch, fmt, text, fused_experts, seed, tiled)
+    `text` (a text config dict)."""
+    tensors, quant, _ = _checkpoint(arch, fmt, text, fused_experts, seed)
     return tensors, quant
 
 
-def _checkpoint(arch: str, fmt: str, text: dict, fused_experts: bool, seed: int,
-                tiled: bool) -> tuple[dict[str, torch.Tensor], dict | None, dict | None]:
+def _checkpoint(arch: str, fmt: str, text: dict, fused_experts: bool,
+                seed: int) -> tuple[dict[str, torch.Tensor], dict | None, dict | None]:
     """(tensors, config.json's quantization_config, hf_quant_config.json or None)."""
     if arch not in ARCHS or fmt not in FORMATS:
         raise ValueError(f"arch must be one of {ARCHS} and format one of {FORMATS}")
     if fused_experts and fmt not in ("bf16", "fp32"):
         raise ValueError("fused expert stacks exist in bf16/fp32 checkpoints only")
-    writer = (_TiledWriter if tiled else _Writer)(seed, torch.float32 if fmt == "fp32" else torch.bfloat16)
+    writer = _Writer(seed, torch.float32 if fmt == "fp32" else torch.bfloat16)
     expert_fmt, mixer_fmt = _expert_formats(fmt)
     prefix = "model.language_model." if arch == "qwen3_5_moe" else "model."
     _write_text_model(writer, text, arch, prefix, expert_fmt, mixer_fmt, fused_experts)
@@ -157,7 +127,7 @@ def write_tiny_checkpoint(folder: str | Path, arch: str = "qwen3_5_moe", fmt: st
     """Write the checkpoint into `folder`; `text_overrides` changes the text model's shapes (e.g. to make
     a larger model for memory tests)."""
     text = dict(TEXT_QWEN3 if arch == "qwen3_moe" else TEXT_QWEN3_5, **(text_overrides or {}))
-    tensors, quant, hf_quant = _checkpoint(arch, fmt, text, fused_experts, seed, tiled=False)
+    tensors, quant, hf_quant = _checkpoint(arch, fmt, text, fused_experts, seed)
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
     config = config_json(arch, text)
