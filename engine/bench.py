@@ -115,7 +115,7 @@ def measure(model: CausalLM, device: str, prompt_tokens: int, decode_tokens: int
            "prefill_tokens_per_s": prompt_tokens / (first_token - started)}
     row.update(_traffic("prefill", before, executor.stats()))
     by_backend = {}
-    for backend in backends or [None]:
+    for backend in (backends or [None]) if decode_tokens else []:
         if backend is not None:
             executor.choose_backend(backend)
         # untimed: the first step on a new state captures its decode graphs (engine/runtime/decode_graphs.py),
@@ -144,8 +144,8 @@ def measure(model: CausalLM, device: str, prompt_tokens: int, decode_tokens: int
         if "expert_backend_trial" in end:  # auto: the step each backend took in the trial, and the choice
             decode["decode_auto_trial"] = end["expert_backend_trial"]
         by_backend[backend] = decode
-    row.update(next(iter(by_backend.values())))
-    if backends:
+    row.update(next(iter(by_backend.values()), {}))
+    if backends and by_backend:
         row["decode_by_backend"] = by_backend
     return row
 
@@ -194,12 +194,17 @@ def decode_ceiling(miss_bytes_per_token: float, gpu_step_seconds: float, pcie_by
     return 1.0 / max(gpu_step_seconds, transfer)
 
 
-def _add_ceilings(result: dict, record_bytes: int, moe_layers: int, top_k: int) -> None:
-    """Each decode of the run against its combined ceiling, where a `fixed` row measured the GPU's own step."""
+def _add_ceilings(result: dict, record_bytes: int, moe_layers: int, top_k: int,
+                  gpu_step: float | None = None) -> None:
+    """Each decode of the run against its combined ceiling, where a `fixed` row measured the GPU's own step
+    (or `gpu_step`, seconds measured by another run, where this one's cache cannot hold a fixed routing)."""
     fixed = [r for r in result["runs"] if r.get("routing") == "fixed" and "decode_tokens_per_s" in r]
-    if not fixed or fixed[0].get("decode_expert_cache_hit_rate", 0.0) < 0.99:
+    if fixed and fixed[0].get("decode_expert_cache_hit_rate", 0.0) >= 0.99:
+        gpu_step, result["gpu_step_source"] = 1.0 / fixed[0]["decode_tokens_per_s"], "this run's fixed routing"
+    elif gpu_step is not None:
+        result["gpu_step_source"] = "given (--gpu-step-ms)"
+    else:
         return
-    gpu_step = 1.0 / fixed[0]["decode_tokens_per_s"]
     result["gpu_step_seconds"] = gpu_step
     pcie = result["expert_link_bytes_per_s"]
     cpu = result.get("calibration", {}).get("cpu_bytes_per_s")
@@ -217,14 +222,19 @@ def _add_ceilings(result: dict, record_bytes: int, moe_layers: int, top_k: int) 
 def run_bench(name: str, device: str, prompt_lengths: list[int], decode_tokens: int, plan: MemoryPlan | None,
               seed: int = 0, backends: list[str] | None = None, hf_baseline: bool = False,
               decode_inputs: str = "greedy", routings: list[str] | None = None, cpu_threads: int | None = None,
-              pageable: bool = False) -> dict:
+              pageable: bool = False, decode_after: list[int] | None = None,
+              gpu_step_seconds: float | None = None) -> dict:
     """On CUDA with a plan, the process is held to the plan's budget (engine/runtime/vram.py) for the whole
     run, and each prompt length reports its measured peak against it. `routings`: forced routing modes
     (engine/experts/routing.py), each prompt length run under each; None lets the random routers decide.
     `backends` (CUDA): decode with each expert backend in turn after every prefill. `cpu_threads`: the CPU
     experts' threads; `pageable`: no expert record pinned (as where pinning is refused). `hf_baseline`: then
     the same shape through transformers + accelerate under the same cap (engine/bench_hf.py), on the shortest
-    prompt, up to HF_BASELINE_TOKENS."""
+    prompt, up to HF_BASELINE_TOKENS. `decode_after`: the prompt lengths whose prefill a decode follows (default
+    every one); elsewhere `locality` and `fixed`, which route prompt chunks as `uniform` does, run only if it
+    does not. `gpu_step_seconds`: the
+    GPU's own step for the decode ceilings, where no `fixed` row can measure it (a cache smaller than a step's
+    experts over all layers)."""
     synthetic = SYNTHETIC_MODELS[name]
     slots = plan.expert_slots if plan is not None else None
     chunk = plan.prefill_chunk_tokens if plan is not None else DEFAULT_PREFILL_CHUNK
@@ -264,12 +274,15 @@ def run_bench(name: str, device: str, prompt_lengths: list[int], decode_tokens: 
     measure(model, device, min(chunk, max(prompt_lengths)), 2, chunk, seed + 1,
             plan.kv_tokens if plan is not None else None, routing=routing)
     for length in prompt_lengths:
+        decodes = decode_after is None or length in decode_after
         for mode in modes:
-            result["runs"].append(_run_one(model, device, length, decode_tokens, chunk, seed, plan, backends,
-                                           decode_inputs, routing, mode, bandwidth, expert_bytes))
+            if not decodes and mode in ("locality", "fixed") and "uniform" in modes:
+                continue  # they route prompt chunks as uniform does: the same prefill again
+            result["runs"].append(_run_one(model, device, length, decode_tokens if decodes else 0, chunk, seed,
+                                           plan, backends, decode_inputs, routing, mode, bandwidth, expert_bytes))
     if packed and "expert_link_bytes_per_s" in result:
         _add_ceilings(result, next(iter(packed.values())).layout.record_bytes, len(packed),
-                      model.config.num_experts_per_tok)
+                      model.config.num_experts_per_tok, gpu_step_seconds)
     if hf_baseline:
         del model, routing  # its expert records and weights make room for the other model
         gc.collect()
@@ -343,7 +356,8 @@ def format_result(result: dict) -> str:
                         if k in row) or "-"
         lines.append(f"{row['prompt_tokens']:>8} {row['routing']:>9} {row['prefill_chunk_tokens']:>6} "
                      f"{row['time_to_first_token_s']:>8.2f} {row['prefill_tokens_per_s']:>14.1f} "
-                     f"{row['decode_tokens_per_s']:>13.1f} {hits:>13}")
+                     f"{format(row['decode_tokens_per_s'], '.1f') if 'decode_tokens_per_s' in row else '-':>13} "
+                     f"{hits:>13}")
         if "decode_by_backend" in row:
             lines.append("         decode by expert backend: " + ", ".join(
                 f"{backend} {d['decode_tokens_per_s']:.1f} tok/s (CPU {d.get('decode_cpu_expert_share', 0):.0%}, "
@@ -362,8 +376,12 @@ def format_result(result: dict) -> str:
     return "\n".join(lines)
 
 
-def parse_lengths(text: str) -> list[int]:
-    lengths = [int(part) for part in text.split(",") if part.strip()]
+def parse_lengths(text: str, flag: str = "--prompt-tokens") -> list[int]:
+    """Parses comma-separated token counts, saying which flag was wrong."""
+    try:
+        lengths = [int(part) for part in text.split(",") if part.strip()]
+    except ValueError:
+        lengths = []
     if not lengths or min(lengths) < 1:
-        raise ValueError("--prompt-tokens takes positive whole numbers separated by commas, e.g. 512,4096")
+        raise ValueError(f"{flag} takes positive whole numbers separated by commas, e.g. 512,4096; got {text!r}")
     return lengths

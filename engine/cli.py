@@ -89,6 +89,11 @@ def build_parser() -> argparse.ArgumentParser:
                        help="forced routing modes, comma-separated, each prompt length run under each: uniform "
                             "(the hit-rate floor), locality (modelled reuse), fixed (the GPU's own step), same, "
                             "distinct (worst cases of a chunk); model (default): the random routers decide")
+    bench.add_argument("--decode-after", help="prompt lengths, comma-separated, whose prefill a decode follows "
+                                              "(default: every one; the others measure prefill alone)")
+    bench.add_argument("--gpu-step-ms", type=float, help="the GPU's own decode step (ms) for the decode ceilings, "
+                                                         "measured by another run's fixed routing where this "
+                                                         "preset's cache cannot hold one")
     bench.add_argument("--cpu-threads", type=int, help="threads for the CPU's expert work (default: the cores)")
     bench.add_argument("--pageable", action="store_true",
                        help="pin no expert record (as where pinning is refused, e.g. under WSL2)")
@@ -426,10 +431,22 @@ def run_bench(args) -> int:
                        f"got {args.routing!r}")
     if args.cpu_threads is not None and args.cpu_threads < 1:
         raise CliError(f"--cpu-threads must be 1 or more, got {args.cpu_threads}")
+    decode_after = None
+    if args.decode_after is not None:
+        try:
+            decode_after = bench.parse_lengths(args.decode_after, "--decode-after")
+        except ValueError as exc:
+            raise CliError(str(exc)) from None
+        if not set(decode_after) <= set(lengths):
+            raise CliError(f"--decode-after takes lengths from --prompt-tokens ({args.prompt_tokens}); got "
+                           f"{args.decode_after!r}")
+    if args.gpu_step_ms is not None and not 0 < args.gpu_step_ms < 10_000:
+        raise CliError(f"--gpu-step-ms must be a positive number of milliseconds, got {args.gpu_step_ms}")
     result = bench.run_bench(args.synthetic, args.device, lengths, args.decode_tokens, plan, backends=backends,
                              decode_inputs=args.decode_inputs, hf_baseline=args.hf_baseline,
                              routings=None if routings == [bench.MODEL_ROUTING] else routings,
-                             cpu_threads=args.cpu_threads, pageable=args.pageable)
+                             cpu_threads=args.cpu_threads, pageable=args.pageable, decode_after=decode_after,
+                             gpu_step_seconds=args.gpu_step_ms / 1e3 if args.gpu_step_ms else None)
     print(json.dumps(result, indent=2) if args.json else bench.format_result(result))
     return 0
 

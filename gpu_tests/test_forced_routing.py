@@ -45,10 +45,15 @@ def test_worst_case_routing_stays_within_the_preset(preset):
     and the measured peak within the budget."""
     command = [sys.executable, "-m", "engine", "bench", "--synthetic", "qwen3.6-35b-a3b-nvfp4", "--preset", preset,
                "--routing", WORST_CASES, "--prompt-tokens", "4096", "--decode-tokens", "8", "--json"]
+    # the bench reads what lies outside its allocator from the card's free memory, so what this process
+    # (CUDA started by earlier tests) holds on the card is counted in its peak: take it back out
+    torch.cuda.empty_cache()
+    free, total = torch.cuda.mem_get_info()
+    others = total - free
     done = subprocess.run(command, capture_output=True, text=True, timeout=900)
     assert done.returncode == 0, done.stderr[-2000:]
     result = json.loads(done.stdout)
     assert [row["routing"] for row in result["runs"]] == WORST_CASES.split(",")
     for row in result["runs"]:
         assert "error" not in row, row
-        assert row["peak_process_bytes"] <= result["plan"]["budget_bytes"], row
+        assert row["peak_process_bytes"] - others <= result["plan"]["budget_bytes"], (row, others)

@@ -107,3 +107,49 @@ def test_forced_routings_run_side_by_side_and_uniform_hits_its_floor(capsys):
     assert abs(uniform["decode_expert_cache_hit_rate"] - floor) <= 0.05
     assert locality["decode_expert_cache_hit_rate"] > uniform["decode_expert_cache_hit_rate"] + 0.1
     assert fixed["decode_expert_cache_hit_rate"] > 0.99
+
+
+def test_decode_after_measures_prefill_alone_elsewhere_without_repeating_uniform_chunks(capsys):
+    code, out, err = bench(["--preset", "4gb", "--prompt-tokens", "40,70", "--decode-after", "70", "--decode-tokens",
+                            "4", "--routing", "uniform,fixed,same", "--json"], capsys)
+    assert code == 0, err
+    runs = json.loads(out)["runs"]
+    assert [(row["prompt_tokens"], row["routing"]) for row in runs] == [
+        (40, "uniform"), (40, "same"), (70, "uniform"), (70, "fixed"), (70, "same")]
+    runs = [row for row in runs if row["routing"] != "same"]
+    assert "decode_tokens_per_s" not in runs[0] and runs[0]["prefill_tokens_per_s"] > 0
+    assert all(row["decode_tokens_per_s"] > 0 for row in runs[1:])
+    assert "-" in main_text(["--preset", "4gb", "--prompt-tokens", "40,70", "--decode-after", "70",
+                             "--decode-tokens", "2"], capsys).splitlines()[-3]
+
+
+def main_text(argv, capsys):
+    code, out, err = bench(argv, capsys)
+    assert code == 0, err
+    return out
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--prompt-tokens", "40", "--decode-after", "70"], "lengths from --prompt-tokens"),
+    (["--prompt-tokens", "40", "--decode-after", "x"], "--decode-after takes positive whole numbers"),
+    (["--prompt-tokens", "forty"], "--prompt-tokens takes positive whole numbers"),
+    (["--prompt-tokens", "40", "--gpu-step-ms", "-1"], "--gpu-step-ms must be a positive"),
+])
+def test_bad_bench_lengths_and_steps_are_named(argv, message, capsys):
+    code, out, err = bench(argv, capsys)
+    assert code != 0 and message in err
+
+
+def test_a_given_gpu_step_sets_the_ceilings_where_no_fixed_row_could():
+    """The 4gb cache holds fewer experts than one fixed step uses over all layers, so its ceilings take the
+    GPU step another run measured: the slower of the step and the missed bytes over the link."""
+    from engine.bench import _add_ceilings
+    decode = {"decode_tokens_per_s": 20.0, "decode_expert_cache_hit_rate": 0.5}
+    result = {"expert_link_bytes_per_s": 1e9, "expert_backend": "offload", "calibration": {"cpu_bytes_per_s": 1e9},
+              "runs": [{"routing": "uniform", "decode_by_backend": {"offload": decode}}]}
+    _add_ceilings(result, record_bytes=1_000_000, moe_layers=10, top_k=4)
+    assert "decode_ceiling_tokens_per_s" not in decode  # no fixed row, no step given: no ceiling claimed
+    _add_ceilings(result, record_bytes=1_000_000, moe_layers=10, top_k=4, gpu_step=0.01)
+    # 20 missed records = 20 MB a token over 1 GB/s: 20 ms, slower than the 10 ms step
+    assert decode["decode_ceiling_tokens_per_s"] == pytest.approx(50.0)
+    assert decode["decode_vs_ceiling"] == pytest.approx(0.4) and result["gpu_step_source"].startswith("given")

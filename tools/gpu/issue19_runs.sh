@@ -1,43 +1,72 @@
 #!/bin/bash
-# The GPU measurements of issue 19 on the real nvidia layout with forced routing, in parts that each fit one
-# 10-minute device call:
-#   tests    GPU tests: forced routing through captured graphs, the measured reserve, auto's trial (pageable
-#            too), the worst-case routings at 4/8/12gb on the full-size model (about 8 minutes)
-#   4gb|8gb|12gb  one preset: prompts 512, 4,096, 16,384 and the preset's guarantee, decode 128, routings
-#            uniform, locality and fixed (the GPU's own step, for the combined ceiling), every backend
-#   pageable the field report's case at 4gb: records pageable, 8 CPU threads, every backend and auto
-# Run from the repository root on a CUDA machine, e.g. `bash tools/gpu/issue19_runs.sh tests`; results go to $OUT
-# (default ./gpu-results).
+# The GPU measurements of issues 19 and 20 on the real nvidia layout with forced routing, in parts that run
+# back to back within 10-minute device calls:
+#   quick     GPU tests: the runtime, forced routing through captured graphs, the measured reserve, auto's
+#             trial; and `plan` on this card (the measured reserve)
+#   worst     the measured reserve, the worst-case routings (same, distinct, uniform) at 4/8/12gb on the
+#             full-size model, and the 100-turn soak at 4gb (gpu_tests/test_gpu_reserve.py,
+#             test_forced_routing.py, test_soak.py)
+#   4gb|8gb|12gb  one preset: prompts 4,096 (then decode 128), 512, 16,384 and the preset's guarantee,
+#             routings uniform, locality and fixed (the GPU's own step, for the combined ceiling), every
+#             backend. 4gb's cache cannot hold a fixed step's 320 experts: it takes the GPU step from an
+#             earlier part of the same call (12gb or 8gb)
+#   pageable  the field report's case at 4gb: records pageable, 8 CPU threads, every backend and auto
+# Run from the repository root on a CUDA machine, e.g. `bash tools/gpu/issue19_runs.sh 12gb 4gb`; results go
+# to $OUT (default ./gpu-results).
 set -u
 OUT=${OUT:-gpu-results}
 mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD
+MODEL=qwen3.6-35b-a3b-nvfp4
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | tee "$OUT/gpu.txt"
 
 guarantee() {  # the preset's guaranteed prompt on this GPU (measured reserve)
-    python3 -m engine plan --synthetic qwen3.6-35b-a3b-nvfp4 --preset "$1" --json \
+    python3 -m engine plan --synthetic "$MODEL" --preset "$1" --json \
         | python3 -c 'import json, sys; print(json.load(sys.stdin)["max_prompt_tokens"])'
+}
+
+gpu_step_ms() {  # the GPU's own step an earlier part of this call measured, if any
+    for f in "$OUT"/bench_12gb.json "$OUT"/bench_8gb.json; do
+        [ -s "$f" ] && python3 -c 'import json, sys; r = json.load(open(sys.argv[1]))
+if "gpu_step_seconds" in r: print("--gpu-step-ms", 1e3 * r["gpu_step_seconds"])' "$f" && return
+    done
 }
 
 bench() {  # name, time limit, options
     local name=$1 limit=$2; shift 2
-    timeout "$limit" python3 -m engine bench --synthetic qwen3.6-35b-a3b-nvfp4 --json "$@" \
+    local started=$SECONDS
+    timeout "$limit" python3 -m engine bench --synthetic "$MODEL" --json "$@" \
         > "$OUT/bench_$name.json" 2> "$OUT/bench_$name.err"
-    echo "bench $name rc=$?"; grep '^bench' "$OUT/bench_$name.err" | cut -c1-300
+    echo "bench $name rc=$? in $((SECONDS - started)) s"; grep -v '^bench: ' "$OUT/bench_$name.err" | tail -3
+    python3 tools/gpu/summarise.py "$OUT/bench_$name.json" "$OUT/bench_$name.err"
 }
 
 for part in "$@"; do
     case "$part" in
-        tests)
-            timeout 560 python3 -m pytest -q -p no:cacheprovider --durations=8 gpu_tests > "$OUT/gpu_tests.txt" 2>&1
-            echo "gpu_tests rc=$?"; tail -20 "$OUT/gpu_tests.txt" ;;
+        quick)
+            timeout 200 python3 -m pytest -q -p no:cacheprovider --durations=6 gpu_tests/test_gpu_runtime.py \
+                gpu_tests/test_gpu_reserve.py gpu_tests/test_forced_routing.py -k "not worst_case" \
+                > "$OUT/gpu_tests_quick.txt" 2>&1
+            echo "gpu_tests quick rc=$?"; tail -12 "$OUT/gpu_tests_quick.txt"
+            python3 -m engine plan --synthetic "$MODEL" --preset 4gb | tee "$OUT/plan_4gb.txt" | head -12 ;;
+        worst)
+            timeout 230 python3 -m pytest -q -p no:cacheprovider --durations=6 -s gpu_tests/test_gpu_reserve.py \
+                "gpu_tests/test_forced_routing.py::test_worst_case_routing_stays_within_the_preset" \
+                > "$OUT/gpu_tests_worst.txt" 2>&1
+            echo "gpu_tests worst rc=$?"; tail -8 "$OUT/gpu_tests_worst.txt"
+            timeout 330 python3 -m pytest -q -p no:cacheprovider --durations=3 -s gpu_tests/test_soak.py \
+                > "$OUT/gpu_tests_soak.txt" 2>&1
+            echo "gpu_tests soak rc=$?"; tail -8 "$OUT/gpu_tests_soak.txt" ;;
         4gb|8gb|12gb)
-            bench "$part" 560 --preset "$part" --prompt-tokens "512,4096,16384,$(guarantee "$part")" \
-                --decode-tokens 128 --decode-inputs random --routing uniform,locality,fixed \
-                --expert-backends offload,cpu,hybrid,auto ;;
+            # shellcheck disable=SC2046  # the step's flag and value are two words
+            bench "$part" "${LIMIT:-280}" --preset "$part" --prompt-tokens "4096,512,16384,$(guarantee "$part")" \
+                --decode-after 4096 --decode-tokens 128 --decode-inputs random --routing uniform,locality,fixed \
+                --expert-backends offload,cpu,hybrid,auto $(gpu_step_ms) ;;
         pageable)
-            bench pageable 560 --preset 4gb --prompt-tokens 4096 --decode-tokens 64 --decode-inputs random \
-                --routing uniform,locality --pageable --cpu-threads 8 --expert-backends auto,cpu,hybrid,offload ;;
+            # shellcheck disable=SC2046
+            bench pageable "${LIMIT:-200}" --preset 4gb --prompt-tokens 4096 --decode-tokens 64 --decode-inputs random \
+                --routing uniform,locality --pageable --cpu-threads 8 --expert-backends auto,cpu,hybrid,offload \
+                $(gpu_step_ms) ;;
         *) echo "unknown part $part" ;;
     esac
 done
