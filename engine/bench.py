@@ -212,8 +212,13 @@ def _add_ceilings(result: dict, record_bytes: int, moe_layers: int, top_k: int,
         for backend, decode in (row.get("decode_by_backend") or {None: row}).items():
             if "decode_expert_cache_hit_rate" not in decode:
                 continue
-            misses = (1.0 - decode["decode_expert_cache_hit_rate"]) * moe_layers * top_k * record_bytes
+            # the cpu backend counts the experts it computes as hits of the GPU cache; they are still read from
+            # host memory, so what the CPU computed counts as missed bytes too
+            missed = max(1.0 - decode["decode_expert_cache_hit_rate"], decode.get("decode_cpu_expert_share", 0.0))
+            misses = missed * moe_layers * top_k * record_bytes
             used = backend or result["expert_backend"]
+            if used == "auto":  # paced by the backend its trial chose
+                used = decode.get("decode_auto_trial", {}).get("chosen", used)
             ceiling = decode_ceiling(misses, gpu_step, pcie, cpu, used)
             decode["decode_ceiling_tokens_per_s"] = ceiling
             decode["decode_vs_ceiling"] = decode["decode_tokens_per_s"] / ceiling

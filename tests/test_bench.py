@@ -153,3 +153,24 @@ def test_a_given_gpu_step_sets_the_ceilings_where_no_fixed_row_could():
     # 20 missed records = 20 MB a token over 1 GB/s: 20 ms, slower than the 10 ms step
     assert decode["decode_ceiling_tokens_per_s"] == pytest.approx(50.0)
     assert decode["decode_vs_ceiling"] == pytest.approx(0.4) and result["gpu_step_source"].startswith("given")
+
+
+def test_experts_the_cpu_computes_count_as_read_bytes_in_the_cpu_ceiling():
+    """The cpu backend reports a GPU-cache hit rate of 1 (it computes the misses itself), yet it reads those
+    experts from host memory: its ceiling counts them."""
+    from engine.bench import _add_ceilings
+    decode = {"decode_tokens_per_s": 20.0, "decode_expert_cache_hit_rate": 1.0, "decode_cpu_expert_share": 0.5}
+    result = {"expert_link_bytes_per_s": 1e9, "expert_backend": "cpu", "calibration": {"cpu_bytes_per_s": 1e9},
+              "runs": [{"routing": "uniform", "decode_by_backend": {"cpu": decode}}]}
+    _add_ceilings(result, record_bytes=1_000_000, moe_layers=10, top_k=4, gpu_step=0.001)
+    assert decode["decode_ceiling_tokens_per_s"] == pytest.approx(50.0)  # 20 MB at 1 GB/s: 20 ms
+
+
+def test_auto_is_held_to_the_ceiling_of_the_backend_it_chose():
+    from engine.bench import _add_ceilings
+    decode = {"decode_tokens_per_s": 20.0, "decode_expert_cache_hit_rate": 1.0, "decode_cpu_expert_share": 0.5,
+              "decode_auto_trial": {"chosen": "cpu"}}
+    result = {"expert_link_bytes_per_s": 4e9, "expert_backend": "auto", "calibration": {"cpu_bytes_per_s": 1e9},
+              "runs": [{"routing": "uniform", "decode_by_backend": {"auto": decode}}]}
+    _add_ceilings(result, record_bytes=1_000_000, moe_layers=10, top_k=4, gpu_step=0.001)
+    assert decode["decode_ceiling_tokens_per_s"] == pytest.approx(50.0)  # the CPU's 1 GB/s, not the link's 4
