@@ -163,20 +163,21 @@ def _mtp(w: _LayoutWalk, c: ModelConfig, layers: int, build: Build) -> None:
         _decoder_layer(w, c, f"mtp.layers.{i}", "full_attention", True, build)
 
 
-def _vision(w: _LayoutWalk, vision: dict) -> None:
-    """The Qwen3.5/3.6 vision tower (ViT blocks and the patch merger); a text-only engine skips it."""
+def vision_tensors(vision: dict) -> list[tuple[str, tuple[int, ...], str]]:
+    """Lists the Qwen3.5/3.6 vision tower's tensors (ViT blocks and the patch merger) in checkpoint order, as
+    (name, shape, kind), kind one of "linear" (a weight), "bias", "norm" (a norm's weight) and "embed"."""
     hidden, inter, out = vision["hidden_size"], vision["intermediate_size"], vision["out_hidden_size"]
     merged = hidden * vision["spatial_merge_size"] ** 2
     patch = vision["patch_size"]
+    tensors = [("model.visual.patch_embed.proj.weight",
+                (hidden, vision["in_channels"], vision["temporal_patch_size"], patch, patch), "embed"),
+               ("model.visual.patch_embed.proj.bias", (hidden,), "bias"),
+               ("model.visual.pos_embed.weight", (vision["num_position_embeddings"], hidden), "embed")]
 
     def linear_with_bias(module: str, out_features: int, in_features: int) -> None:
-        w.linear(module, out_features, in_features, BF16)
-        w.plain(f"{module}.bias", out_features)
+        tensors.extend([(f"{module}.weight", (out_features, in_features), "linear"),
+                        (f"{module}.bias", (out_features,), "bias")])
 
-    w.plain("model.visual.patch_embed.proj.weight", hidden, vision["in_channels"], vision["temporal_patch_size"],
-            patch, patch)
-    w.plain("model.visual.patch_embed.proj.bias", hidden)
-    w.plain("model.visual.pos_embed.weight", vision["num_position_embeddings"], hidden)
     for b in range(vision["depth"]):
         block = f"model.visual.blocks.{b}"
         linear_with_bias(f"{block}.attn.qkv", 3 * hidden, hidden)
@@ -184,12 +185,21 @@ def _vision(w: _LayoutWalk, vision: dict) -> None:
         linear_with_bias(f"{block}.mlp.linear_fc1", inter, hidden)
         linear_with_bias(f"{block}.mlp.linear_fc2", hidden, inter)
         for norm in ("norm1", "norm2"):
-            w.plain(f"{block}.{norm}.weight", hidden)
-            w.plain(f"{block}.{norm}.bias", hidden)
+            tensors.extend([(f"{block}.{norm}.weight", (hidden,), "norm"), (f"{block}.{norm}.bias", (hidden,), "bias")])
     linear_with_bias("model.visual.merger.linear_fc1", merged, merged)
     linear_with_bias("model.visual.merger.linear_fc2", out, merged)
-    w.plain("model.visual.merger.norm.weight", hidden)
-    w.plain("model.visual.merger.norm.bias", hidden)
+    tensors.extend([("model.visual.merger.norm.weight", (hidden,), "norm"),
+                    ("model.visual.merger.norm.bias", (hidden,), "bias")])
+    return tensors
+
+
+def _vision(w: _LayoutWalk, vision: dict) -> None:
+    """The vision tower's tensors in the layout; a text-only engine skips them."""
+    for name, shape, kind in vision_tensors(vision):
+        if kind == "linear":
+            w.linear(name.removesuffix(".weight"), *shape, BF16)
+        else:
+            w.plain(name, *shape)
 
 
 def walk_layout(config_json: dict, build: Build, block: tuple[int, int] = (128, 128)) -> _LayoutWalk:

@@ -192,30 +192,13 @@ def _write_mtp_and_vision(w: _Writer, text: dict) -> None:
         w.plain(f"mtp.{norm}.weight", w.randn(hidden, std=0.1))
     for i in range(text.get("mtp_num_hidden_layers", 0)):
         _write_layer(w, text, f"mtp.layers.{i}", "full_attention", True, plain_fmt, plain_fmt, True)
-    v = VISION
-    size, inner, merged = v["hidden_size"], v["intermediate_size"], v["hidden_size"] * v["spatial_merge_size"] ** 2
-
-    def with_bias(module: str, out_features: int, in_features: int) -> None:
-        w.plain(f"{module}.weight", w.randn(out_features, in_features, std=in_features ** -0.5))
-        w.plain(f"{module}.bias", w.randn(out_features, std=0.02))
-
-    w.plain("model.visual.patch_embed.proj.weight", w.randn(size, v["in_channels"], v["temporal_patch_size"],
-                                                            v["patch_size"], v["patch_size"], std=0.02))
-    w.plain("model.visual.patch_embed.proj.bias", w.randn(size, std=0.02))
-    w.plain("model.visual.pos_embed.weight", w.randn(v["num_position_embeddings"], size, std=0.02))
-    for b in range(v["depth"]):
-        block = f"model.visual.blocks.{b}"
-        with_bias(f"{block}.attn.qkv", 3 * size, size)
-        with_bias(f"{block}.attn.proj", size, size)
-        with_bias(f"{block}.mlp.linear_fc1", inner, size)
-        with_bias(f"{block}.mlp.linear_fc2", size, inner)
-        for norm in ("norm1", "norm2"):
-            w.plain(f"{block}.{norm}.weight", 1.0 + w.randn(size, std=0.1))
-            w.plain(f"{block}.{norm}.bias", w.randn(size, std=0.02))
-    with_bias("model.visual.merger.linear_fc1", merged, merged)
-    with_bias("model.visual.merger.linear_fc2", v["out_hidden_size"], merged)
-    w.plain("model.visual.merger.norm.weight", 1.0 + w.randn(size, std=0.1))
-    w.plain("model.visual.merger.norm.bias", w.randn(size, std=0.02))
+    from engine.synthetic import vision_tensors  # here: engine.synthetic builds its tiny model from this module
+    laws = {"linear": lambda shape: w.randn(*shape, std=shape[1] ** -0.5),
+            "bias": lambda shape: w.randn(*shape, std=0.02),
+            "norm": lambda shape: 1.0 + w.randn(*shape, std=0.1),
+            "embed": lambda shape: w.randn(*shape, std=0.02)}
+    for name, shape, kind in vision_tensors(VISION):
+        w.plain(name, laws[kind](shape))
 
 
 def _write_gated_deltanet(w: _Writer, text: dict, prefix: str, fmt: str) -> None:
