@@ -76,7 +76,7 @@ class EngineWorker(QObject):
     def load(self, path: str, options: dict) -> None:
         from engine.errors import CheckpointError
         from engine.runtime.placement import load_placed
-        from engine.runtime.session import ChatSession
+        from engine.runtime.session import DEFAULT_MAX_SNAPSHOTS, ChatSession
         from engine.runtime.tokenizer import ChatTokenizer
 
         self.loadStarted.emit(path)
@@ -108,12 +108,15 @@ class EngineWorker(QObject):
             if placement.plan is not None:  # the plan fixes the KV cache and the prefill chunk on the GPU
                 context = min(context, placement.plan.kv_tokens)
                 session_options["prefill_chunk_tokens"] = placement.plan.prefill_chunk_tokens
-            self.session = ChatSession(model, tokenizer, context_tokens=context, **session_options)
+            snapshots = int(options.get("turn_snapshots") or DEFAULT_MAX_SNAPSHOTS)
+            self.session = ChatSession(model, tokenizer, context_tokens=context, max_snapshots=snapshots,
+                                       **session_options)
             self.model_info = {
                 "name": Path(path).name, "path": str(path), "model_type": config.model_type,
                 "layers": config.num_hidden_layers, "experts": config.num_experts,
                 "experts_per_token": config.num_experts_per_tok, "vocab_size": config.vocab_size,
                 "context_tokens": context, "max_context_tokens": config.max_position_embeddings,
+                "snapshot_bytes": self.session.snapshot_bytes,
                 "placement": placement.to_dict(), **model.expert_executor.host_report,
             }
             pinned = self.model_info.get("pinned_expert_bytes")

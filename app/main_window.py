@@ -147,14 +147,17 @@ class MainWindow(QMainWindow):
         self.model_label.setText(f"{info['name']}\n{info['model_type']}, {info['context_tokens']:,} tokens, {where}")
         self.model_label.setToolTip(placement.get("note", ""))
         self.engine_page.set_model_folder(Path(info["path"]))
+        self.settings_page.set_model(info)
         self.modelReady.emit(info)
 
     def _on_unloaded(self) -> None:
         self.model_info = None
+        self.settings_page.set_model(None)
         self.model_label.setText("No model loaded")
 
     def _on_load_failed(self, message: str) -> None:
         self.load_error = message
+        self.settings_page.set_model(None)
         self.model_label.setText("No model loaded")
         self.modelFailed.emit(message)
 

@@ -12,6 +12,7 @@ from PySide6.QtCore import QSettings
 
 from engine.experts.split import BACKENDS
 from engine.runtime.sampling import SamplingParams
+from engine.runtime.session import DEFAULT_MAX_SNAPSHOTS
 
 log = logging.getLogger(__name__)
 
@@ -23,6 +24,7 @@ DEFAULTS = {
     "context_tokens": 8192,
     "sampling": {},  # overrides of the model's generation_config.json (temperature, top_p, ...)
     "enable_thinking": True,
+    "turn_snapshots": DEFAULT_MAX_SNAPSHOTS,  # restore points a chat keeps for regenerate and edit
     "theme": "light",  # light | dark
     "model_folders": [],  # folders the user added with "Open folder…"
     "last_model": "",  # "" means the built-in demo model
@@ -40,6 +42,7 @@ MIN_CONTEXT_TOKENS = 2048
 MAX_CONTEXT_TOKENS = 262144  # the longest context of the models MoE Desk runs
 PRESETS = ("4gb", "8gb", "12gb", "auto", "custom")
 THEME_NAMES = ("light", "dark")
+MAX_TURN_SNAPSHOTS = 64  # each is a copy of the model's recurrent state in host RAM
 
 
 def _whole(value, low: int, high: float = math.inf) -> bool:
@@ -81,6 +84,7 @@ CHECKS = {
                        f"a whole number of tokens from {MIN_CONTEXT_TOKENS} to {MAX_CONTEXT_TOKENS}"),
     "sampling": (_sampling, "sampling settings the engine accepts"),
     "enable_thinking": (lambda v: isinstance(v, bool), "true or false"),
+    "turn_snapshots": (lambda v: _whole(v, 1, MAX_TURN_SNAPSHOTS), f"a whole number from 1 to {MAX_TURN_SNAPSHOTS}"),
     "theme": (lambda v: v in THEME_NAMES, f"one of {', '.join(THEME_NAMES)}"),
     "model_folders": (_strings, "a list of folders"),
     "last_model": (lambda v: isinstance(v, str), "a folder"),
@@ -103,7 +107,8 @@ def max_cpu_threads() -> int:
 def load_options(settings: "AppSettings") -> dict:
     """What the engine worker needs to open a model, from the settings."""
     return {key: settings.get(key) for key in ("context_tokens", "cpu_threads", "preset", "vram_gib",
-                                               "custom_plan", "pin_budget_gib", "expert_backend")}
+                                               "custom_plan", "pin_budget_gib", "expert_backend",
+                                               "turn_snapshots")}
 
 
 class AppSettings:

@@ -24,6 +24,7 @@ from app.widgets.plan_bar import PlanBar
 from engine.experts.split import BACKENDS
 from engine.runtime import reserve
 from engine.runtime.planner import GIB, footprint_from_synthetic, plan_memory
+from engine.runtime.session import DEFAULT_MAX_SNAPSHOTS
 from engine.testing.tiny_checkpoints import write_tiny_checkpoint
 
 SYNTHETIC = "qwen3.6-35b-a3b-nvfp4"
@@ -466,6 +467,35 @@ def test_settings_page_expert_backend_and_cpu_threads_reach_the_load_options(qtb
     assert edited.backend_combo.currentData() == "auto"
 
 
+def test_settings_page_restore_points_reach_the_load_options_and_say_their_cost(qtbot, settings):
+    page = SettingsPage(settings)
+    qtbot.addWidget(page)
+    assert page.snapshots_spin.value() == DEFAULT_MAX_SNAPSHOTS == load_options(settings)["turn_snapshots"]
+    assert "61 MiB for Qwen3.6-35B-A3B" in page.snapshots_cost.text()  # no model loaded: the cost in general
+
+    page.snapshots_spin.setValue(64)
+    assert settings.get("turn_snapshots") == 64 == load_options(settings)["turn_snapshots"]
+    page.snapshots_spin.setValue(page.snapshots_spin.minimum() - 1)  # the control holds no invalid value
+    assert settings.get("turn_snapshots") == 1
+    page.set_model({"name": "<b>Qwen3.6-35B-A3B</b>", "snapshot_bytes": 61 * 2**20})
+    assert page.snapshots_cost.text().startswith("1 × 61.0 MiB = 61.0 MiB of host RAM for <b>Qwen3.6-35B-A3B</b>.")
+    page.snapshots_spin.setValue(4)
+    assert page.snapshots_cost.text().startswith("4 × 61.0 MiB = 244.0 MiB of host RAM")
+    assert page.snapshots_cost.textFormat() == Qt.TextFormat.PlainText  # a folder's name is never markup
+    page.set_model({"name": "Qwen3-30B-A3B", "snapshot_bytes": 0})
+    assert page.snapshots_cost.text().startswith("Qwen3-30B-A3B has no recurrent layers")
+    page.set_model(None)
+    assert "61 MiB for Qwen3.6-35B-A3B" in page.snapshots_cost.text()
+
+    reopened = SettingsPage(settings)
+    qtbot.addWidget(reopened)
+    assert reopened.snapshots_spin.value() == 4
+    settings._store.setValue("turn_snapshots", "1000")  # a hand-edited store: the page and the load agree
+    edited = SettingsPage(settings)
+    qtbot.addWidget(edited)
+    assert edited.snapshots_spin.value() == DEFAULT_MAX_SNAPSHOTS == load_options(settings)["turn_snapshots"]
+
+
 def test_logs_page_filters_and_copies_diagnostics(qtbot, worker):
     page = LogsPage(worker)
     qtbot.addWidget(page)
@@ -526,6 +556,8 @@ def test_the_library_scan_never_blocks_the_gui_thread(qtbot, worker, settings, m
     ("sampling", '{"bogus": 1}'), ("sampling", "[]"),
     ("enable_thinking", '"yes"'), ("model_folders", '"/one/folder"'), ("model_folders", "[1]"),
     ("last_model", "{}"), ("hub_offline", "1"), ("download_folder", "{not json"),
+    ("turn_snapshots", "0"), ("turn_snapshots", "65"), ("turn_snapshots", "4.0"), ("turn_snapshots", '"8"'),
+    ("turn_snapshots", "true"),
 ])
 def test_a_bad_stored_setting_reads_as_its_default_with_one_warning(settings, key, stored):
     from app.settings import DEFAULTS
@@ -539,6 +571,7 @@ def test_a_bad_stored_setting_reads_as_its_default_with_one_warning(settings, ke
 
 @pytest.mark.parametrize("key, stored, value", [
     ("context_tokens", "32768", 32768), ("cpu_threads", "1", 1), ("vram_gib", "6", 6),
+    ("turn_snapshots", "1", 1), ("turn_snapshots", "64", 64),
     ("sampling", '{"temperature": 0.5, "seed": 7}', {"temperature": 0.5, "seed": 7}),
     ("custom_plan", '{"expert_cache_layers": 2, "prefill_overlap": true, "prefill_chunk_tokens": 128, '
                     '"kv_tokens": 4096}',

@@ -38,6 +38,7 @@ def test_qt_binding_does_not_leak_none(qtbot):
 def test_window_loads_the_model_and_pages_switch(qtbot, tmp_path, settings, model_folder):
     window = open_window(qtbot, ConversationStore(tmp_path / "c.sqlite3"), settings, model_folder)
     assert model_folder.name in window.model_label.text()
+    assert f"of host RAM for {model_folder.name}." in window.settings_page.snapshots_cost.text()  # what it costs
     for name in ("Models", "Engine", "Logs", "Settings", "Chat"):
         window.show_page(name)
         assert window.pages.currentIndex() == ["Chat", "Models", "Engine", "Logs", "Settings"].index(name)

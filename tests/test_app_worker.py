@@ -1,7 +1,7 @@
-"""The EngineWorker's load, its slot called directly on the test's thread: the expert backend and CPU threads from
-the settings reach the engine, a backend that cannot run is refused in words, the backend that runs is logged, a
-loaded model is frozen out of the garbage collector's passes until it is dropped, and the runtime reserve is measured
-on a usable GPU and the reference card's estimate otherwise."""
+"""The EngineWorker's load, its slot called directly on the test's thread: the expert backend, CPU threads and restore
+points from the settings reach the engine, a backend that cannot run is refused in words, the backend that runs is
+logged, a loaded model is frozen out of the garbage collector's passes until it is dropped, and the runtime reserve is
+measured on a usable GPU and the reference card's estimate otherwise."""
 
 import gc
 import weakref
@@ -15,6 +15,7 @@ from engine.experts.split import BackendTrial, Calibration
 from engine.loader import load_model
 from engine.runtime import placement, reserve
 from engine.runtime.planner import DEFAULT_RESERVE_SOURCE, DEFAULT_RUNTIME_RESERVE_BYTES
+from engine.runtime.session import DEFAULT_MAX_SNAPSHOTS
 
 ONE_LAYER_OF_SLOTS = 8  # the tiny model has 8 experts in each of its 4 MoE layers
 
@@ -73,6 +74,17 @@ def test_the_settings_reach_load_placed(settings, folder, loads):
     worker.load(str(folder), load_options(settings))
     assert loads[-1] == {"pin_budget_bytes": 2**29, "expert_backend": "offload", "cpu_threads": 1}
     assert len(seen["loaded"]) == 2 and backend_lines(seen)[-1] == "expert backend: offload"
+
+
+def test_the_session_keeps_the_restore_points_the_settings_ask_for(settings, folder, cpu_only):
+    worker = EngineWorker()
+    worker.load(str(folder), load_options(settings))
+    assert worker.session.max_snapshots == DEFAULT_MAX_SNAPSHOTS
+
+    settings.set("turn_snapshots", 3)
+    worker.load(str(folder), load_options(settings))
+    assert worker.session.max_snapshots == 3
+    assert worker.model_info["snapshot_bytes"] == worker.session.snapshot_bytes > 0  # the Settings page's cost
 
 
 def test_a_gpu_backend_that_does_not_fit_is_refused_in_words(settings, folder, loads):

@@ -205,6 +205,15 @@ def test_restore_points_are_kept_in_host_memory_and_bounded(model, tokenizer):
         ChatSession(model, tokenizer, context_tokens=4096, max_snapshots=0)
 
 
+def test_snapshot_bytes_is_what_a_restore_point_copies(model, tokenizer, tiny_checkpoint):
+    """The size the Settings page shows per restore point: the recurrent states a snapshot copies, none without."""
+    session = ChatSession(model, tokenizer, context_tokens=4096, sampling=SHORT)
+    list(session.send("One"))
+    copied = [saved for saved in session._boundaries[-1].snapshot.layers if not isinstance(saved, int)]
+    assert copied and session.snapshot_bytes == sum(s.conv.nbytes + s.recurrent.nbytes for s in copied)
+    assert engine.load_model(tiny_checkpoint("qwen3_moe", "bf16")).new_state(4096).snapshot_bytes == 0
+
+
 def test_saved_history_is_prefilled_with_the_next_message(tokenizer):
     model, session = scripted(tokenizer, text="Fine.", enable_thinking=False)
     history = [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Hello!"}]

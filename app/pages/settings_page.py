@@ -1,4 +1,5 @@
-"""The Settings page: sampling defaults, thinking, context size, CPU threads, pinned RAM, expert backend and theme.
+"""The Settings page: sampling defaults, thinking, context size, restore points, CPU threads, pinned RAM, expert
+backend and theme.
 
 Sampling fields are free text, blank meaning "the model's own default" (its generation_config.json),
 so only what the user typed is stored and a model's recommended values win otherwise. They are
@@ -14,7 +15,7 @@ from PySide6.QtWidgets import (QCheckBox, QComboBox, QDoubleSpinBox, QFormLayout
                                QLineEdit, QPushButton, QSpinBox, QVBoxLayout, QWidget)
 
 from app import system_info
-from app.settings import MAX_CONTEXT_TOKENS, MIN_CONTEXT_TOKENS, max_cpu_threads
+from app.settings import MAX_CONTEXT_TOKENS, MAX_TURN_SNAPSHOTS, MIN_CONTEXT_TOKENS, max_cpu_threads
 from engine.runtime.sampling import MAX_SEED, SamplingParams
 
 # (settings key = SamplingParams field, label, type, placeholder)
@@ -46,6 +47,20 @@ EXPERT_BACKENDS = (
                                       "moving the split so both finish together. Helps when the two paths are about "
                                       "as fast. The CPU's threads stay busy while a reply is written."),
 )
+
+
+def snapshot_cost(count: int, model_info: dict | None) -> str:
+    """Say what `count` restore points take in host RAM: for the loaded model when its size is known."""
+    per = (model_info or {}).get("snapshot_bytes")
+    if per is None:
+        cost = ("Each holds a copy of the model's recurrent (Gated DeltaNet) state in host RAM: 61 MiB for "
+                "Qwen3.6-35B-A3B, none for models without such layers.")
+    elif per == 0:
+        cost = f"{model_info['name']} has no recurrent layers, so its restore points take no host RAM."
+    else:
+        cost = (f"{count} × {system_info.format_bytes(per)} = {system_info.format_bytes(count * per)} of host RAM "
+                f"for {model_info['name']}.")
+    return cost + " Applies when a model is loaded; an edit further back prefills the chat again."
 
 
 def parse_sampling(texts: dict[str, str]) -> dict:
@@ -116,6 +131,15 @@ class SettingsPage(QWidget):
         self.context_spin.setValue(int(settings.get("context_tokens")))
         self.context_spin.setToolTip("Used when a model is loaded; capped at the model's own maximum.")
         self.context_spin.valueChanged.connect(lambda n: settings.set("context_tokens", n))
+        self.model_info: dict | None = None  # the loaded model's, for what restore points cost
+        self.snapshots_spin = QSpinBox()
+        self.snapshots_spin.setRange(1, MAX_TURN_SNAPSHOTS)
+        self.snapshots_spin.setValue(int(settings.get("turn_snapshots")))
+        self.snapshots_spin.valueChanged.connect(self._on_snapshots_changed)
+        self.snapshots_cost = QLabel()
+        self.snapshots_cost.setTextFormat(Qt.TextFormat.PlainText)  # the model folder's name is data
+        self.snapshots_cost.setWordWrap(True)
+        self.set_model(None)
         self.threads_spin = QSpinBox()
         self.threads_spin.setRange(0, max_cpu_threads())
         self.threads_spin.setSpecialValueText("physical cores")
@@ -150,6 +174,8 @@ class SettingsPage(QWidget):
         engine_box = QGroupBox("Engine")
         engine_form = QFormLayout(engine_box)
         engine_form.addRow("Context size", self.context_spin)
+        engine_form.addRow("Restore points kept for regenerate and edit", self.snapshots_spin)
+        engine_form.addRow(self.snapshots_cost)
         engine_form.addRow("CPU threads", self.threads_spin)
         engine_form.addRow("Pinned-RAM budget", self.pin_spin)
         engine_form.addRow("Expert backend", self.backend_combo)
@@ -170,6 +196,15 @@ class SettingsPage(QWidget):
         about_row.addStretch(1)
         layout.addLayout(about_row)
         layout.addStretch(1)
+
+    def set_model(self, info: dict | None) -> None:
+        """Show what restore points cost for the loaded model (`info` from the worker), or in general for None."""
+        self.model_info = info
+        self.snapshots_cost.setText(snapshot_cost(self.snapshots_spin.value(), info))
+
+    def _on_snapshots_changed(self, count: int) -> None:
+        self.settings.set("turn_snapshots", count)
+        self.set_model(self.model_info)
 
     def save_sampling(self) -> bool:
         """Check and store the sampling fields; on a bad value say which and why, and store nothing."""

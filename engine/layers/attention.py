@@ -44,6 +44,8 @@ class KVCache:
     def snapshot(self) -> int:
         return self.length
 
+    snapshot_bytes = 0  # a snapshot is the length alone: the cache only grows, so nothing is copied
+
     def restore(self, length: int) -> None:
         self.length = length
 

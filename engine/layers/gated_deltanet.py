@@ -27,6 +27,11 @@ class DeltaNetState:
         (ordered on the current stream, before the next step changes the state)."""
         return DeltaNetState(_to_host(self.conv), _to_host(self.recurrent))
 
+    @property
+    def snapshot_bytes(self) -> int:
+        """Host RAM one snapshot of this state takes: both tensors, copied whole."""
+        return self.conv.nbytes + self.recurrent.nbytes
+
     def restore(self, saved: DeltaNetState) -> None:
         self.conv.copy_(saved.conv, non_blocking=True)
         self.recurrent.copy_(saved.recurrent, non_blocking=True)

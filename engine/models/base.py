@@ -50,6 +50,11 @@ class ModelState:
         states are fixed-size and copied."""
         return StateSnapshot(self.position, [s.snapshot() for s in self.layers])
 
+    @property
+    def snapshot_bytes(self) -> int:
+        """Sum the host RAM one snapshot() takes: the recurrent states' copies."""
+        return sum(s.snapshot_bytes for s in self.layers)
+
     def restore(self, snapshot: StateSnapshot) -> None:
         """Back to `snapshot`; snapshots taken after it are invalid once new tokens are fed."""
         for layer_state, saved in zip(self.layers, snapshot.layers):

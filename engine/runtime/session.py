@@ -98,6 +98,11 @@ class ChatSession:
     def context_used(self) -> int:
         return self._state.position
 
+    @property
+    def snapshot_bytes(self) -> int:
+        """Host RAM one restore point takes: what the model state's snapshot copies."""
+        return self._state.snapshot_bytes
+
     # ---- turns ----------------------------------------------------------------------------------
 
     def send(self, text: str, sampling: SamplingParams | None = None) -> Iterator:
