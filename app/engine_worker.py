@@ -76,6 +76,7 @@ class EngineWorker(QObject):
     def load(self, path: str, options: dict) -> None:
         from engine.errors import CheckpointError
         from engine.runtime.placement import load_placed
+        from engine.runtime.planner import footprint_from_checkpoint
         from engine.runtime.session import DEFAULT_MAX_SNAPSHOTS, ChatSession
         from engine.runtime.tokenizer import ChatTokenizer
 
@@ -117,6 +118,8 @@ class EngineWorker(QObject):
                 "experts_per_token": config.num_experts_per_tok, "vocab_size": config.vocab_size,
                 "context_tokens": context, "max_context_tokens": config.max_position_embeddings,
                 "snapshot_bytes": self.session.snapshot_bytes,
+                # read here, off the GUI thread: the Engine page plans with it (an immutable value)
+                "footprint": footprint_from_checkpoint(Path(path)),
                 "placement": placement.to_dict(), **model.expert_executor.host_report,
             }
             pinned = self.model_info.get("pinned_expert_bytes")

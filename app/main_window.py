@@ -146,7 +146,7 @@ class MainWindow(QMainWindow):
         where = "GPU" if placement.get("device") == "cuda" else "CPU"
         self.model_label.setText(f"{info['name']}\n{info['model_type']}, {info['context_tokens']:,} tokens, {where}")
         self.model_label.setToolTip(placement.get("note", ""))
-        self.engine_page.set_model_folder(Path(info["path"]))
+        self.engine_page.set_model_footprint(info["footprint"])
         self.settings_page.set_model(info)
         self.modelReady.emit(info)
 

@@ -23,7 +23,7 @@ from app.widgets.gauges import Sparkline, SystemFooter
 from app.widgets.plan_bar import PlanBar
 from engine.experts.split import BACKENDS
 from engine.runtime import reserve
-from engine.runtime.planner import GIB, footprint_from_synthetic, plan_memory
+from engine.runtime.planner import GIB, footprint_from_checkpoint, footprint_from_synthetic, plan_memory
 from engine.runtime.session import DEFAULT_MAX_SNAPSHOTS
 from engine.testing.tiny_checkpoints import write_tiny_checkpoint
 
@@ -226,7 +226,7 @@ def test_a_gpu_whose_reserve_could_not_be_measured_shows_the_formula_as_an_estim
 
 def test_engine_page_plans_for_the_loaded_model(engine_page, tiny_model):
     engine_page.set_preset("4gb")
-    engine_page.set_model_folder(tiny_model)
+    engine_page.set_model_footprint(footprint_from_checkpoint(tiny_model))
     assert engine_page.plan()["model"] == "m"
     assert "the loaded model" in engine_page.model_label.text()
     assert engine_page.custom_editor.layers_spin.maximum() == 4  # the tiny model's MoE layers

@@ -220,3 +220,10 @@ def test_a_gpu_that_cannot_be_read_leaves_the_estimate_and_the_reason(monkeypatc
     assert found["gpu_usable"] is False and "CUDA driver initialization failed" in found["gpu_status"]
     assert found["source"] == DEFAULT_RESERVE_SOURCE
     assert seen["log"][0][0] == "error" and "Traceback" in seen["log"][0][1]
+
+
+def test_the_loaded_models_footprint_is_read_on_the_worker_for_the_engine_page(settings, folder, cpu_only):
+    from engine.runtime.planner import footprint_from_checkpoint
+    worker = EngineWorker()
+    worker.load(str(folder), load_options(settings))
+    assert worker.model_info["footprint"] == footprint_from_checkpoint(folder)

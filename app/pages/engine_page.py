@@ -10,7 +10,6 @@ calls read safetensors headers at most, so they run on the GUI thread.
 from __future__ import annotations
 
 import html
-from pathlib import Path
 
 from PySide6.QtCore import QSignalBlocker, Qt, Signal
 from PySide6.QtWidgets import (QCheckBox, QComboBox, QDoubleSpinBox, QFormLayout, QFrame, QGridLayout, QGroupBox,
@@ -20,10 +19,9 @@ from app import system_info
 from app.system_info import GIB, format_bytes
 from app.widgets.gauges import Sparkline
 from app.widgets.plan_bar import PlanBar
-from engine.errors import CheckpointError
 from engine.runtime.planner import (
     DEFAULT_RESERVE_SOURCE, KV_TOKEN_GRANULE, OVERLAP_MIN_LAYERS, PREFILL_CHUNK_MAX, PREFILL_CHUNK_MIN,
-    REPLY_RESERVE_TOKENS, ModelFootprint, PlanError, footprint_from_checkpoint, footprint_from_synthetic, plan_memory,
+    REPLY_RESERVE_TOKENS, ModelFootprint, PlanError, footprint_from_synthetic, plan_memory,
     prefill_workspace, preset_budget_bytes,
 )
 
@@ -352,13 +350,9 @@ class EnginePage(QWidget):
         self._reserve = dict(found)
         self.replan()
 
-    def set_model_folder(self, path: str | Path) -> None:
-        """Plan for the checkpoint in `path` (called when the worker has loaded it)."""
-        try:
-            self.footprint = footprint_from_checkpoint(path)
-        except CheckpointError as exc:  # the plan stays on the previous model, and says why
-            self.model_label.setText(f"Cannot plan for {Path(path).name}: {exc}")
-            return
+    def set_model_footprint(self, footprint: ModelFootprint) -> None:
+        """Plan for the loaded model, whose footprint the worker read from its checkpoint."""
+        self.footprint = footprint
         self._show_model_label(synthetic=False)
         self.custom_editor.set_footprint(self.footprint)
         self.replan()
