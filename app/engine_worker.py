@@ -20,6 +20,30 @@ DELTA_INTERVAL_S = 0.04  # at most ~25 transcript updates a second: smooth to th
 DEFAULT_CONTEXT_TOKENS = 8192
 
 
+class DeltaBuffer:
+    """Reasoning and answer text gathered between two emits of a reply's delta signals, so the GUI thread gets
+    a few updates a second however fast the tokens come; `clock` decides when the next emit is due."""
+
+    def __init__(self, reasoning_signal, answer_signal, clock=time.perf_counter):
+        self._signals = {"reasoning": reasoning_signal, "answer": answer_signal}
+        self._pending: dict[str, list[str]] = {"reasoning": [], "answer": []}
+        self._clock = clock
+        self._last_emit = clock()
+
+    def add(self, kind: str, text: str) -> bool:
+        """Keep `text` of `kind` ("reasoning" | "answer"); True when an emit is due (call flush)."""
+        self._pending[kind].append(text)
+        return self._clock() - self._last_emit >= DELTA_INTERVAL_S
+
+    def flush(self) -> None:
+        """Emit what is pending, reasoning first (it came first), and start the next interval."""
+        for kind, pending in self._pending.items():
+            if pending:
+                self._signals[kind].emit("".join(pending))
+                pending.clear()
+        self._last_emit = self._clock()
+
+
 def _same_conversation(a: list[dict], b: list[dict]) -> bool:
     return [(m["role"], m["content"]) for m in a] == [(m["role"], m["content"]) for m in b]
 
@@ -240,39 +264,35 @@ class EngineWorker(QObject):
         return SamplingParams.from_generation_config(self.session.tokenizer.generation_defaults, **overrides)
 
     def _stream(self, start_turn, options: dict) -> None:
-        from engine.runtime.events import AnswerDelta, ReasoningDelta, TurnFinished
+        from engine.runtime.events import ReasoningDelta, TurnFinished
 
         self.busyChanged.emit(True)
         self.replyStarted.emit()
-        pending = {ReasoningDelta: [], AnswerDelta: []}
-        last_emit = time.perf_counter()
-        started = last_emit
+        pending = DeltaBuffer(self.reasoningDelta, self.answerDelta)
+        started = time.perf_counter()
         new_tokens = 0
         try:
             sampling = self._sampling(options)
             sampling.validate()
             for event in start_turn(sampling):
                 if isinstance(event, TurnFinished):
-                    self._flush(pending)
+                    pending.flush()
                     measures = self._runtime_measures()
                     self.replyFinished.emit({"answer": event.answer, "reasoning": event.reasoning,
                                              "stats": {**event.stats.to_dict(), **measures}})
                     self._log_trial_choice(measures)
                     self._check_peak()
                     return
-                pending[type(event)].append(event.text)
                 new_tokens += 1
-                now = time.perf_counter()
-                if now - last_emit >= DELTA_INTERVAL_S:
-                    self._flush(pending)
+                if pending.add("reasoning" if isinstance(event, ReasoningDelta) else "answer", event.text):
+                    pending.flush()
                     self.progress.emit({"new_tokens": new_tokens,
-                                        "decode_tokens_per_s": new_tokens / max(now - started, 1e-9),
+                                        "decode_tokens_per_s": new_tokens / max(time.perf_counter() - started, 1e-9),
                                         "context_used": self.session.context_used,
                                         "context_tokens": self.session.context_tokens,
                                         **self._runtime_measures()})
-                    last_emit = now
         except Exception as exc:  # out of memory or a bug: the reply ends with a reason, the app lives on
-            self._flush(pending)
+            pending.flush()
             self.log.emit("error", traceback.format_exc())
             self.replyFinished.emit({"answer": "", "reasoning": "", "stats": {
                 "stop_reason": "error", "error": f"The reply failed: {exc}. Try a shorter prompt or a larger "
@@ -298,16 +318,6 @@ class EngineWorker(QObject):
             from engine.runtime.vram import process_usage_bytes
             measures["vram_used_bytes"] = process_usage_bytes()
         return measures
-
-    def _flush(self, pending: dict) -> None:
-        from engine.runtime.events import AnswerDelta, ReasoningDelta
-
-        if pending[ReasoningDelta]:
-            self.reasoningDelta.emit("".join(pending[ReasoningDelta]))
-            pending[ReasoningDelta].clear()
-        if pending[AnswerDelta]:
-            self.answerDelta.emit("".join(pending[AnswerDelta]))
-            pending[AnswerDelta].clear()
 
 
 def _freeze_long_lived() -> None:

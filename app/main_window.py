@@ -1,5 +1,5 @@
 """The main window: a sidebar of pages (Chat, Models, Engine, Logs, Settings), the system footer,
-and the one engine worker every page talks to."""
+the one engine worker every page talks to, and the remote worker the chat uses when a remote engine answers."""
 
 from __future__ import annotations
 
@@ -19,6 +19,8 @@ from app.pages.logs import LogsPage
 from app.pages.models import ModelsPage
 from app.pages.settings_page import SettingsPage
 from app.paths import DEMO_MODEL
+from app.remote_store import RemoteStore
+from app.remote_worker import start_remote_worker
 from app.settings import AppSettings, load_options
 from app.storage import ConversationStore
 from app.theme import apply_theme
@@ -34,6 +36,7 @@ class MainWindow(QMainWindow):
     reserveRequested = Signal()  # queued to the worker before the first load: the GPU's runtime reserve
     modelReady = Signal(dict)  # re-emitted on the GUI thread once the window has taken the model in
     modelFailed = Signal(str)
+    remoteEndpointChosen = Signal(dict)  # queued to the remote worker: the endpoint its next replies use
 
     def __init__(self, store: ConversationStore, settings: AppSettings, model_folder: Path | None = None):
         super().__init__()
@@ -43,12 +46,18 @@ class MainWindow(QMainWindow):
         self.worker, self.worker_thread = start_worker()
         self.loadRequested.connect(self.worker.load)
         self.reserveRequested.connect(self.worker.measure_reserve)
+        self.remote_worker, self.remote_thread = start_remote_worker()
+        self.remoteEndpointChosen.connect(self.remote_worker.use_endpoint)
+        self.remotes = RemoteStore(settings.remote_engines_path())
 
         self.chat_page = ChatPage(store, self.worker, settings)
-        self.models_page = ModelsPage(self.worker, settings)
+        self.models_page = ModelsPage(self.worker, settings, remotes=self.remotes)
         self.engine_page = EnginePage(self.worker, settings)
         self.logs_page = LogsPage(self.worker)
         settings.report_warnings(self.logs_page.add_record)  # settings refused at load are said there
+        self.remote_worker.log.connect(self.logs_page.add_record)
+        for message in self.remotes.warnings:
+            self.logs_page.add_record("warning", message)
         self.settings_page = SettingsPage(settings)
         self.pages = QStackedWidget()
         for page in (self.chat_page, self.models_page, self.engine_page, self.logs_page, self.settings_page):
@@ -90,10 +99,12 @@ class MainWindow(QMainWindow):
         self.worker.unloaded.connect(self._on_unloaded)
         self.engine_page.planChanged.connect(self.logs_page.set_plan)
         self.models_page.log.connect(self.logs_page.add_record)  # downloads report to the Logs page too
+        self.models_page.engineChosen.connect(self.use_engine)
         self.settings_page.themeChanged.connect(lambda name: apply_theme(QApplication.instance(), name))
         self.settings_page.aboutRequested.connect(self.show_about)
         self.about_dialog: AboutDialog | None = None
         self._shortcuts()
+        self.use_engine(self.models_page.chosen_remote_id())
         self.reserveRequested.emit()  # measured on a clean GPU, before any model takes its memory
         self.load_model(model_folder or self._startup_model())
 
@@ -140,6 +151,18 @@ class MainWindow(QMainWindow):
         self.model_label.setText(f"Loading {folder.name}…")
         self.loadRequested.emit(str(folder), load_options(self.settings))
 
+    def use_engine(self, endpoint_id: str) -> None:
+        """Let the remote engine `endpoint_id` answer the chats, or the local engine for "" (or one since removed)."""
+        endpoint = self.remotes.get(endpoint_id) if endpoint_id else None
+        if endpoint is not None:
+            self.remoteEndpointChosen.emit(endpoint.to_dict())
+            self.chat_page.set_engine(self.remote_worker, f"remote: {endpoint.label()}")
+        else:
+            self.chat_page.set_engine(self.worker, self._local_engine_text())
+
+    def _local_engine_text(self) -> str:
+        return f"local: {self.model_info['name']}" if self.model_info else "local (no model loaded)"
+
     def _on_loaded(self, info: dict) -> None:
         self.model_info = info
         placement = info.get("placement") or {}
@@ -148,12 +171,16 @@ class MainWindow(QMainWindow):
         self.model_label.setToolTip(placement.get("note", ""))
         self.engine_page.set_model_footprint(info["footprint"])
         self.settings_page.set_model(info)
+        if self.chat_page.worker is self.worker:
+            self.chat_page.set_engine(self.worker, self._local_engine_text())
         self.modelReady.emit(info)
 
     def _on_unloaded(self) -> None:
         self.model_info = None
         self.settings_page.set_model(None)
         self.model_label.setText("No model loaded")
+        if self.chat_page.worker is self.worker:
+            self.chat_page.set_engine(self.worker, self._local_engine_text())
 
     def _on_load_failed(self, message: str) -> None:
         self.load_error = message
@@ -185,8 +212,10 @@ class MainWindow(QMainWindow):
         self.sidebar.setCurrentRow(PAGES.index(name))
 
     def closeEvent(self, event) -> None:
-        self.worker.stop()
-        self.worker_thread.quit()
-        self.worker_thread.wait(WORKER_SHUTDOWN_MS)
+        for worker, thread in ((self.worker, self.worker_thread), (self.remote_worker, self.remote_thread)):
+            worker.stop()
+            thread.quit()
+        for thread in (self.worker_thread, self.remote_thread):
+            thread.wait(WORKER_SHUTDOWN_MS)
         gc.unfreeze()  # what the worker froze at load is finalised at exit like the rest (bindings report leaks)
         super().closeEvent(event)

@@ -7,8 +7,11 @@ import json
 import logging
 import math
 import os
+from pathlib import Path
 
 from PySide6.QtCore import QSettings
+
+from app.paths import data_folder
 
 from engine.experts.split import BACKENDS
 from engine.runtime.sampling import SamplingParams
@@ -35,9 +38,11 @@ DEFAULTS = {
     "hub_offline": False,  # never contact the Hub
     "cpu_notice_seen": "",  # the CPU-mode reason the user last acknowledged; a different one is shown again
     "download_folder": "",  # where Download… puts models; "" means engine.hub.default_models_dir()
+    "chat_engine": "",  # which engine answers chats: "" the local one, else a remote engine's id (app.remote_store)
 }
 
 
+REMOTE_ENGINES_FILE = "remote-engines.json"
 MIN_CONTEXT_TOKENS = 2048
 MAX_CONTEXT_TOKENS = 262144  # the longest context of the models MoE Desk runs
 PRESETS = ("4gb", "8gb", "12gb", "auto", "custom")
@@ -96,6 +101,7 @@ CHECKS = {
     "hub_offline": (lambda v: isinstance(v, bool), "true or false"),
     "cpu_notice_seen": (lambda v: isinstance(v, str), "text"),
     "download_folder": (lambda v: isinstance(v, str), "a folder"),
+    "chat_engine": (lambda v: isinstance(v, str), "a remote engine's id, or empty for the local engine"),
 }
 
 
@@ -152,6 +158,13 @@ class AppSettings:
         self.warnings.append(message)
         if self._on_warning is not None:
             self._on_warning("warning", message)
+
+    def remote_engines_path(self) -> Path:
+        """Where the remote engines are kept (app.remote_store): beside an INI settings file, else in the data
+        folder (the registry and macOS's property lists have no folder to sit beside)."""
+        if self._store.format() == QSettings.Format.IniFormat:
+            return Path(self._store.fileName()).parent / REMOTE_ENGINES_FILE
+        return data_folder() / REMOTE_ENGINES_FILE
 
     def set(self, key: str, value) -> None:
         if key not in DEFAULTS:

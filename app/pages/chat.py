@@ -4,6 +4,8 @@ The page never runs the engine: it asks for replies through its `sendRequested` 
 the worker's `send` slot, queued onto the worker's thread) and follows the worker's reply signals.
 Everything the user types or the model streams reaches the ConversationStore as it happens: the
 draft a moment after typing stops, a reply every REPLY_SAVE_MS while it grows and in full at its end.
+The worker is the local EngineWorker or a RemoteWorker (app/remote_worker.py), which emit the same reply
+signals; `set_engine` switches between them and the header says which engine answers.
 """
 
 from __future__ import annotations
@@ -86,23 +88,27 @@ class SystemPromptDialog(QDialog):
 class ChatPage(QWidget):
     """Conversations, transcript, input, Send/Stop, regenerate and edit-and-resend.
 
-    `worker` is an EngineWorker living on its own thread, or anything with its signals, a `send` slot
-    and a thread-safe `stop()`.
+    `worker` is an EngineWorker living on its own thread, or anything with its reply signals, a `send` slot
+    and a thread-safe `stop()` (a RemoteWorker); `engine` names it in the header.
     """
 
     sendRequested = Signal(list, str, dict)  # history, user text, options: the worker's send slot
 
     def __init__(self, store: ConversationStore, worker: QObject, settings: AppSettings,
-                 parent: QWidget | None = None):
+                 parent: QWidget | None = None, engine: str = "local"):
         super().__init__(parent)
         self.store, self.worker, self.settings = store, worker, settings
         self._conversation_id: int | None = None
         self._reply: _Reply | None = None
         self._worker_busy = False
+        self._next_engine: tuple[QObject, str] | None = None  # set_engine's choice, waiting for a reply to end
 
         self.conversation_list = ConversationList(store)
         self.title_label = QLabel()
         self.title_label.setStyleSheet("font-weight: 600; font-size: 14px;")
+        self.engine_label = QLabel()
+        self.engine_label.setProperty("role", "muted")
+        self.engine_label.setTextFormat(Qt.TextFormat.PlainText)  # names from a server are data
         self.thinking_box = QCheckBox("Thinking")
         self.thinking_box.setToolTip("Let the model reason before it answers (slower, often better)")
         self.system_prompt_button = QPushButton("System prompt…")
@@ -117,6 +123,7 @@ class ChatPage(QWidget):
 
         header = QHBoxLayout()
         header.addWidget(self.title_label, 1)
+        header.addWidget(self.engine_label)
         header.addWidget(self.thinking_box)
         header.addWidget(self.system_prompt_button)
         buttons = QVBoxLayout()
@@ -156,18 +163,43 @@ class ChatPage(QWidget):
         self._reply_save_timer.timeout.connect(self._save_reply_progress)
         QCoreApplication.instance().aboutToQuit.connect(self._save_now)
 
-        self.sendRequested.connect(worker.send)
-        worker.replyStarted.connect(self._on_reply_started)
-        worker.reasoningDelta.connect(self._on_reasoning_delta)
-        worker.answerDelta.connect(self._on_answer_delta)
-        worker.progress.connect(self._on_progress)
-        worker.replyFinished.connect(self._on_reply_finished)
-        worker.busyChanged.connect(self._on_worker_busy)
+        self._follow(worker, True)
+        self.engine_label.setText(f"Answering: {engine}")
 
         self._open_latest()
         self._update_controls()
 
+    def _follow(self, worker: QObject, on: bool) -> None:
+        """Connect (or disconnect) the page to a worker's send slot and reply signals."""
+        for signal, slot in ((self.sendRequested, worker.send), (worker.replyStarted, self._on_reply_started),
+                             (worker.reasoningDelta, self._on_reasoning_delta),
+                             (worker.answerDelta, self._on_answer_delta), (worker.progress, self._on_progress),
+                             (worker.replyFinished, self._on_reply_finished),
+                             (worker.busyChanged, self._on_worker_busy)):
+            if on:
+                signal.connect(slot)
+            else:
+                signal.disconnect(slot)
+
     # ---- for the main window --------------------------------------------------------------------
+
+    def set_engine(self, worker: QObject, engine: str) -> None:
+        """Let `worker` answer from the next reply on, named `engine` in the header ("local: NAME", "remote:
+        vllm @ 10.0.0.5:8000, model X"); a reply in progress ends with the worker it started on."""
+        if self._reply is not None:
+            self._next_engine = (worker, engine)
+            return
+        self._next_engine = None
+        if worker is not self.worker:
+            self._follow(self.worker, False)
+            self._follow(worker, True)
+            self.worker, self._worker_busy = worker, False
+        self.engine_label.setText(f"Answering: {engine}")
+        self._update_controls()
+
+    def engine_text(self) -> str:
+        """Which engine answers, as the header says it."""
+        return self.engine_label.text()
 
     def current_conversation_id(self) -> int | None:
         return self._conversation_id
@@ -416,6 +448,8 @@ class ChatPage(QWidget):
                 reply.bubble = self.transcript.start_reply()
         if reply.bubble is not None:
             reply.bubble.finish(answer, reasoning, stats)
+        if self._next_engine is not None:
+            self.set_engine(*self._next_engine)
         self._update_controls()
 
     @Slot(bool)

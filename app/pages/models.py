@@ -5,6 +5,10 @@ the page polls; loading
 goes to the engine worker through the queued `loadRequested` signal and reports back through the
 worker's loadStarted / loaded / loadFailed signals. "Download…" opens the download dialog
 (app/dialogs/download_dialog.py); a model it finishes is rescanned, selected and can be loaded at once.
+
+Remote engines (OpenAI-compatible servers the user added with "Add remote engine…", app/dialogs/remote_dialog.py)
+are listed after the local models, marked remote with their host. "Use" on one makes it answer the chats
+(`engineChosen(id)`); loading a local model makes the local engine answer them again (`engineChosen("")`).
 """
 
 from __future__ import annotations
@@ -20,6 +24,7 @@ from PySide6.QtWidgets import (QAbstractItemView, QFileDialog, QHBoxLayout, QHea
 from app.library_scanner import LibraryScan
 from app.model_library import SIZE_PRESETS, default_hf_cache
 from app.paths import DEMO_MODEL, download_folder
+from app.remote_store import RemoteEndpoint, RemoteStore
 from app.settings import load_options
 from app.system_info import format_bytes
 
@@ -27,6 +32,7 @@ COLUMNS = ("Name", "Architecture", "Format", "Size", "Fits", "Status")
 PRESET_NAMES = {"4gb": "4 GB", "8gb": "8 GB", "12gb": "12 GB"}
 ERROR_COLOUR = QColor("#d14343")
 LOADED_COLOUR = QColor("#2e8b57")
+REMOTE_COLOUR = QColor("#2f6fb5")
 SCAN_POLL_MS = 30  # how often the page looks whether its library scan is done
 
 
@@ -37,22 +43,45 @@ def fits_text(entry: dict) -> str:
     return "  ".join(f"{PRESET_NAMES[p]} {'✓' if entry['fits'][p] else '✗'}" for p in SIZE_PRESETS)
 
 
+def remote_entry(endpoint: RemoteEndpoint) -> dict:
+    """A remote engine as a library row: its model, marked remote, with its host."""
+    return {"name": endpoint.model, "path": "", "source": endpoint.host, "architecture": f"remote: {endpoint.name}",
+            "format": "OpenAI API", "size_bytes": None, "fits": {}, "fit_errors": {}, "error": "",
+            "remote_id": endpoint.id, "remote_label": endpoint.label(), "has_key": bool(endpoint.api_key)}
+
+
 class ModelLibraryModel(QAbstractTableModel):
-    """The library entries (model_library.describe_model dicts), plus which one is loading or loaded."""
+    """The library entries (model_library.describe_model dicts), then the remote engines (remote_entry dicts), plus
+    which model is loading or loaded and which remote engine answers the chats."""
 
     def __init__(self, parent=None):
         super().__init__(parent)
         self._entries: list[dict] = []
+        self._remotes: list[dict] = []
         self._loading_path = ""
         self._loaded_path = ""
+        self._chosen_remote = ""
 
     def set_entries(self, entries: list[dict]) -> None:
         self.beginResetModel()
         self._entries = list(entries)
         self.endResetModel()
 
+    def set_remotes(self, endpoints: list[RemoteEndpoint]) -> None:
+        self.beginResetModel()
+        self._remotes = [remote_entry(e) for e in endpoints]
+        self.endResetModel()
+
     def entry(self, row: int) -> dict:
-        return self._entries[row]
+        return self._entries[row] if row < len(self._entries) else self._remotes[row - len(self._entries)]
+
+    def remote_row(self, endpoint_id: str) -> int:
+        """The row of a remote engine, -1 when it is not listed."""
+        return next((len(self._entries) + i for i, e in enumerate(self._remotes) if e["remote_id"] == endpoint_id), -1)
+
+    def set_chosen_remote(self, endpoint_id: str) -> None:
+        self._chosen_remote = endpoint_id
+        self._status_changed()
 
     def row_of(self, path: str) -> int:
         """The row of a model folder, -1 when it is not in the library."""
@@ -68,11 +97,14 @@ class ModelLibraryModel(QAbstractTableModel):
         self._status_changed()
 
     def _status_changed(self) -> None:
-        if self._entries:
+        if self.rowCount():
             column = COLUMNS.index("Status")
-            self.dataChanged.emit(self.index(0, column), self.index(len(self._entries) - 1, column))
+            self.dataChanged.emit(self.index(0, column), self.index(self.rowCount() - 1, column))
 
     def status_text(self, entry: dict) -> str:
+        if entry.get("remote_id"):
+            answering = "answering chats · " if entry["remote_id"] == self._chosen_remote else ""
+            return f"{answering}remote @ {entry['source']}"
         key = _same_path_key(entry["path"])
         if self._loading_path and _same_path_key(self._loading_path) == key:
             return "loading…"
@@ -83,7 +115,7 @@ class ModelLibraryModel(QAbstractTableModel):
         return "ready"
 
     def rowCount(self, parent=QModelIndex()) -> int:
-        return 0 if parent.isValid() else len(self._entries)
+        return 0 if parent.isValid() else len(self._entries) + len(self._remotes)
 
     def columnCount(self, parent=QModelIndex()) -> int:
         return 0 if parent.isValid() else len(COLUMNS)
@@ -96,7 +128,7 @@ class ModelLibraryModel(QAbstractTableModel):
     def data(self, index: QModelIndex | QPersistentModelIndex, role=Qt.ItemDataRole.DisplayRole):
         if not index.isValid():
             return None
-        entry, column = self._entries[index.row()], COLUMNS[index.column()]
+        entry, column = self.entry(index.row()), COLUMNS[index.column()]
         if role == Qt.ItemDataRole.DisplayRole:
             return {
                 "Name": entry["name"],
@@ -112,11 +144,16 @@ class ModelLibraryModel(QAbstractTableModel):
             status = self.status_text(entry)
             if status == "loaded":
                 return LOADED_COLOUR
+            if entry.get("remote_id"):
+                return REMOTE_COLOUR
             if status.startswith("cannot open"):
                 return ERROR_COLOUR
         return None
 
     def _tooltip(self, entry: dict, column: str) -> str:
+        if entry.get("remote_id"):
+            key = "an API key is saved (never shown)" if entry["has_key"] else "no API key"
+            return f"{entry['remote_label']}\nan OpenAI-compatible server; {key}"
         if column == "Fits" and entry["fits"]:
             return "\n".join(f"{PRESET_NAMES[p]}: fits" if entry["fits"][p]
                              else f"{PRESET_NAMES[p]}: {entry['fit_errors'][p]}" for p in SIZE_PRESETS)
@@ -134,10 +171,12 @@ class ModelsPage(QWidget):
     unloadRequested = Signal()  # connected to worker.unload
     log = Signal(str, str)  # level, message: what the download dialog's worker reports (never a token)
     libraryScanned = Signal()  # the newest scan's entries are listed
+    engineChosen = Signal(str)  # which engine answers the chats: a remote engine's id, or "" for the local one
 
-    def __init__(self, worker, settings, parent: QWidget | None = None):
+    def __init__(self, worker, settings, parent: QWidget | None = None, remotes: RemoteStore | None = None):
         super().__init__(parent)
         self.settings = settings
+        self.remotes = remotes if remotes is not None else RemoteStore(settings.remote_engines_path())
         self.library = ModelLibraryModel(self)
         self.table = QTableView()
         self.table.setModel(self.library)
@@ -160,6 +199,14 @@ class ModelsPage(QWidget):
         self.download_button.setToolTip("Download a model from the Hugging Face Hub")
         self.download_button.clicked.connect(self.open_download_dialog)
         self.download_dialog = None
+        self.remote_button = QPushButton("Add remote engine…")
+        self.remote_button.setToolTip("Chat through an OpenAI-compatible server: vLLM, SGLang, llama-server, "
+                                      "FreeToken or another MoE Desk")
+        self.remote_button.clicked.connect(self.open_remote_dialog)
+        self.remote_dialog = None
+        self.remove_button = QPushButton("Remove")
+        self.remove_button.setToolTip("Forget the selected remote engine (its key too)")
+        self.remove_button.clicked.connect(self._remove_selected)
         self.refresh_button = QPushButton("Refresh")
         self.refresh_button.clicked.connect(self.refresh)
         self.load_button = QPushButton("Load")
@@ -189,9 +236,10 @@ class ModelsPage(QWidget):
 
         title = QLabel("<h2>Models</h2>")
         buttons = QHBoxLayout()
-        for button in (self.download_button, self.open_button, self.refresh_button):
+        for button in (self.download_button, self.open_button, self.remote_button, self.refresh_button):
             buttons.addWidget(button)
         buttons.addStretch(1)
+        buttons.addWidget(self.remove_button)
         buttons.addWidget(self.unload_button)
         buttons.addWidget(self.load_button)
         layout = QVBoxLayout(self)
@@ -215,6 +263,8 @@ class ModelsPage(QWidget):
         worker.loaded.connect(self._on_loaded)
         worker.loadFailed.connect(self._on_load_failed)
         worker.busyChanged.connect(self._on_busy_changed)
+        self.library.set_remotes(self.remotes.endpoints())
+        self.library.set_chosen_remote(self.chosen_remote_id())
         self.refresh()
 
     # ---- library ---------------------------------------------------------------------------------
@@ -300,6 +350,59 @@ class ModelsPage(QWidget):
         if folder:
             self.add_folder(folder)
 
+    # ---- remote engines --------------------------------------------------------------------------
+
+    def open_remote_dialog(self, transport=None):
+        """Open (or bring back) the remote engine dialog; returns it. `transport`: the tests' fake network."""
+        from app.dialogs.remote_dialog import RemoteEngineDialog
+
+        if self.remote_dialog is None:
+            self.remote_dialog = RemoteEngineDialog(self.remotes, self, transport)
+            self.remote_dialog.saved.connect(self._on_remote_saved)
+            self.remote_dialog.finished.connect(self._on_remote_dialog_closed)
+        self.remote_dialog.show()
+        self.remote_dialog.raise_()
+        return self.remote_dialog
+
+    def _on_remote_dialog_closed(self) -> None:
+        self.remote_dialog.deleteLater()
+        self.remote_dialog = None
+
+    def _on_remote_saved(self, endpoint_id: str) -> None:
+        """A remote engine was added: list it and select it, ready to use."""
+        self.library.set_remotes(self.remotes.endpoints())
+        self.table.selectRow(self.library.remote_row(endpoint_id))
+        self.log.emit("info", f"remote engine added: {self.remotes.get(endpoint_id).label()}")
+
+    def chosen_remote_id(self) -> str:
+        """The remote engine that answers the chats, "" for the local engine (also when the chosen one is gone)."""
+        chosen = self.settings.get("chat_engine")
+        return chosen if chosen and self.remotes.get(chosen) is not None else ""
+
+    def choose_engine(self, endpoint_id: str) -> None:
+        """Make a remote engine (by id), or the local one (""), answer the chats from now on."""
+        self.settings.set("chat_engine", endpoint_id)
+        self.library.set_chosen_remote(endpoint_id)
+        if endpoint_id:
+            self.status_label.setText(f"Chats are answered by remote: {self.remotes.get(endpoint_id).label()}")
+        self.engineChosen.emit(endpoint_id)
+
+    def _remove_selected(self) -> None:
+        endpoint_id = self.selected_remote_id()
+        if not endpoint_id:
+            return
+        label = self.remotes.get(endpoint_id).label()
+        self.remotes.remove(endpoint_id)
+        self.library.set_remotes(self.remotes.endpoints())
+        self.log.emit("info", f"remote engine removed: {label}")
+        if self.settings.get("chat_engine") == endpoint_id:
+            self.choose_engine("")
+        self._update_buttons()
+
+    def selected_remote_id(self) -> str:
+        row = self.selected_row()
+        return self.library.entry(row).get("remote_id", "") if row >= 0 else ""
+
     # ---- loading ---------------------------------------------------------------------------------
 
     def selected_row(self) -> int:
@@ -310,9 +413,15 @@ class ModelsPage(QWidget):
         self.load_row(self.selected_row())
 
     def load_row(self, row: int) -> None:
-        if row < 0 or self._busy:
+        """Load the local model in `row`, or make the remote engine in it answer the chats."""
+        if row < 0:
             return
         entry = self.library.entry(row)
+        if entry.get("remote_id"):
+            self.choose_engine(entry["remote_id"])
+            return
+        if self._busy:
+            return
         if entry["error"]:
             self.show_error(f"This folder cannot be opened as a model.\n{entry['error']}")
             return
@@ -321,6 +430,8 @@ class ModelsPage(QWidget):
         self.settings.set("last_model", "" if _same_path_key(path) == _same_path_key(str(DEMO_MODEL)) else path)
         self.error_banner.hide()
         self.loadRequested.emit(path, load_options(self.settings))
+        if self.settings.get("chat_engine"):
+            self.choose_engine("")  # a local model chosen: the local engine answers again
 
     def show_error(self, message: str) -> None:
         self.error_banner.setText(message)
@@ -358,4 +469,7 @@ class ModelsPage(QWidget):
 
     def _update_buttons(self) -> None:
         row = self.selected_row()
-        self.load_button.setEnabled(not self._busy and row >= 0 and not self.library.entry(row)["error"])
+        remote = bool(self.selected_remote_id())
+        self.load_button.setText("Use" if remote else "Load")
+        self.load_button.setEnabled(remote or (not self._busy and row >= 0 and not self.library.entry(row)["error"]))
+        self.remove_button.setVisible(remote)

@@ -78,7 +78,8 @@ def split_code_blocks(source: str) -> list[Block]:
 
 
 def format_stats(stats: dict) -> str:
-    """The line under a reply, e.g. "42 tokens · TTFT 0.12 s · 23.4 tok/s · stop: eos"; absent parts are skipped."""
+    """The line under a reply, e.g. "42 tokens · TTFT 0.12 s · 23.4 tok/s · stop: eos", and which remote engine
+    gave it; absent parts are skipped."""
     parts = []
     if stats.get("new_tokens") is not None:
         parts.append(f"{stats['new_tokens']} tokens")
@@ -88,6 +89,8 @@ def format_stats(stats: dict) -> str:
         parts.append(f"{stats['decode_tokens_per_s']:.1f} tok/s")
     if stats.get("stop_reason"):
         parts.append(f"stop: {stats['stop_reason']}")
+    if stats.get("remote"):
+        parts.append(f"remote: {stats['remote']}")
     return " · ".join(parts)
 
 
@@ -358,6 +361,7 @@ class AssistantBubble(QFrame):
         self.error_label.setObjectName("errorText")
         self.stats_label = QLabel()
         self.stats_label.setObjectName("statsLine")
+        self.stats_label.setTextFormat(Qt.TextFormat.PlainText)  # a remote engine's name is data, never markup
         self.regenerate_button = QToolButton()
         self.regenerate_button.setText("Regenerate")
         self.regenerate_button.setAutoRaise(True)
