@@ -73,10 +73,12 @@ def make_app(fake: FakeOpenAI) -> FastAPI:
         async def events():
             for item in fake.script:
                 if item == HANG:
-                    while not await request.is_disconnected():
-                        yield ": keep-alive\n\n"
-                        await asyncio.sleep(KEEP_ALIVE_S)
-                    fake.disconnected.set()
+                    try:  # until sending fails or the client is seen gone, whichever Starlette notices first
+                        while not await request.is_disconnected():
+                            yield ": keep-alive\n\n"
+                            await asyncio.sleep(KEEP_ALIVE_S)
+                    finally:
+                        fake.disconnected.set()
                     return
                 yield item if isinstance(item, str) else f"data: {json.dumps(item)}\n\n"
 

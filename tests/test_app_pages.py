@@ -555,7 +555,7 @@ def test_the_library_scan_never_blocks_the_gui_thread(qtbot, worker, settings, m
     ("sampling", '{"temperature": "hot"}'), ("sampling", '{"seed": -1}'), ("sampling", '{"top_p": 7}'),
     ("sampling", '{"bogus": 1}'), ("sampling", "[]"),
     ("enable_thinking", '"yes"'), ("model_folders", '"/one/folder"'), ("model_folders", "[1]"),
-    ("last_model", "{}"), ("hub_offline", "1"), ("download_folder", "{not json"),
+    ("last_model", "{}"), ("hub_offline", "1"), ("download_folder", "{not json"), ("chat_engine", "[]"),
     ("turn_snapshots", "0"), ("turn_snapshots", "65"), ("turn_snapshots", "4.0"), ("turn_snapshots", '"8"'),
     ("turn_snapshots", "true"),
 ])
