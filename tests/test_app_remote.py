@@ -100,6 +100,30 @@ def ask(worker, text, options=None) -> Asker:
 # ---- the worker ---------------------------------------------------------------------------------------
 
 
+def test_deltas_are_batched_between_emits_by_the_clock():
+    from app.engine_worker import DELTA_INTERVAL_S, DeltaBuffer
+
+    class Deltas(QObject):
+        reasoning = Signal(str)
+        answer = Signal(str)
+
+    deltas, emitted = Deltas(), []
+    deltas.reasoning.connect(lambda text: emitted.append(("reasoning", text)))
+    deltas.answer.connect(lambda text: emitted.append(("answer", text)))
+    now = [0.0]
+    buffer = DeltaBuffer(deltas.reasoning, deltas.answer, clock=lambda: now[0])
+    assert not buffer.add("reasoning", "a") and not buffer.add("answer", "b")
+    now[0] = DELTA_INTERVAL_S / 2
+    assert not buffer.add("answer", "c") and emitted == []
+    now[0] = DELTA_INTERVAL_S
+    assert buffer.add("reasoning", "d")
+    buffer.flush()
+    assert emitted == [("reasoning", "ad"), ("answer", "bc")]
+    assert not buffer.add("answer", "e")  # the interval starts again at the flush
+    buffer.flush()
+    assert emitted[-1] == ("answer", "e")
+
+
 def test_the_remote_worker_streams_a_reply_with_the_engine_worker_s_signals(qtbot, server, fake, remote):
     fake.script = REPLY
     events = Recorder(remote)
