@@ -20,7 +20,9 @@ def open_window(qtbot, store, settings, folder):
     qtbot.addWidget(window)
     with qtbot.waitSignal(window.worker.loaded, timeout=60000):
         window.show()
-    qtbot.waitUntil(lambda: window.chat_page.send_button.isEnabled(), timeout=10000)
+    # the worker's signal reaches the window's slot through the event loop: wait until the window took it
+    qtbot.waitUntil(lambda: window.model_info is not None and window.chat_page.send_button.isEnabled(),
+                    timeout=10000)
     return window
 
 
