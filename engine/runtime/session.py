@@ -155,45 +155,23 @@ class ChatSession:
 
     # ---- whole requests (an HTTP API: every request carries its conversation) --------------------
 
-    def answer(self, messages: list[dict], *, tools: list[dict] | None = None, enable_thinking: bool = True,
-               sampling: SamplingParams | None = None, prefix_cache: PrefixCache | None = None) -> Iterator:
-        """Stream the reply to a whole conversation (system prompt, tool specs and results included) as send()
-        does, starting from the longest prefix of its tokens that `prefix_cache` holds; the states at the end
-        of the messages, after the generation prompt and at the end of the reply are stored in it for the
-        requests that follow. The session's own conversation is cleared."""
+    def complete(self, prompt: Prompt, *, sampling: SamplingParams | None = None,
+                 prefix_cache: PrefixCache | None = None) -> Iterator:
+        """Stream the reply to a whole prompt (chat_prompt or text_prompt) as send() does, starting from the
+        longest prefix of its tokens that `prefix_cache` holds; the states at the prompt's save points and at
+        the end of the reply go into it for the requests that follow. The session's own conversation is
+        cleared; a cancel() from now on stops the reply."""
         self._cancel.clear()
-
-        def prompt():
-            options = dict(enable_thinking=enable_thinking, tools=tools, interrupt=self._cancel.is_set)
-            ids, rendered = self.tokenizer.encode_chat(messages, add_generation_prompt=True, **options)
-            # The messages' end: the next request re-renders the reply after it (a template drops an earlier
-            # turn's reasoning) but shares everything before it.
-            head, _ = self.tokenizer.encode_chat(messages, add_generation_prompt=False, **options)
-            return ids, rendered, [len(head)] if 0 < len(head) < len(ids) and ids[:len(head)] == head else []
         return self._complete(prompt, sampling, prefix_cache)
 
-    def complete_text(self, prompt: str, *, sampling: SamplingParams | None = None,
-                      prefix_cache: PrefixCache | None = None) -> Iterator:
-        """Stream the continuation of raw prompt text (read as plain text: no control tokens), with the prefix
-        cache as answer() uses it."""
-        self._cancel.clear()
-        return self._complete(lambda: (self.tokenizer.encode_text(prompt), "", []), sampling, prefix_cache)
-
-    def _complete(self, prompt, sampling: SamplingParams | None, prefix_cache: PrefixCache | None) -> Iterator:
+    def _complete(self, prompt: Prompt, sampling: SamplingParams | None, prefix_cache: PrefixCache | None) -> Iterator:
         params = sampling or self.sampling
         sampler = Sampler(replace(params, stop=tuple(params.stop)))
         self.messages, self._synced, self._boundaries, self._pending = [], 0, [], ()
+        ids = prompt.ids
 
         def refused(reason: str, error: str | None = None) -> TurnFinished:
             return TurnFinished("", "", TurnStats(0, 0, 0, 0.0, 0.0, 0.0, reason, sampler.seed, error))
-        try:
-            ids, rendered, save_at = prompt()
-        except Interrupted:
-            yield refused("cancelled")
-            return
-        except CheckpointError as exc:
-            yield refused("error", str(exc))
-            return
         if not ids:
             yield refused("error", "the prompt is empty: give it some text")
             return
@@ -206,8 +184,9 @@ class ChatSession:
         self._state.load(hit.state if hit is not None else self._blank)
         self._fed = list(hit.ids) if hit is not None else []
         self._boundaries = [_Boundary(0, self._state.snapshot(), len(self._fed), ())]
-        reply = _Reply(self, sampler, ids[len(self._fed):], rendered, start_logits=hit.logits if hit else None,
-                       prefix_cache=prefix_cache, save_at={*save_at, len(ids)})
+        reply = _Reply(self, sampler, ids[len(self._fed):], prompt.rendered,
+                       start_logits=hit.logits if hit else None, prefix_cache=prefix_cache,
+                       save_at={*prompt.save_at, len(ids)})
         yield from reply.run()
         self.messages, self._synced = [], 0
 
@@ -241,6 +220,35 @@ class ChatSession:
                                           self._pending))
         del self._boundaries[:-self.max_snapshots]  # the oldest go: editing there prefills the history again
         yield from _Reply(self, sampler, ids, rendered).run()
+
+
+@dataclass(frozen=True)
+class Prompt:
+    """A whole request's prompt: its token ids, the text they encode, and where a prefix cache should keep the
+    state (token counts at message boundaries; the prompt's end is always one)."""
+
+    ids: list[int]
+    rendered: str
+    save_at: tuple[int, ...] = ()
+
+
+def chat_prompt(tokenizer: ChatTokenizer, messages: list[dict], *, tools: list[dict] | None = None,
+                enable_thinking: bool = True) -> Prompt:
+    """A conversation (system prompt, tool specs and results included) as the template renders it with the
+    generation prompt; message texts are data (ChatTokenizer.encode_chat). Raises CheckpointError when the
+    template refuses it."""
+    options = dict(enable_thinking=enable_thinking, tools=tools)
+    ids, rendered = tokenizer.encode_chat(messages, add_generation_prompt=True, **options)
+    # The messages' end: the next request re-renders the reply after it (a template drops an earlier turn's
+    # reasoning) but shares everything before it.
+    head, _ = tokenizer.encode_chat(messages, add_generation_prompt=False, **options)
+    kept = 0 < len(head) < len(ids) and ids[:len(head)] == head
+    return Prompt(ids, rendered, (len(head),) if kept else ())
+
+
+def text_prompt(tokenizer: ChatTokenizer, text: str) -> Prompt:
+    """Raw prompt text read as plain text (no control tokens), for completions."""
+    return Prompt(tokenizer.encode_text(text), "")
 
 
 def _explain(exc: Exception, phase: str) -> str:

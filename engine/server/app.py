@@ -1,0 +1,235 @@
+"""The HTTP application: key check and body limit in front, then the OpenAI and Anthropic routes, health and stats.
+
+No route reads or writes a file: requests carry text, the engine answers with text.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hmac
+import json
+import time
+from dataclasses import dataclass
+
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse
+from starlette.concurrency import run_in_threadpool
+
+from engine.errors import CheckpointError
+from engine.runtime.sampling import SamplingParams
+from engine.runtime.session import Prompt, chat_prompt
+from engine.runtime.tokenizer import ChatTokenizer
+from engine.server.fields import BadRequest
+from engine.server.worker import EngineWorker, QueueFull
+
+DEFAULT_MAX_BODY_BYTES = 16 * 2**20  # an agent's 60K-token conversation with its tools is well under 1 MiB
+ANTHROPIC_PATHS = ("/v1/messages",)
+
+
+@dataclass
+class ServerContext:
+    """What every route needs: the engine, the model's name and tokenizer, the default sampling settings."""
+
+    worker: EngineWorker
+    model_name: str
+    tokenizer: ChatTokenizer
+    defaults: SamplingParams
+    context_tokens: int
+    started: int  # Unix time, for /v1/models
+
+
+def error_response(request_path: str, status: int, message: str, param: str | None = None,
+                   kind: str | None = None) -> JSONResponse:
+    """An error in the shape the path's API uses: Anthropic's on /v1/messages*, OpenAI's elsewhere."""
+    kind = kind or {400: "invalid_request_error", 401: "authentication_error", 404: "not_found_error",
+                    413: "request_too_large", 429: "rate_limit_error"}.get(status, "api_error")
+    if request_path.startswith(ANTHROPIC_PATHS):
+        if kind == "rate_limit_error":
+            kind = "overloaded_error" if status == 529 else kind
+        return JSONResponse({"type": "error", "error": {"type": kind, "message": message}}, status_code=status)
+    return JSONResponse({"error": {"message": message, "type": kind, "param": param, "code": None}},
+                        status_code=status)
+
+
+class Guard:
+    """ASGI middleware: refuses requests without the key (when one is set) and bodies over the limit, before
+    any route runs; the key itself is never logged or echoed."""
+
+    def __init__(self, app, api_key: str | None, max_body_bytes: int):
+        self.app, self.api_key, self.max_body_bytes = app, api_key, max_body_bytes
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        path = scope.get("path", "")
+        headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope.get("headers", [])}
+        if self.api_key is not None and not self._authorized(headers):
+            response = error_response(path, 401, "missing or wrong API key: send it as 'Authorization: Bearer KEY' "
+                                                 "or 'x-api-key: KEY' (the key given to engine serve --api-key)")
+            return await response(scope, receive, send)
+        declared = headers.get("content-length")
+        if declared is not None and declared.isdigit() and int(declared) > self.max_body_bytes:
+            return await self._too_large(path, scope, receive, send)
+        chunks, size = [], 0
+        while True:
+            message = await receive()
+            if message["type"] != "http.request":  # the client left before sending its body
+                return
+            chunks.append(message.get("body", b""))
+            size += len(chunks[-1])
+            if size > self.max_body_bytes:
+                return await self._too_large(path, scope, receive, send)
+            if not message.get("more_body", False):
+                break
+        body, replayed = b"".join(chunks), False
+
+        async def replay():
+            nonlocal replayed
+            if not replayed:
+                replayed = True
+                return {"type": "http.request", "body": body, "more_body": False}
+            return await receive()  # afterwards: the client's disconnect
+        await self.app(scope, replay, send)
+
+    def _authorized(self, headers: dict[str, str]) -> bool:
+        given = headers.get("x-api-key")
+        bearer = headers.get("authorization", "")
+        if given is None and bearer[:7].lower() == "bearer ":
+            given = bearer[7:].strip()
+        return given is not None and hmac.compare_digest(given.encode(), self.api_key.encode())
+
+    async def _too_large(self, path, scope, receive, send):
+        response = error_response(path, 413, f"the request body is larger than {self.max_body_bytes:,} bytes, the "
+                                             f"server's limit; send a shorter conversation", kind="request_too_large")
+        await response(scope, receive, send)
+
+
+async def json_body(request: Request) -> dict:
+    """The body as a JSON object, or BadRequest saying why not."""
+    raw = await request.body()
+    try:
+        body = json.loads(raw)
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise BadRequest(f"the request body is not valid JSON ({exc}); send a JSON object") from None
+    if not isinstance(body, dict):
+        raise BadRequest("the request body must be a JSON object")
+    return body
+
+
+async def until_disconnect(request: Request, job) -> None:
+    """Cancel `job` as soon as the client's connection closes (run as a task; cancelled when not needed)."""
+    while True:
+        message = await request.receive()
+        if message["type"] == "http.disconnect":
+            job.cancel()
+            return
+
+
+async def first_event(request: Request, job) -> None:
+    """Wait for the job's first event, cancelling it if the client leaves while it waits in the queue or
+    prefills."""
+    watcher = asyncio.create_task(until_disconnect(request, job))
+    try:
+        await job.peek()
+    finally:
+        watcher.cancel()
+
+
+def watch(request: Request, job) -> asyncio.Task:
+    """A task that cancels `job` when the client leaves; cancel the task once the reply is complete."""
+    return asyncio.create_task(until_disconnect(request, job))
+
+
+async def prepare(context: ServerContext, build) -> Prompt:
+    """build() (a chat_prompt or text_prompt call) off the event loop; BadRequest when the template refuses the
+    conversation or it does not fit the context."""
+    try:
+        prompt = await run_in_threadpool(build)
+    except CheckpointError as exc:
+        raise BadRequest(f"the model's chat template cannot render these messages: {exc}", "messages") from None
+    if not prompt.ids:
+        raise BadRequest("the prompt is empty: give it some text", "prompt")
+    if len(prompt.ids) + 1 > context.context_tokens:
+        raise BadRequest(f"the prompt is {len(prompt.ids)} tokens and the server's context holds "
+                         f"{context.context_tokens} with the reply: shorten the conversation (or restart the server "
+                         f"with a larger --context)", "messages")
+    return prompt
+
+
+def create_app(context: ServerContext, *, api_key: str | None = None,
+               max_body_bytes: int = DEFAULT_MAX_BODY_BYTES) -> FastAPI:
+    """The FastAPI application serving `context`'s engine."""
+    from engine.server import anthropic_api, openai_api
+
+    app = FastAPI(title="MoE Desk engine", docs_url=None, redoc_url=None, openapi_url=None)
+    app.state.context = context
+    app.add_middleware(Guard, api_key=api_key, max_body_bytes=max_body_bytes)
+
+    @app.exception_handler(BadRequest)
+    async def bad_request(request: Request, exc: BadRequest):
+        return error_response(request.url.path, exc.status, exc.message, exc.param)
+
+    @app.exception_handler(CheckpointError)
+    async def template_refused(request: Request, exc: CheckpointError):
+        return error_response(request.url.path, 400, f"the model's chat template cannot render these messages: "
+                                                     f"{exc}", "messages")
+
+    @app.exception_handler(QueueFull)
+    async def queue_full(request: Request, exc: QueueFull):
+        return error_response(request.url.path, 429, str(exc))
+
+    @app.exception_handler(404)
+    async def not_found(request: Request, exc):
+        return error_response(request.url.path, 404, f"no such endpoint: {request.method} {request.url.path} (see "
+                                                     f"the README's API section for the endpoints)")
+
+    @app.exception_handler(405)
+    async def wrong_method(request: Request, exc):
+        return error_response(request.url.path, 405, f"{request.method} is not served at {request.url.path}",
+                              kind="invalid_request_error")
+
+    @app.get("/health")
+    async def health():
+        w = context.worker
+        return {"status": "ok", "model": context.model_name, "busy": w.busy, "queued": w.queued}
+
+    @app.get("/v1/stats")
+    async def stats():
+        w = context.worker
+        cache = w.prefix_cache
+        return {"model": context.model_name, "requests_served": w.requests_served,
+                "requests_refused": w.requests_refused, "queued": w.queued, "busy": w.busy,
+                "last_request": vars(w.last), "prefix_cache": {
+                    "entries": len(cache) if cache else 0, "bytes": cache.nbytes if cache else 0,
+                    "max_bytes": cache.max_bytes if cache else 0}}
+
+    @app.get("/v1/models")
+    async def models():
+        return {"object": "list", "data": [{"id": context.model_name, "object": "model", "created": context.started,
+                                            "owned_by": "moedesk"}]}
+
+    @app.post("/v1/chat/completions")
+    async def chat_completions(request: Request):
+        return await openai_api.chat_completions(request, await json_body(request), context)
+
+    @app.post("/v1/completions")
+    async def completions(request: Request):
+        return await openai_api.completions(request, await json_body(request), context)
+
+    @app.post("/v1/messages")
+    async def messages(request: Request):
+        return await anthropic_api.messages(request, await json_body(request), context)
+
+    @app.post("/v1/messages/count_tokens")
+    async def count_tokens(request: Request):
+        body = await json_body(request)
+        chat = anthropic_api.read_chat(body, require_max_tokens=False)
+        prompt = await run_in_threadpool(lambda: chat_prompt(context.tokenizer, chat.messages, tools=chat.tools,
+                                                             enable_thinking=chat.enable_thinking))
+        return {"input_tokens": len(prompt.ids)}
+
+    return app
+
+
+def unix_now() -> int:
+    return int(time.time())
