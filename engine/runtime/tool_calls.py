@@ -146,7 +146,8 @@ def _parameter_schemas(tools: list | None) -> dict[str, dict[str, dict]]:
 
 
 def _declared_types(schema: dict | None) -> list[str]:
-    """The JSON-schema types a parameter's schema allows (its type, a list of types, or anyOf/oneOf's); [] if none."""
+    """The JSON-schema types a parameter's schema allows: its type, a list of types, or its anyOf/oneOf options'
+    types; [] when it declares none."""
     if not isinstance(schema, dict):
         return []
     declared = schema.get("type")
@@ -155,7 +156,8 @@ def _declared_types(schema: dict | None) -> list[str]:
     if isinstance(declared, list):
         return [t for t in declared if isinstance(t, str)]
     options = schema.get("anyOf") or schema.get("oneOf")
-    return [t for option in options for t in _declared_types(option)] if isinstance(options, list) else []
+    return [option["type"] for option in options if isinstance(option, dict) and isinstance(option.get("type"), str)] \
+        if isinstance(options, list) else []
 
 
 _NOT_THAT_TYPE = object()
@@ -208,6 +210,7 @@ class _XmlCallBody(_CallBody):
         self._pending = ""  # text not yet read
         self._state = "function"  # function -> parameters <-> value -> done
         self._error: str | None = None
+        self._misplaced: tuple[str, ...] = ()  # the tags expected where the text went wrong
         self._arguments: dict = {}
         self._key = ""  # the parameter being read, or the last one read
         self._types: list[str] = []
@@ -226,6 +229,8 @@ class _XmlCallBody(_CallBody):
             self._error = {"function": f"it has no {FUNCTION_OPEN}NAME> tag",
                            "parameters": f"{FUNCTION_CLOSE} is missing",
                            "value": f"parameter {self._key!r} is not closed by {PARAMETER_CLOSE}"}[self._state]
+        if self._misplaced:
+            self._error = f"{self._pending[:20]!r} stands where {' or '.join(self._misplaced)} should"
         if self._error is not None:
             raise _MalformedCall(self._error)
         return [self._finished(self._arguments)]
@@ -254,7 +259,8 @@ class _XmlCallBody(_CallBody):
         """Read `tag`NAME> at the start of text (function or parameter); whether one was read."""
         if not text.startswith(tag):
             if not any(e.startswith(text) for e in expected):
-                self._error = f"{text[:20]!r} stands where {' or '.join(expected)} should"
+                self._misplaced = expected
+                self._error = "misplaced text"  # worded at close(), where all of the call's text is known
             return False
         end = text.find(">")
         if end < 0:
@@ -403,10 +409,10 @@ class ToolCallParser:
     """Splits a streamed answer into its text and its tool calls, in one template's tool-call style.
 
     Text that may begin a call (a tail that could be the start of <tool_call>) is held back until it is decided;
-    so is whitespace before a call, which only separates it, as is whitespace right after one. A call runs to
-    the first </tool_call>; one that does not read, or that the answer ends inside, is handed back as text after
-    a ToolCallWarning. `tools` (OpenAI-style specs) give qwen_xml values their declared types; `seed` makes the
-    call ids repeatable.
+    so is whitespace before a call, which only separates it and is dropped, as is whitespace right after one. A
+    call runs to the first </tool_call>; one that does not read, or that the answer ends inside, is handed back
+    as text (with the whitespace before it) after a ToolCallWarning. `tools` (OpenAI-style specs) give qwen_xml
+    values their declared types; `seed` makes the call ids repeatable.
     """
 
     def __init__(self, style: str, tools: list | None = None, seed: int | None = None):
@@ -417,9 +423,10 @@ class ToolCallParser:
         self._random = random.Random(seed) if seed is not None else random.SystemRandom()
         self._call_ids: set[str] = set()
         self._next_index = 0
-        self._pending = ""  # text not yet decided: outside a call, a tail that may start one; inside, one that may close it
+        self._pending = ""  # undecided text: outside a call a tail that may open one, inside one that may close it
         self._call: _CallBody | None = None
         self._raw = ""  # the open call's text so far, handed back if it does not read
+        self._separator = ""  # the whitespace held back before the open call, handed back with it
         self._after_call = False  # the answer so far ends with a call, so whitespace here only separates
 
     def feed(self, text: str) -> list:
@@ -437,7 +444,7 @@ class ToolCallParser:
             self._abandon("the answer ended inside it, before </tool_call>", self._raw + self._pending, events)
         else:
             self._add_text(self._pending, events)
-        self._pending, self._call, self._raw, self._after_call = "", None, "", False
+        self._pending, self._call, self._raw, self._separator, self._after_call = "", None, "", "", False
         return events
 
     def _read_text(self, events: list) -> bool:
@@ -449,7 +456,9 @@ class ToolCallParser:
             self._add_text(self._pending[:held], events)
             self._pending = self._pending[held:]
             return False
-        self._add_text(self._pending[:start].rstrip(), events)
+        before = self._pending[:start]
+        self._add_text(before.rstrip(), events)
+        self._separator = before[len(before.rstrip()):]
         self._pending = self._pending[start + len(CALL_OPEN):]
         self._raw = CALL_OPEN
         self._call = _XmlCallBody(self._new_call, self._schemas) if self.style == "qwen_xml" \
@@ -479,6 +488,8 @@ class ToolCallParser:
 
     def _abandon(self, reason: str, raw: str, events: list) -> None:
         """Hand the open call back as text, after a warning that says why."""
+        if self._separator:  # it separated nothing, so it is text after all
+            events.append(TextDelta(self._separator))
         index = self._call.started.index if self._call.started else None
         name = f" to {self._call.started.name!r}" if self._call.started else ""
         events.append(ToolCallWarning(f"the model's tool call{name} could not be read: {reason}; it is passed on as "
