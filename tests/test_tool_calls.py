@@ -74,7 +74,7 @@ JSON_SAMPLES = {
     "nested": json_call("search", {"query": "museums", "filters": {"lang": "fr", "open": {"days": ["mon", "tue"]}},
                                    "sites": [{"host": "orsay.fr", "weight": 0.5}, None, True], "limit": 10}),
     "unicode": "Je regarde 🌦…\n" + json_call("get_weather", {"city": "Zürich — 東京 🗼", "unit": "°C"}),
-    "escapes_in_strings": '<tool_call>\n{"name": "search", "arguments": {"query": "a \\"quoted\\" } ] { [ \\\\", '
+    "escapes_in_strings": '<tool_call>\n{"name": "search", "arguments": {"query": "a \\"}\\" ] { [ \\\\", '
                           '"u": "\\u00e9\\ud83d\\uddfc"}}\n</tool_call>',
     "compact_json": '<tool_call>{"name":"search","arguments":{"query":"x","limit":2}}</tool_call>',
     "arguments_first": '<tool_call>\n{"arguments": {"query": "x"}, "name": "search"}\n</tool_call>',
@@ -240,7 +240,7 @@ def test_unicode_text_and_arguments(style):
 def test_json_string_escapes_do_not_end_the_arguments():
     events = parse("qwen_json", [JSON_SAMPLES["escapes_in_strings"]])
     check_protocol(events)
-    assert calls_of(events) == [("search", {"query": 'a "quoted" } ] { [ \\', "u": "é🗼"})]
+    assert calls_of(events) == [("search", {"query": 'a "}" ] { [ \\', "u": "é🗼"})]
 
 
 def test_an_xml_value_keeps_its_lines_and_markup_and_drops_only_the_templates_newlines():
@@ -438,3 +438,25 @@ def test_calls_rendered_by_the_real_template_parse_back(real_tokenizer_folder, n
     assert calls_of(events) == ROUND_TRIP_CALLS
     assert text_of(events) == content
     assert not warnings_of(events)
+
+
+# ---- arbitrary text ----
+
+FRAGMENTS = ["<tool_call>", "</tool_call>", "<function=search>", "<function=", "</function>", "<parameter=limit>",
+             "<parameter=query>", "</parameter>", '{"name": "search", "arguments": ', "{", "}", "[", "]", '"', "\\",
+             ":", ",", "\n", " ", "a", "7", "é", "<", ">", "=", XML_SAMPLES["one_call"], XML_SAMPLES["nested"],
+             JSON_SAMPLES["one_call"], JSON_SAMPLES["nested"]]
+
+
+@pytest.mark.parametrize("style", ["qwen_xml", "qwen_json"])
+def test_arbitrary_text_never_breaks_the_parser_and_is_never_lost(style):
+    rng = random.Random(style)
+    for _ in range(300):
+        answer = "".join(rng.choice(FRAGMENTS) for _ in range(rng.randint(1, 40)))
+        events = joined(parse(style, [answer]))
+        check_protocol(events)
+        if not calls_of(events):  # nothing was read as a call, so every character comes back as text
+            assert text_of(events) == answer
+        cuts = sorted(rng.sample(range(len(answer) + 1), min(len(answer) + 1, 6)))
+        chunks = [answer[a:b] for a, b in zip([0] + cuts, cuts + [len(answer)])]
+        assert joined(parse(style, chunks)) == events, chunks
