@@ -235,9 +235,10 @@ class Prompt:
 def chat_prompt(tokenizer: ChatTokenizer, messages: list[dict], *, tools: list[dict] | None = None,
                 enable_thinking: bool = True) -> Prompt:
     """A conversation (system prompt, tool specs and results included) as the template renders it with the
-    generation prompt; message texts are data (ChatTokenizer.encode_chat). Raises CheckpointError when the
-    template refuses it."""
-    options = dict(enable_thinking=enable_thinking, tools=tools)
+    generation prompt; message texts are data (ChatTokenizer.encode_chat). Earlier replies keep their reasoning
+    where the template offers it (preserve_thinking, as in ChatSession), so an agent's growing conversation
+    stays a prefix of the next request's. Raises CheckpointError when the template refuses it."""
+    options = dict(enable_thinking=enable_thinking, tools=tools, preserve_thinking=True)
     ids, rendered = tokenizer.encode_chat(messages, add_generation_prompt=True, **options)
     # The messages' end: the next request re-renders the reply after it (a template drops an earlier turn's
     # reasoning) but shares everything before it.

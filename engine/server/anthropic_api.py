@@ -14,7 +14,8 @@ from engine.runtime.events import AnswerDelta, ReasoningDelta, TurnFinished
 from engine.runtime.session import chat_prompt
 from engine.server import fields
 from engine.server.fields import BadRequest, get
-from engine.server.replies import EngineFailed, Reply, ToolArguments, ToolDone, ToolStart, reply_events, tool_parser
+from engine.server.replies import (EngineFailed, Reply, ToolAbandoned, ToolArguments, ToolDone, ToolStart, reply_events,
+                                   tool_parser)
 
 _STOP_REASONS = {"eos": "end_turn", "stop": "stop_sequence", "length": "max_tokens"}
 
@@ -142,7 +143,7 @@ def _stop_reason(final: TurnFinished, tool_calls: bool) -> str:
 
 
 async def messages(request: Request, body: dict, context):
-    from engine.server.app import error_response, first_event, prepare, watch
+    from engine.server.app import error_response, prepare, watch
     from engine.server.openai_api import read_sampling
 
     chat = read_chat(body)
@@ -161,7 +162,6 @@ async def messages(request: Request, body: dict, context):
     job = context.worker.submit(lambda session: session.complete(prompt, sampling=sampling,
                                                                  prefix_cache=context.worker.prefix_cache))
     ident = f"msg_{uuid.uuid4().hex[:24]}"
-    await first_event(request, job)
     reply = Reply()
     events = reply_events(job, parser, reply)
     if not stream:
@@ -176,10 +176,10 @@ async def messages(request: Request, body: dict, context):
         if reply.final is None:
             return JSONResponse({}, status_code=499)
         content = []
-        if reply.reasoning:
-            content.append({"type": "thinking", "thinking": "".join(reply.reasoning), "signature": ""})
-        if reply.answer:
-            content.append({"type": "text", "text": "".join(reply.answer)})
+        if reply.final.reasoning:
+            content.append({"type": "thinking", "thinking": reply.final.reasoning, "signature": ""})
+        if "".join(reply.answer).strip():
+            content.append({"type": "text", "text": "".join(reply.answer).strip()})
         content += [{"type": "tool_use", "id": c.call_id, "name": c.name, "input": c.arguments}
                     for c in reply.tool_calls]
         return {"id": ident, "type": "message", "role": "assistant", "model": context.model_name, "content": content,
@@ -231,7 +231,7 @@ async def messages(request: Request, body: dict, context):
                 elif isinstance(item, ToolArguments):
                     out.append(event("content_block_delta", {"index": blocks["index"], "delta": {
                         "type": "input_json_delta", "partial_json": item.delta}}))
-                elif isinstance(item, ToolDone):
+                elif isinstance(item, (ToolDone, ToolAbandoned)):
                     out += close()
                 elif isinstance(item, TurnFinished):
                     out += close()

@@ -125,16 +125,6 @@ async def until_disconnect(request: Request, job) -> None:
             return
 
 
-async def first_event(request: Request, job) -> None:
-    """Wait for the job's first event, cancelling it if the client leaves while it waits in the queue or
-    prefills."""
-    watcher = asyncio.create_task(until_disconnect(request, job))
-    try:
-        await job.peek()
-    finally:
-        watcher.cancel()
-
-
 def watch(request: Request, job) -> asyncio.Task:
     """A task that cancels `job` when the client leaves; cancel the task once the reply is complete."""
     return asyncio.create_task(until_disconnect(request, job))

@@ -169,7 +169,7 @@ def _call(done: ToolDone) -> dict:
 
 
 async def chat_completions(request: Request, body: dict, context):
-    from engine.server.app import first_event, prepare, unix_now, watch
+    from engine.server.app import prepare, unix_now, watch
 
     chat = read_chat(body, context)
     prompt = await prepare(context, lambda: chat_prompt(context.tokenizer, chat.messages, tools=chat.tools,
@@ -178,7 +178,6 @@ async def chat_completions(request: Request, body: dict, context):
     job = context.worker.submit(lambda session: session.complete(prompt, sampling=chat.sampling,
                                                                  prefix_cache=context.worker.prefix_cache))
     ident, created = f"chatcmpl-{uuid.uuid4().hex}", unix_now()
-    await first_event(request, job)
     reply = Reply()
     events = reply_events(job, parser, reply)
     if not chat.stream:
@@ -192,21 +191,14 @@ async def chat_completions(request: Request, body: dict, context):
             watcher.cancel()
         if reply.final is None:  # cancelled: the client has gone, nobody reads this
             return JSONResponse({}, status_code=499)
-        message = {"role": "assistant", "content": "".join(reply.answer) or None,
-                   "reasoning_content": "".join(reply.reasoning) or None}
+        message = {"role": "assistant", "content": "".join(reply.answer).strip() or None,
+                   "reasoning_content": reply.final.reasoning or None}
         if reply.tool_calls:
             message["tool_calls"] = [_call(c) for c in reply.tool_calls]
         return {"id": ident, "object": "chat.completion", "created": created, "model": context.model_name,
                 "choices": [{"index": 0, "message": message, "logprobs": None,
                              "finish_reason": finish_reason(reply.final, bool(reply.tool_calls))}],
                 "usage": usage(reply.final)}
-    try:  # a failure before any output is still an HTTP error; later ones end the stream with an error event
-        peeked = await anext(events)
-    except EngineFailed as exc:
-        return _failure(request, exc)
-    except StopAsyncIteration:
-        return JSONResponse({}, status_code=499)
-
     def chunk(delta: dict, finish: str | None = None) -> dict:
         return {"data": json.dumps({"id": ident, "object": "chat.completion.chunk", "created": created,
                                     "model": context.model_name, "choices": [
@@ -216,8 +208,7 @@ async def chat_completions(request: Request, body: dict, context):
     async def stream():
         try:
             yield chunk({"role": "assistant", "content": ""})
-            item = peeked
-            while True:
+            async for item in events:
                 if isinstance(item, ReasoningDelta):
                     yield chunk({"reasoning_content": item.text})
                 elif isinstance(item, AnswerDelta):
@@ -234,20 +225,16 @@ async def chat_completions(request: Request, body: dict, context):
                                                    "created": created, "model": context.model_name,
                                                    "choices": [], "usage": usage(item)})}
                     yield {"data": "[DONE]"}
-                    return
-                item = await anext(events)
         except EngineFailed as exc:
             yield {"data": json.dumps({"error": {"message": exc.message, "type": "api_error", "param": None,
                                                  "code": None}})}
-        except StopAsyncIteration:  # cancelled
-            return
         finally:
             job.cancel()  # the client left (or the reply ended, when this does nothing)
     return EventSourceResponse(stream(), ping=15)
 
 
 async def completions(request: Request, body: dict, context):
-    from engine.server.app import first_event, prepare, unix_now, watch
+    from engine.server.app import prepare, unix_now, watch
 
     prompt = body.get("prompt")
     if isinstance(prompt, list) and len(prompt) == 1:
@@ -265,7 +252,6 @@ async def completions(request: Request, body: dict, context):
     job = context.worker.submit(lambda session: session.complete(tokens, sampling=sampling,
                                                                  prefix_cache=context.worker.prefix_cache))
     ident, created = f"cmpl-{uuid.uuid4().hex}", unix_now()
-    await first_event(request, job)
     reply = Reply()
     events = reply_events(job, None, reply)
 

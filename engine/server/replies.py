@@ -36,6 +36,13 @@ class ToolDone:
     arguments: dict
 
 
+@dataclass(frozen=True)
+class ToolAbandoned:
+    """A started call that did not read: its text follows as answer text."""
+
+    index: int
+
+
 @dataclass
 class Reply:
     """What a finished reply holds, for the non-streaming answers and the closing events."""
@@ -77,8 +84,10 @@ def _from_parser(parsed: list) -> list:
             out.append(ToolArguments(event.index, event.delta))
         elif isinstance(event, tc.ToolCallFinished):
             out.append(ToolDone(event.index, event.call_id, event.name, event.arguments))
-        elif isinstance(event, tc.ToolCallWarning):  # the raw text goes out as text: the parser says so
-            log.warning("tool call returned as text: %s", event.message)
+        elif isinstance(event, tc.ToolCallWarning):  # the raw text follows as a TextDelta
+            log.warning("%s", event.message)
+            if event.index is not None:
+                out.append(ToolAbandoned(event.index))
     return out
 
 

@@ -38,7 +38,6 @@ class Job:
     def __init__(self, worker: EngineWorker, run: Callable[[ChatSession], Iterator], loop: asyncio.AbstractEventLoop):
         self._worker, self._run, self._loop = worker, run, loop
         self.events: asyncio.Queue = asyncio.Queue()
-        self._head = None  # an event peek() took from the queue, still to stream
         self.cancelled = threading.Event()
         self.cancel_requested_at: float | None = None  # the worker's clock, when cancel() was called
         self.cancel_seen_at: float | None = None  # when the worker had stopped the run
@@ -51,16 +50,9 @@ class Job:
         self.cancelled.set()
         self._worker._cancel_if_running(self)
 
-    async def peek(self):
-        """The next event (None at the end), left for stream() to yield too."""
-        if self._head is None:
-            self._head = await self.events.get()
-        return self._head
-
     async def stream(self):
         """The job's events as they come."""
-        while (event := await self.peek()) is not None:
-            self._head = None
+        while (event := await self.events.get()) is not None:
             yield event
 
     def _put(self, event) -> None:
@@ -78,7 +70,7 @@ class EngineWorker:
         self.requests_served = 0
         self.requests_refused = 0
         self.last = LastRequest()
-        self.last_cancel_latency_s: float | None = None
+        self.last_cancel: tuple[float, float] | None = None  # (asked, stopped) on `clock`, for the latest cancel
         self._waiting: deque[Job] = deque()
         self._running: Job | None = None
         self._lock = threading.Condition()
@@ -158,7 +150,7 @@ class EngineWorker:
         stats = final.stats
         if stats.stop_reason == "cancelled" and job.cancel_requested_at is not None:
             job.cancel_seen_at = self.clock()
-            self.last_cancel_latency_s = job.cancel_seen_at - job.cancel_requested_at
+            self.last_cancel = (job.cancel_requested_at, job.cancel_seen_at)
         self.requests_served += 1
         self.last = LastRequest(stats.prompt_tokens, stats.cached_tokens, stats.new_tokens,
                                 stats.decode_tokens_per_s, stats.stop_reason)
