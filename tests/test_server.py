@@ -140,11 +140,14 @@ def test_bad_json_and_big_bodies_are_refused(server, claude):
                      content=json.dumps({"messages": [{"role": "user", "content": "x" * (2 * 2**20)}]}))
     assert big.status_code == 413
     with pytest.raises(anthropic.BadRequestError, match="max_tokens"):
-        claude.messages.create(model="demo", messages=QUESTION, max_tokens="many")
+        claude.messages.create(model="demo", messages=QUESTION, max_tokens=0)
+    no_limit = httpx.post(f"{server.base_url}/v1/messages", json={"messages": QUESTION}, headers=headers)
+    assert no_limit.status_code == 400 and no_limit.json()["error"] == {
+        "type": "invalid_request_error", "message": "'max_tokens' is required"}  # Anthropic's error shape
 
 
 def test_anthropic_messages_have_thinking_and_text_blocks(claude):
-    message = claude.messages.create(model="demo", max_tokens=120, temperature=0, messages=QUESTION,
+    message = claude.messages.create(model="demo", max_tokens=120, messages=QUESTION, extra_body={"temperature": 0},
                                      system="You add numbers.")
     kinds = [block.type for block in message.content]
     assert kinds == ["thinking", "text"] and "42" in message.content[1].text
@@ -154,7 +157,8 @@ def test_anthropic_messages_have_thinking_and_text_blocks(claude):
 
 
 def test_anthropic_stream_events(claude):
-    with claude.messages.stream(model="demo", max_tokens=8, temperature=0, messages=QUESTION) as stream:
+    with claude.messages.stream(model="demo", max_tokens=8, messages=QUESTION,
+                                extra_body={"temperature": 0}) as stream:
         kinds = [event.type for event in stream]
         final = stream.get_final_message()
     assert kinds[0] == "message_start" and kinds[-1] == "message_stop"
