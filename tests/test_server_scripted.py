@@ -93,8 +93,9 @@ def test_anthropic_tool_use_round_trip(tool_server, tokenizer):
     assert final.content[2].type == "tool_use" and final.content[2].input == {"a": 12, "b": 3}
     assert final.stop_reason == "tool_use"
 
+    result = {"type": "tool_result", "tool_use_id": use.id, "content": "36"}
     history = QUESTION + [{"role": "assistant", "content": [b.model_dump(exclude_none=True) for b in message.content]},
-                          {"role": "user", "content": [{"type": "tool_result", "tool_use_id": use.id, "content": "36"}]}]
+                          {"role": "user", "content": [result]}]
     since = len(tool_server.model.fed)
     claude.messages.create(model="demo", max_tokens=200, messages=history, tools=tools)
     prompt = _fed_text(tool_server.model, tokenizer, since)

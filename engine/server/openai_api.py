@@ -98,7 +98,8 @@ def read_tools(body: dict) -> list[dict] | None:
     for i, tool in enumerate(tools):
         where = f"tools[{i}]"
         if not isinstance(tool, dict) or tool.get("type", "function") != "function":
-            raise BadRequest(f"'{where}' must be a function tool ({{\"type\": \"function\", \"function\": ...}})", where)
+            raise BadRequest(f"'{where}' must be a function tool: {{\"type\": \"function\", \"function\": {{...}}}}",
+                             where)
         function = get(tool, "function", dict, where=f"{where}.", required=True)
         get(function, "name", str, where=f"{where}.function.", required=True)
     choice = body.get("tool_choice")
