@@ -44,8 +44,6 @@ def error_response(request_path: str, status: int, message: str, param: str | No
     kind = kind or {400: "invalid_request_error", 401: "authentication_error", 404: "not_found_error",
                     413: "request_too_large", 429: "rate_limit_error"}.get(status, "api_error")
     if request_path.startswith(ANTHROPIC_PATHS):
-        if kind == "rate_limit_error":
-            kind = "overloaded_error" if status == 529 else kind
         return JSONResponse({"type": "error", "error": {"type": kind, "message": message}}, status_code=status)
     return JSONResponse({"error": {"message": message, "type": kind, "param": param, "code": None}},
                         status_code=status)

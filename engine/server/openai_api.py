@@ -147,7 +147,9 @@ def read_chat(body: dict, context) -> Chat:
         raise BadRequest("'response_format' other than text is not supported (the engine does not constrain its "
                          "output); describe the format in the prompt instead", "response_format")
     options = get(body, "stream_options", dict, {})
-    return Chat(read_messages(body), read_tools(body), read_thinking(body), read_sampling(body, context),
+    # no limit given: the reply may fill the context, as other OpenAI-compatible servers allow
+    return Chat(read_messages(body), read_tools(body), read_thinking(body),
+                read_sampling(body, context, default_max=context.context_tokens),
                 bool(get(body, "stream", bool, False)), bool(get(options, "include_usage", bool, False,
                                                                   where="stream_options.")))
 

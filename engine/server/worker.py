@@ -48,7 +48,7 @@ class Job:
             return
         self.cancel_requested_at = self._worker.clock()
         self.cancelled.set()
-        self._worker._cancel_if_running(self)
+        self._worker._withdraw(self)
 
     async def stream(self):
         """The job's events as they come."""
@@ -108,10 +108,14 @@ class EngineWorker:
             job.cancel()
         self._thread.join(timeout=10)
 
-    def _cancel_if_running(self, job: Job) -> None:
+    def _withdraw(self, job: Job) -> None:
+        """Stop `job` if it runs; take it out of the queue (its place goes to the next client) if it waits."""
         with self._lock:
             if self._running is job:
                 self.session.cancel()
+            elif job in self._waiting:
+                self._waiting.remove(job)
+                job._put(None)
 
     def _loop(self) -> None:
         while True:
@@ -123,9 +127,6 @@ class EngineWorker:
                         job._put(None)
                     return
                 job = self._waiting.popleft()
-                if job.cancelled.is_set():  # its client left while it waited
-                    job._put(None)
-                    continue
                 self._running = job
             try:
                 self._run(job)
