@@ -383,6 +383,7 @@ def run_serve(args) -> int:
     except KeyboardInterrupt:
         pass
     finally:
+        signal.signal(signal.SIGINT, signal.SIG_IGN)  # a second Ctrl-C must not break the bounded shutdown
         running.stop()
     return 0
 
