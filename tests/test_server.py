@@ -167,6 +167,15 @@ def test_anthropic_stream_events(claude):
     assert final.stop_reason == "max_tokens" and final.usage.output_tokens == 8
 
 
+def test_no_cross_origin_access_is_granted(server):
+    """CORS is off: a web page on another origin gets no permission to read the API's answers."""
+    headers = {"Origin": "https://example.com", "Access-Control-Request-Method": "POST", "x-api-key": API_KEY}
+    preflight = httpx.options(f"{server.base_url}/v1/chat/completions", headers=headers)
+    answer = httpx.get(f"{server.base_url}/v1/models", headers=headers)
+    assert "access-control-allow-origin" not in preflight.headers
+    assert answer.status_code == 200 and "access-control-allow-origin" not in answer.headers
+
+
 def test_a_lan_address_needs_a_key(capsys):
     with pytest.raises(ValueError, match="--api-key"):
         check_settings(host="0.0.0.0", port=1919, api_key=None, max_queue=4, prefix_cache_mib=0, max_body_mib=1)

@@ -145,3 +145,15 @@ def test_a_disconnect_cancels_the_request_within_100_ms(slow_server):
     asked, stopped = worker.last_cancel
     assert asked >= closed_at and stopped - closed_at < 0.1
     assert worker.last.stop_reason == "cancelled" and worker.last.generated_tokens < 2000
+
+
+def test_a_client_that_gives_up_on_a_whole_reply_cancels_it(slow_server):
+    """Not streaming: the route watches the connection while the reply runs."""
+    worker = slow_server.worker
+    with pytest.raises(httpx.ReadTimeout):
+        httpx.post(f"{slow_server.base_url}/v1/chat/completions", json={"messages": QUESTION},
+                   headers={"x-api-key": API_KEY}, timeout=httpx.Timeout(60, read=1.0))
+    closed_at = worker.clock()  # the client has closed its connection by now
+    _wait(lambda: worker.last_cancel is not None)
+    assert worker.last_cancel[1] - closed_at < 0.1
+    assert worker.last.stop_reason == "cancelled" and not worker.busy
