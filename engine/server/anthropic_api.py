@@ -14,8 +14,10 @@ from engine.runtime.events import AnswerDelta, ReasoningDelta, TurnFinished
 from engine.runtime.session import chat_prompt
 from engine.server import fields
 from engine.server.fields import BadRequest, get
-from engine.server.replies import (EngineFailed, Reply, ToolAbandoned, ToolArguments, ToolDone, ToolStart, reply_events,
-                                   tool_parser)
+from engine.server.http import drain, error_response, prepare
+from engine.server.openai_api import read_sampling
+from engine.server.replies import (EngineFailed, Reply, ToolAbandoned, ToolArguments, ToolDone, ToolStart,
+                                   reply_events, tool_parser)
 
 _STOP_REASONS = {"eos": "end_turn", "stop": "stop_sequence", "length": "max_tokens"}
 
@@ -143,9 +145,6 @@ def _stop_reason(final: TurnFinished, tool_calls: bool) -> str:
 
 
 async def messages(request: Request, body: dict, context):
-    from engine.server.app import error_response, prepare, watch
-    from engine.server.openai_api import read_sampling
-
     chat = read_chat(body)
     stop = body.get("stop_sequences")
     sampling_body = {k: body.get(k) for k in ("max_tokens", "temperature", "top_p", "top_k")}
@@ -165,14 +164,10 @@ async def messages(request: Request, body: dict, context):
     reply = Reply()
     events = reply_events(job, parser, reply)
     if not stream:
-        watcher = watch(request, job)
         try:
-            async for _ in events:
-                pass
+            await drain(request, job, events)
         except EngineFailed as exc:
             return error_response(request.url.path, 500, exc.message)
-        finally:
-            watcher.cancel()
         if reply.final is None:
             return JSONResponse({}, status_code=499)
         content = []

@@ -5,48 +5,19 @@ No route reads or writes a file: requests carry text, the engine answers with te
 
 from __future__ import annotations
 
-import asyncio
 import hmac
-import json
-import time
-from dataclasses import dataclass
 
 from fastapi import FastAPI, Request
-from fastapi.responses import JSONResponse
 from starlette.concurrency import run_in_threadpool
 
 from engine.errors import CheckpointError
-from engine.runtime.sampling import SamplingParams
-from engine.runtime.session import Prompt, chat_prompt
-from engine.runtime.tokenizer import ChatTokenizer
+from engine.runtime.session import chat_prompt
+from engine.server import anthropic_api, openai_api
 from engine.server.fields import BadRequest
-from engine.server.worker import EngineWorker, QueueFull
+from engine.server.http import ServerContext, error_response, json_body
+from engine.server.worker import QueueFull
 
 DEFAULT_MAX_BODY_BYTES = 16 * 2**20  # an agent's 60K-token conversation with its tools is well under 1 MiB
-ANTHROPIC_PATHS = ("/v1/messages",)
-
-
-@dataclass
-class ServerContext:
-    """What every route needs: the engine, the model's name and tokenizer, the default sampling settings."""
-
-    worker: EngineWorker
-    model_name: str
-    tokenizer: ChatTokenizer
-    defaults: SamplingParams
-    context_tokens: int
-    started: int  # Unix time, for /v1/models
-
-
-def error_response(request_path: str, status: int, message: str, param: str | None = None,
-                   kind: str | None = None) -> JSONResponse:
-    """An error in the shape the path's API uses: Anthropic's on /v1/messages*, OpenAI's elsewhere."""
-    kind = kind or {400: "invalid_request_error", 401: "authentication_error", 404: "not_found_error",
-                    413: "request_too_large", 429: "rate_limit_error"}.get(status, "api_error")
-    if request_path.startswith(ANTHROPIC_PATHS):
-        return JSONResponse({"type": "error", "error": {"type": kind, "message": message}}, status_code=status)
-    return JSONResponse({"error": {"message": message, "type": kind, "param": param, "code": None}},
-                        status_code=status)
 
 
 class Guard:
@@ -102,53 +73,9 @@ class Guard:
         await response(scope, receive, send)
 
 
-async def json_body(request: Request) -> dict:
-    """The body as a JSON object, or BadRequest saying why not."""
-    raw = await request.body()
-    try:
-        body = json.loads(raw)
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise BadRequest(f"the request body is not valid JSON ({exc}); send a JSON object") from None
-    if not isinstance(body, dict):
-        raise BadRequest("the request body must be a JSON object")
-    return body
-
-
-async def until_disconnect(request: Request, job) -> None:
-    """Cancel `job` as soon as the client's connection closes (run as a task; cancelled when not needed)."""
-    while True:
-        message = await request.receive()
-        if message["type"] == "http.disconnect":
-            job.cancel()
-            return
-
-
-def watch(request: Request, job) -> asyncio.Task:
-    """A task that cancels `job` when the client leaves; cancel the task once the reply is complete."""
-    return asyncio.create_task(until_disconnect(request, job))
-
-
-async def prepare(context: ServerContext, build) -> Prompt:
-    """build() (a chat_prompt or text_prompt call) off the event loop; BadRequest when the template refuses the
-    conversation or it does not fit the context."""
-    try:
-        prompt = await run_in_threadpool(build)
-    except CheckpointError as exc:
-        raise BadRequest(f"the model's chat template cannot render these messages: {exc}", "messages") from None
-    if not prompt.ids:
-        raise BadRequest("the prompt is empty: give it some text", "prompt")
-    if len(prompt.ids) + 1 > context.context_tokens:
-        raise BadRequest(f"the prompt is {len(prompt.ids)} tokens and the server's context holds "
-                         f"{context.context_tokens} with the reply: shorten the conversation (or restart the server "
-                         f"with a larger --context)", "messages")
-    return prompt
-
-
 def create_app(context: ServerContext, *, api_key: str | None = None,
                max_body_bytes: int = DEFAULT_MAX_BODY_BYTES) -> FastAPI:
     """The FastAPI application serving `context`'s engine."""
-    from engine.server import anthropic_api, openai_api
-
     app = FastAPI(title="MoE Desk engine", docs_url=None, redoc_url=None, openapi_url=None)
     app.state.context = context
     app.add_middleware(Guard, api_key=api_key, max_body_bytes=max_body_bytes)
@@ -217,7 +144,3 @@ def create_app(context: ServerContext, *, api_key: str | None = None,
         return {"input_tokens": len(prompt.ids)}
 
     return app
-
-
-def unix_now() -> int:
-    return int(time.time())

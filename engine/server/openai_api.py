@@ -11,12 +11,14 @@ from fastapi.responses import JSONResponse
 from sse_starlette.sse import EventSourceResponse
 
 from engine.runtime.events import AnswerDelta, ReasoningDelta, TurnFinished
+from engine.runtime.sampling import SamplingParams
 from engine.runtime.session import chat_prompt, text_prompt
 from engine.server import fields
 from engine.server.fields import BadRequest, get
-from engine.server.replies import EngineFailed, Reply, ToolArguments, ToolDone, ToolStart, reply_events, tool_parser
+from engine.server.http import drain, error_response, prepare, unix_now
+from engine.server.replies import (EngineFailed, Reply, ToolArguments, ToolDone, ToolStart, reply_events,
+                                   tool_parser)
 
-_SAMPLING_NAMES = {"max_new_tokens": "max_tokens"}
 _THINKING_EFFORTS = {"none": False, "minimal": False, "low": True, "medium": True, "high": True, "xhigh": True}
 
 
@@ -27,7 +29,7 @@ class Chat:
     messages: list[dict]
     tools: list[dict] | None
     enable_thinking: bool
-    sampling: object
+    sampling: SamplingParams
     stream: bool
     include_usage: bool
 
@@ -123,17 +125,18 @@ def read_thinking(body: dict) -> bool:
     return _THINKING_EFFORTS[effort]
 
 
-def read_sampling(body: dict, context, default_max: int | None = None):
-    """The sampling settings of an OpenAI request."""
+def read_sampling(body: dict, context, default_max: int | None = None) -> SamplingParams:
+    """The sampling settings of an OpenAI request (Anthropic's fields are a subset); `default_max` is the token
+    limit when the request sets none (None: the model's default)."""
     if get(body, "n", int, 1) != 1:
         raise BadRequest("'n' must be 1: the engine answers one sequence at a time", "n")
     if get(body, "logprobs", (bool, int), False):
         raise BadRequest("'logprobs' is not supported by this server; leave it out", "logprobs")
     max_tokens = get(body, "max_completion_tokens", int, get(body, "max_tokens", int, default_max))
     stop = body.get("stop")
+    limit_name = "max_completion_tokens" if "max_completion_tokens" in body else "max_tokens"
     return fields.sampling(
-        context.defaults, {**_SAMPLING_NAMES, "max_new_tokens": "max_completion_tokens"
-                           if "max_completion_tokens" in body else "max_tokens"},
+        context.defaults, {"max_new_tokens": limit_name},
         temperature=get(body, "temperature", float), top_p=get(body, "top_p", float), top_k=get(body, "top_k", int),
         min_p=get(body, "min_p", float), presence_penalty=get(body, "presence_penalty", float),
         frequency_penalty=get(body, "frequency_penalty", float),
@@ -142,6 +145,7 @@ def read_sampling(body: dict, context, default_max: int | None = None):
 
 
 def read_chat(body: dict, context) -> Chat:
+    """A chat completion request's fields, checked."""
     response_format = get(body, "response_format", dict)
     if response_format is not None and response_format.get("type", "text") != "text":
         raise BadRequest("'response_format' other than text is not supported (the engine does not constrain its "
@@ -172,8 +176,6 @@ def _call(done: ToolDone) -> dict:
 
 
 async def chat_completions(request: Request, body: dict, context):
-    from engine.server.app import prepare, unix_now, watch
-
     chat = read_chat(body, context)
     prompt = await prepare(context, lambda: chat_prompt(context.tokenizer, chat.messages, tools=chat.tools,
                                                         enable_thinking=chat.enable_thinking))
@@ -184,14 +186,10 @@ async def chat_completions(request: Request, body: dict, context):
     reply = Reply()
     events = reply_events(job, parser, reply)
     if not chat.stream:
-        watcher = watch(request, job)
         try:
-            async for _ in events:
-                pass
+            await drain(request, job, events)
         except EngineFailed as exc:
             return _failure(request, exc)
-        finally:
-            watcher.cancel()
         if reply.final is None:  # cancelled: the client has gone, nobody reads this
             return JSONResponse({}, status_code=499)
         message = {"role": "assistant", "content": "".join(reply.answer).strip() or None,
@@ -237,7 +235,6 @@ async def chat_completions(request: Request, body: dict, context):
 
 
 async def completions(request: Request, body: dict, context):
-    from engine.server.app import prepare, unix_now, watch
 
     prompt = body.get("prompt")
     if isinstance(prompt, list) and len(prompt) == 1:
@@ -263,14 +260,10 @@ async def completions(request: Request, body: dict, context):
                 "choices": [{"text": text, "index": 0, "logprobs": None, "finish_reason": finish}], **extra}
 
     if not stream:
-        watcher = watch(request, job)
         try:
-            async for _ in events:
-                pass
+            await drain(request, job, events)
         except EngineFailed as exc:
             return _failure(request, exc)
-        finally:
-            watcher.cancel()
         if reply.final is None:
             return JSONResponse({}, status_code=499)
         return body_of("".join(reply.reasoning + reply.answer), finish_reason(reply.final, False),
@@ -294,6 +287,5 @@ async def completions(request: Request, body: dict, context):
 
 
 def _failure(request: Request, exc: EngineFailed):
-    from engine.server.app import error_response
 
     return error_response(request.url.path, 500, exc.message)

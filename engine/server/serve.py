@@ -11,7 +11,8 @@ import uvicorn
 
 from engine.runtime.prefix_cache import PrefixCache
 from engine.runtime.session import ChatSession
-from engine.server.app import ServerContext, create_app, unix_now
+from engine.server.app import create_app
+from engine.server.http import ServerContext, unix_now
 from engine.server.worker import EngineWorker
 
 START_SECONDS = 30.0
