@@ -142,3 +142,12 @@ def test_an_agent_conversation_prefills_only_its_new_tokens(model, tokenizer, ca
         print(f"\nagent conversation, 20 requests: {total_prompt} prompt tokens, {total_prefilled} prefilled")
         for request, tokens, cached, prefilled in rows:
             print(f"  request {request + 1:2}: prompt {tokens:5}, cached {cached:5}, prefilled {prefilled:4}")
+
+
+def test_a_chat_turn_after_a_whole_request_starts_a_fresh_conversation(model, tokenizer):
+    session = ChatSession(model, tokenizer, context_tokens=1024, sampling=GREEDY)
+    _run(session, [{"role": "user", "content": "What is 12 + 30?"}], PrefixCache(16 * 2**20))
+    final = list(session.send("hello"))[-1]
+    alone = chat_prompt(tokenizer, [{"role": "user", "content": "hello"}])
+    assert final.stats.prompt_tokens == final.stats.prefill_tokens == len(alone.ids)
+    assert session.messages[0] == {"role": "user", "content": "hello"}

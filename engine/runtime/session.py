@@ -92,6 +92,7 @@ class ChatSession:
         self._pending: tuple[int, ...] = ()  # sampled but not yet fed (the last token of a reply)
         self._synced = 0  # messages[:_synced] are in the state
         self._boundaries: list[_Boundary] = []
+        self._holds_request = False  # set by complete(): the next turn starts from a fresh state
 
     def cancel(self) -> None:
         self._cancel.set()
@@ -168,6 +169,7 @@ class ChatSession:
         params = sampling or self.sampling
         sampler = Sampler(replace(params, stop=tuple(params.stop)))
         self.messages, self._synced, self._boundaries, self._pending = [], 0, [], ()
+        self._holds_request = True
         ids = prompt.ids
 
         def refused(reason: str, error: str | None = None) -> TurnFinished:
@@ -188,10 +190,12 @@ class ChatSession:
                        start_logits=hit.logits if hit else None, prefix_cache=prefix_cache,
                        save_at={*prompt.save_at, len(ids)})
         yield from reply.run()
-        self.messages, self._synced = [], 0
+        self.messages, self._synced = [], 0  # the reply is not a turn of the session's own conversation
 
     def _turn(self, user_text: str, sampling: SamplingParams | None) -> Iterator:
         """The turn's events; a cancel() from now on (before the first event too) stops it."""
+        if self._holds_request:  # the state holds a whole request's sequence, not this conversation
+            self._forget_state()
         self._cancel.clear()
         return self._run_turn(user_text, sampling)
 
