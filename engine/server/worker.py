@@ -56,7 +56,10 @@ class Job:
             yield event
 
     def _put(self, event) -> None:
-        self._loop.call_soon_threadsafe(self.events.put_nowait, event)
+        try:
+            self._loop.call_soon_threadsafe(self.events.put_nowait, event)
+        except RuntimeError:  # the server's event loop has closed (shutting down): nobody reads this job any more
+            pass
 
 
 class EngineWorker:
