@@ -272,9 +272,9 @@ class _Reply:
     def __init__(self, session: ChatSession, sampler: Sampler, prompt_ids: list[int], rendered: str, *,
                  start_logits: torch.Tensor | None = None, prefix_cache: PrefixCache | None = None,
                  save_at: frozenset[int] = frozenset()):
-        """prompt_ids: what the state still needs; start_logits: the last state token's logits when that is
-        nothing; the states after `save_at` tokens (positions within the prompt), and the state at the end of
-        the reply, go into prefix_cache."""
+        """prompt_ids: what the state still needs; start_logits: the state's last token's logits, for when that
+        is nothing; the states once `save_at` tokens are in (counted from the sequence's start), and the state
+        at the end of the reply, go into prefix_cache."""
         self.session, self.sampler, self.prompt_ids = session, sampler, prompt_ids
         self.logits, self.prefix_cache, self.save_at = start_logits, prefix_cache, save_at
         tok = session.tokenizer
