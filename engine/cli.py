@@ -16,7 +16,7 @@ from pathlib import Path
 
 from engine.errors import CheckpointError
 from engine.experts.split import BACKENDS
-from engine.resources import DEMO_MODEL, resolve_model
+from engine.resources import DEMO_MODEL, DEMO_NAME, resolve_model
 from engine.runtime.events import AnswerDelta, ReasoningDelta, TurnFinished
 from engine.runtime.sampling import SamplingParams
 
@@ -99,6 +99,20 @@ def build_parser() -> argparse.ArgumentParser:
                        help="pin no expert record (as where pinning is refused, e.g. under WSL2)")
     bench.add_argument("--json", action="store_true")
 
+    serve = commands.add_parser("serve", help="serve the model over HTTP: OpenAI- and Anthropic-compatible API")
+    _model_options(serve)
+    serve.add_argument("--host", default="127.0.0.1", help="address to listen on (default: 127.0.0.1, this "
+                                                           "machine only; any other needs --api-key)")
+    serve.add_argument("--port", type=int, default=1919, help="port to listen on (default: 1919)")
+    serve.add_argument("--api-key", help="key every request must carry (Authorization: Bearer KEY or x-api-key); "
+                                         "default: $MOEDESK_API_KEY, else none on 127.0.0.1")
+    serve.add_argument("--max-queue", type=int, default=16,
+                       help="requests that may wait while one runs; past it the server answers 429 (default: 16)")
+    serve.add_argument("--prefix-cache-mib", type=int, default=4096,
+                       help="host RAM for the states of recent prompts, so a resent conversation prefills only "
+                            "what is new (default: 4096 MiB; 0 turns it off)")
+    serve.add_argument("--max-body-mib", type=float, default=16, help="largest request body (default: 16 MiB)")
+
     pull = commands.add_parser("pull", help="download a model from the Hugging Face Hub (resumes an unfinished one)")
     pull.add_argument("repo_id", help="the model's repo, e.g. nvidia/Qwen3.6-35B-A3B-NVFP4")
     pull.add_argument("--revision", default="main", help="branch, tag or commit (default: main)")
@@ -111,19 +125,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _model_and_sampling(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--model", type=resolve_model, default=DEMO_MODEL,
-                   help="checkpoint folder, or 'demo' for the built-in demo model (the default)")
-    p.add_argument("--context", type=int, help=f"context size in tokens (default: {DEFAULT_CONTEXT_TOKENS}, or the "
-                                                f"model's maximum when that is less)")
-    p.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto",
-                   help="auto: the GPU under --preset's memory plan when one is usable, else the CPU")
-    p.add_argument("--preset", choices=["4gb", "8gb", "12gb", "auto"], default="auto",
-                   help="VRAM preset for the GPU (auto: the card's free memory)")
-    p.add_argument("--expert-backend", choices=BACKENDS, default="auto",
-                   help="where a GPU run computes expert-cache misses: auto (timed over the first tokens), gpu "
-                        "(every expert in VRAM), offload (copied over PCIe), cpu (from host RAM) or hybrid (both)")
-    p.add_argument("--cpu-threads", type=int, help="threads for the CPU's work: the whole model on the CPU, the "
-                                                   "experts it computes on a GPU run (default: physical cores)")
+    _model_options(p)
     p.add_argument("--system", help="system prompt")
     p.add_argument("--no-think", action="store_true", help="turn the thinking mode off")
     p.add_argument("--temperature", type=float)
@@ -137,21 +139,53 @@ def _model_and_sampling(p: argparse.ArgumentParser) -> None:
     p.add_argument("--seed", type=int)
 
 
+def _model_options(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--model", type=resolve_model, default=DEMO_MODEL,
+                   help="checkpoint folder, or 'demo' for the built-in demo model (the default)")
+    p.add_argument("--context", type=int, help=f"context size in tokens (default: {DEFAULT_CONTEXT_TOKENS}, or the "
+                                                f"model's maximum when that is less)")
+    p.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto",
+                   help="auto: the GPU under --preset's memory plan when one is usable, else the CPU")
+    p.add_argument("--preset", choices=["4gb", "8gb", "12gb", "auto"], default="auto",
+                   help="VRAM preset for the GPU (auto: the card's free memory)")
+    p.add_argument("--expert-backend", choices=BACKENDS, default="auto",
+                   help="where a GPU run computes expert-cache misses: auto (timed over the first tokens), gpu "
+                        "(every expert in VRAM), offload (copied over PCIe), cpu (from host RAM) or hybrid (both)")
+    p.add_argument("--cpu-threads", type=int, help="threads for the CPU's work: the whole model on the CPU, the "
+                                                   "experts it computes on a GPU run (default: physical cores)")
+
+
 def _open_session(args):
+    from engine.runtime.session import ChatSession
+
+    _check_text(args.system, "--system")
+    for stop in args.stop or ():
+        _check_text(stop, "--stop")
+    model, tokenizer, context, chunk = _load(args)
+    sampling = SamplingParams.from_generation_config(
+        tokenizer.generation_defaults, temperature=args.temperature, top_p=args.top_p, top_k=args.top_k,
+        min_p=args.min_p, repetition_penalty=args.repetition_penalty, presence_penalty=args.presence_penalty,
+        max_new_tokens=args.max_new_tokens, seed=args.seed, stop=tuple(args.stop) if args.stop else None)
+    try:
+        sampling.validate()
+    except ValueError as exc:
+        raise CliError(str(exc)) from None
+    return ChatSession(model, tokenizer, context_tokens=context, sampling=sampling,
+                       system_prompt=args.system, enable_thinking=not args.no_think, **chunk)
+
+
+def _load(args):
+    """(model, tokenizer, context tokens, prefill chunk setting) for --model under --device and --preset."""
     # imported here so `plan` and `--help` stay fast
     import torch
 
     from engine.loader import read_config
     from engine.runtime.placement import gpu_status, load_placed, plan_placement
     from engine.runtime.planner import PlanError
-    from engine.runtime.session import ChatSession
     from engine.runtime.tokenizer import ChatTokenizer
 
     if args.context is not None and args.context < 16:
         raise CliError(f"--context must be at least 16 tokens, got {args.context}")
-    _check_text(args.system, "--system")
-    for stop in args.stop or ():
-        _check_text(stop, "--stop")
     if args.cpu_threads is not None:
         from engine.kernels import cpu_experts
         try:  # checked before the long load, against the CPU expert kernels' own limit
@@ -181,20 +215,11 @@ def _open_session(args):
     except ValueError as exc:  # the executor refuses a gpu backend whose cache cannot hold every layer
         raise CliError(f"{exc} (--expert-backend), or a bigger --preset") from None
     tokenizer = ChatTokenizer.from_folder(args.model)
-    sampling = SamplingParams.from_generation_config(
-        tokenizer.generation_defaults, temperature=args.temperature, top_p=args.top_p, top_k=args.top_k,
-        min_p=args.min_p, repetition_penalty=args.repetition_penalty, presence_penalty=args.presence_penalty,
-        max_new_tokens=args.max_new_tokens, seed=args.seed, stop=tuple(args.stop) if args.stop else None)
-    try:
-        sampling.validate()
-    except ValueError as exc:
-        raise CliError(str(exc)) from None
     plan = placement.plan
     chunk = {"prefill_chunk_tokens": plan.prefill_chunk_tokens} if plan is not None else {}
     context = args.context or min(DEFAULT_CONTEXT_TOKENS, longest)
     context = min(context, plan.kv_tokens) if plan is not None else context
-    return ChatSession(model, tokenizer, context_tokens=context, sampling=sampling,
-                       system_prompt=args.system, enable_thinking=not args.no_think, **chunk)
+    return model, tokenizer, context, chunk
 
 
 def _check_text(text: str | None, what: str) -> None:
@@ -331,6 +356,36 @@ def run_generate(args) -> int:
             failed = True
             print(f"error: {final.stats.error}", file=sys.stderr)
     return EXIT_FAILED if failed else 0
+
+
+def run_serve(args) -> int:
+    """Load the model and serve it until Ctrl-C."""
+    import os
+
+    from engine.server import serve
+
+    api_key = args.api_key or os.environ.get("MOEDESK_API_KEY") or None
+    try:
+        server = serve.check_settings(host=args.host, port=args.port, api_key=api_key, max_queue=args.max_queue,
+                                      prefix_cache_mib=args.prefix_cache_mib, max_body_mib=args.max_body_mib)
+    except ValueError as exc:
+        raise CliError(str(exc)) from None
+    model, tokenizer, context, chunk = _load(args)
+    name = DEMO_NAME if args.model == DEMO_MODEL else args.model.name
+    try:
+        running = serve.start(server, model, tokenizer, context_tokens=context, model_name=name, **chunk)
+    except RuntimeError as exc:
+        raise CliError(str(exc)) from None
+    print(f"serving {name} at {running.base_url} (OpenAI: {running.base_url}/v1, Anthropic: {running.base_url}); "
+          f"Ctrl-C stops", file=sys.stderr, flush=True)
+    try:
+        running.wait()
+    except KeyboardInterrupt:
+        pass
+    finally:
+        signal.signal(signal.SIGINT, signal.SIG_IGN)  # a second Ctrl-C must not break the bounded shutdown
+        running.stop()
+    return 0
 
 
 def run_plan(args) -> int:
@@ -562,7 +617,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         args = build_parser().parse_args(argv)
         commands = {"chat": run_chat, "generate": run_generate, "plan": run_plan, "bench": run_bench,
-                    "pull": run_pull}
+                    "pull": run_pull, "serve": run_serve}
         return commands[args.command](args)
     except CliError as exc:
         print(f"error: {exc}", file=sys.stderr)

@@ -90,6 +90,15 @@ def test_presence_penalty_is_subtracted_once_per_token():
     assert greedy(torch.tensor([1.7, 2.0]), [1, 1, 1], [1, 1, 1]) == 1  # 1.8; three times would be 1.4
 
 
+def test_frequency_penalty_grows_with_each_repeat_of_a_generated_token():
+    greedy = sampler(temperature=0.0, frequency_penalty=0.2)
+    assert greedy(torch.tensor([1.7, 2.0]), [1], [1]) == 1  # once: 2.0 - 0.2 = 1.8 > 1.7
+    assert greedy(torch.tensor([1.7, 2.0]), [1, 1], [1, 1]) == 0  # twice: 1.6 < 1.7
+    assert greedy(torch.tensor([1.7, 2.0]), [1, 1], []) == 1  # prompt tokens are not counted
+    with pytest.raises(ValueError, match="frequency_penalty"):
+        SamplingParams(frequency_penalty=3.0).validate()
+
+
 def test_a_very_low_temperature_behaves_like_greedy():
     logits = torch.tensor([1.0, 1.1, 0.9, 1.05])
     assert set(draws(sampler(temperature=1e-4), logits, 200)) == {1}

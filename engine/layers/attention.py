@@ -49,6 +49,16 @@ class KVCache:
     def restore(self, length: int) -> None:
         self.length = length
 
+    def host_copy(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """(keys, values) of the cached tokens, copied to host RAM: valid whatever this cache is used for next."""
+        return self.keys[:self.length].to("cpu", copy=True), self.values[:self.length].to("cpu", copy=True)
+
+    def load(self, saved: tuple[torch.Tensor, torch.Tensor]) -> None:
+        """Hold exactly the tokens of a host_copy()."""
+        keys, values = saved
+        self.length = 0
+        self.append(keys.to(self.keys.device), values.to(self.values.device))
+
     def clone(self) -> KVCache:
         copy = object.__new__(KVCache)
         copy.limit, copy.length = self.limit, self.length

@@ -36,6 +36,9 @@ class DeltaNetState:
         self.conv.copy_(saved.conv, non_blocking=True)
         self.recurrent.copy_(saved.recurrent, non_blocking=True)
 
+    # a fixed-size state's snapshot is already a full copy, valid whatever the state does next
+    host_copy, load = snapshot, restore
+
 
 def _to_host(t: torch.Tensor) -> torch.Tensor:
     on_gpu = t.device.type == "cuda"

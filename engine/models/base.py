@@ -62,10 +62,35 @@ class ModelState:
         self.position = snapshot.position
 
 
+    def host_copy(self) -> HostState:
+        """A full copy in host RAM (KV rows as well as recurrent states), so it stays valid while this state
+        goes on to run other sequences: what a cache shared across requests keeps."""
+        return HostState(self.position, [s.host_copy() for s in self.layers])
+
+    def load(self, saved: HostState) -> None:
+        """Hold exactly the sequence of a host_copy(), whatever this state held before."""
+        for layer_state, layer_saved in zip(self.layers, saved.layers):
+            layer_state.load(layer_saved)
+        self.position = saved.position
+
+
 @dataclass(frozen=True)
 class StateSnapshot:
     position: int
     layers: list
+
+
+@dataclass(frozen=True)
+class HostState:
+    position: int
+    layers: list
+
+    @property
+    def nbytes(self) -> int:
+        """Host RAM the copy holds."""
+        tensors = [t for layer in self.layers for t in (layer if isinstance(layer, tuple) else
+                                                        (layer.conv, layer.recurrent))]
+        return sum(t.numel() * t.element_size() for t in tensors)
 
 
 class Interrupted(Exception):

@@ -32,6 +32,7 @@ class TurnStats:
     stop_reason: str  # one of STOP_REASONS
     seed: int
     error: str | None = None
+    cached_tokens: int = 0  # prompt tokens already in the state (from a prefix cache or the chat so far)
 
     def to_dict(self) -> dict:
         return asdict(self)

@@ -39,6 +39,7 @@ class SamplingParams:
     min_p: float = 0.0  # 0.0 turns it off
     repetition_penalty: float = 1.0  # 1.0 turns it off; applies to every token in the context
     presence_penalty: float = 0.0  # applies to tokens generated so far
+    frequency_penalty: float = 0.0  # times each one's count in the tokens generated so far
     max_new_tokens: int = 1024
     stop: tuple[str, ...] = ()
     seed: int | None = None  # None: a fresh random seed per sampler
@@ -52,6 +53,7 @@ class SamplingParams:
             ("min_p", self.min_p, 0 <= self.min_p < 1, "in [0, 1)"),
             ("repetition_penalty", self.repetition_penalty, self.repetition_penalty > 0, "> 0"),
             ("presence_penalty", self.presence_penalty, -2 <= self.presence_penalty <= 2, "in [-2, 2]"),
+            ("frequency_penalty", self.frequency_penalty, -2 <= self.frequency_penalty <= 2, "in [-2, 2]"),
             ("max_new_tokens", self.max_new_tokens, self.max_new_tokens >= 1, ">= 1"),
             ("stop", self.stop, not isinstance(self.stop, str) and all(isinstance(s, str) and s for s in self.stop),
              "a sequence of non-empty strings"),
@@ -97,6 +99,9 @@ class Sampler:
             logits[ids] = torch.where(scores < 0, scores * p.repetition_penalty, scores / p.repetition_penalty)
         if p.presence_penalty != 0.0:
             logits[_unique(generated_ids)] -= p.presence_penalty
+        if p.frequency_penalty != 0.0 and len(generated_ids):
+            ids, counts = torch.as_tensor(list(generated_ids), dtype=torch.long).unique(return_counts=True)
+            logits[ids] -= p.frequency_penalty * counts.to(logits.dtype)
         if p.temperature == 0:
             return int(logits.argmax())
 

@@ -29,6 +29,7 @@ import torch
 from engine.errors import CheckpointError, ContextOverflowError, NonFiniteLogitsError
 from engine.models.base import CausalLM, Interrupted, StateSnapshot
 from engine.runtime.events import AnswerDelta, ReasoningDelta, TurnFinished, TurnStats
+from engine.runtime.prefix_cache import PrefixCache
 from engine.runtime.sampling import Sampler, SamplingParams
 from engine.runtime.stop import StopMatcher
 from engine.runtime.tokenizer import ChatTokenizer, IncrementalDetokenizer
@@ -69,6 +70,7 @@ class ChatSession:
         self.messages: list[dict] = []
         self.prefilled_tokens_total = 0  # every token this session pushed through prefill
         self._cancel = threading.Event()
+        self._blank = None  # a fresh state's host copy, made by the first whole request
         self.reset()
 
     # ---- conversation controls ------------------------------------------------------------------
@@ -90,6 +92,7 @@ class ChatSession:
         self._pending: tuple[int, ...] = ()  # sampled but not yet fed (the last token of a reply)
         self._synced = 0  # messages[:_synced] are in the state
         self._boundaries: list[_Boundary] = []
+        self._holds_request = False  # set by complete(): the next turn starts from a fresh state
 
     def cancel(self) -> None:
         self._cancel.set()
@@ -156,8 +159,48 @@ class ChatSession:
         ids, text = encode(framed + new_messages, after=_SENTINEL)
         return list(self._pending) + ids, text
 
+    # ---- whole requests (an HTTP API: every request carries its conversation) --------------------
+
+    def complete(self, prompt: Prompt, *, sampling: SamplingParams | None = None,
+                 prefix_cache: PrefixCache | None = None) -> Iterator:
+        """Stream the reply to a whole prompt (chat_prompt or text_prompt) as send() does, starting from the
+        longest prefix of its tokens that `prefix_cache` holds; the states at the prompt's save points and at
+        the end of the reply go into it for the requests that follow. The session's own conversation is
+        cleared; a cancel() from now on stops the reply."""
+        self._cancel.clear()
+        return self._complete(prompt, sampling, prefix_cache)
+
+    def _complete(self, prompt: Prompt, sampling: SamplingParams | None, prefix_cache: PrefixCache | None) -> Iterator:
+        params = sampling or self.sampling
+        sampler = Sampler(replace(params, stop=tuple(params.stop)))
+        self.messages, self._synced, self._boundaries, self._pending = [], 0, [], ()
+        self._holds_request = True
+        ids = prompt.ids
+
+        def refused(reason: str, error: str | None = None) -> TurnFinished:
+            return TurnFinished("", "", TurnStats(0, 0, 0, 0.0, 0.0, 0.0, reason, sampler.seed, error))
+        if not ids:
+            yield refused("error", "the prompt is empty: give it some text")
+            return
+        if len(ids) + 1 > self.context_tokens:
+            yield refused("error", str(ContextOverflowError(len(ids) + 1, self.context_tokens)))
+            return
+        if self._blank is None:
+            self._blank = self.model.new_state(0).host_copy()  # what a state holds before any token
+        hit = prefix_cache.longest_prefix(ids) if prefix_cache is not None else None
+        self._state.load(hit.state if hit is not None else self._blank)
+        self._fed = list(hit.ids) if hit is not None else []
+        self._boundaries = [_Boundary(0, self._state.snapshot(), len(self._fed), ())]
+        reply = _Reply(self, sampler, ids[len(self._fed):], prompt.rendered,
+                       start_logits=hit.logits if hit else None, prefix_cache=prefix_cache,
+                       save_at={*prompt.save_at, len(ids)})
+        yield from reply.run()
+        self.messages, self._synced = [], 0  # the reply is not a turn of the session's own conversation
+
     def _turn(self, user_text: str, sampling: SamplingParams | None) -> Iterator:
         """The turn's events; a cancel() from now on (before the first event too) stops it."""
+        if self._holds_request:  # the state holds a whole request's sequence, not this conversation
+            self._forget_state()
         self._cancel.clear()
         return self._run_turn(user_text, sampling)
 
@@ -188,6 +231,36 @@ class ChatSession:
         yield from _Reply(self, sampler, ids, rendered).run()
 
 
+@dataclass(frozen=True)
+class Prompt:
+    """A whole request's prompt: its token ids, the text they encode, and where a prefix cache should keep the
+    state (token counts at message boundaries; the prompt's end is always one)."""
+
+    ids: list[int]
+    rendered: str
+    save_at: tuple[int, ...] = ()
+
+
+def chat_prompt(tokenizer: ChatTokenizer, messages: list[dict], *, tools: list[dict] | None = None,
+                enable_thinking: bool = True) -> Prompt:
+    """A conversation (system prompt, tool specs and results included) as the template renders it with the
+    generation prompt; message texts are data (ChatTokenizer.encode_chat). Earlier replies keep their reasoning
+    where the template offers it (preserve_thinking, as in ChatSession), so an agent's growing conversation
+    stays a prefix of the next request's. Raises CheckpointError when the template refuses it."""
+    options = dict(enable_thinking=enable_thinking, tools=tools, preserve_thinking=True)
+    ids, rendered = tokenizer.encode_chat(messages, add_generation_prompt=True, **options)
+    # The messages' end: the next request re-renders the reply after it (a template drops an earlier turn's
+    # reasoning) but shares everything before it.
+    head, _ = tokenizer.encode_chat(messages, add_generation_prompt=False, **options)
+    kept = 0 < len(head) < len(ids) and ids[:len(head)] == head
+    return Prompt(ids, rendered, (len(head),) if kept else ())
+
+
+def text_prompt(tokenizer: ChatTokenizer, text: str) -> Prompt:
+    """Raw prompt text read as plain text (no control tokens), for completions."""
+    return Prompt(tokenizer.encode_text(text), "")
+
+
 def _explain(exc: Exception, phase: str) -> str:
     if isinstance(exc, NonFiniteLogitsError):
         return str(exc)
@@ -201,8 +274,14 @@ def _explain(exc: Exception, phase: str) -> str:
 class _Reply:
     """One reply: prefill the prompt in chunks, then decode, splitting reasoning from answer."""
 
-    def __init__(self, session: ChatSession, sampler: Sampler, prompt_ids: list[int], rendered: str):
+    def __init__(self, session: ChatSession, sampler: Sampler, prompt_ids: list[int], rendered: str, *,
+                 start_logits: torch.Tensor | None = None, prefix_cache: PrefixCache | None = None,
+                 save_at: frozenset[int] = frozenset()):
+        """prompt_ids: what the state still needs; start_logits: the state's last token's logits, for when that
+        is nothing; the states once `save_at` tokens are in (counted from the sequence's start), and the state
+        at the end of the reply, go into prefix_cache."""
         self.session, self.sampler, self.prompt_ids = session, sampler, prompt_ids
+        self.logits, self.prefix_cache, self.save_at = start_logits, prefix_cache, save_at
         tok = session.tokenizer
         self.think_start = tok.token_id(tok.think_start) if tok.think_start else None
         self.think_end = tok.token_id(tok.think_end) if tok.think_end else None
@@ -226,6 +305,8 @@ class _Reply:
             self.prompt_tokens = s._state.position
             phase = "writing the reply"
             reason = yield from self._decode(logits, generated)
+            if reason != "cancelled":
+                self._save()
         except Interrupted:
             s._rewind(len(s._boundaries) - 1)
             yield self._finish("cancelled", start, start, 0, prefilled=0)
@@ -240,6 +321,12 @@ class _Reply:
         s.messages.append(self._assistant_message())
         s._synced = len(s.messages)
         yield self._finish(reason, start, first_token_at, len(generated), prefilled=len(self.prompt_ids))
+
+    def _save(self) -> None:
+        """Put the state (its token ids, the logits of the last) into the prefix cache, unless it holds it."""
+        s = self.session
+        if self.prefix_cache is not None and not self.prefix_cache.contains(s._fed):
+            self.prefix_cache.store(s._fed, s._state.host_copy(), self.logits)
 
     def _decode(self, logits, generated: list[int]):
         """Sample until a stop; yields text events, returns the stop reason."""
@@ -258,21 +345,28 @@ class _Reply:
                 return "stop"
             if len(generated) == budget:
                 break
-            logits = s.model.forward([token], s._state)
+            logits = self.logits = s.model.forward([token], s._state)
             s._fed.append(token)
         return "length"
 
     def _prefill(self):
+        """Feed the prompt in chunks that end at every save point; the last token's logits."""
         s = self.session
-        chunk = s.prefill_chunk_tokens
-        logits = None
-        for begin in range(0, len(self.prompt_ids), chunk):
-            piece = self.prompt_ids[begin:begin + chunk]
-            logits = s.model.forward(piece, s._state, interrupt=s._cancel.is_set)
-            s._fed.extend(piece)
-            s.prefilled_tokens_total += len(piece)
+        offset = len(s._fed)  # the save points count from the start of the sequence, the prompt from here
+        ends = sorted({p - offset for p in self.save_at if 0 < p - offset < len(self.prompt_ids)}
+                      | {len(self.prompt_ids)})
+        begin = 0
+        for end in ends:
+            while begin < end:
+                piece = self.prompt_ids[begin:min(begin + s.prefill_chunk_tokens, end)]
+                self.logits = s.model.forward(piece, s._state, interrupt=s._cancel.is_set)
+                s._fed.extend(piece)
+                s.prefilled_tokens_total += len(piece)
+                begin += len(piece)
+            if end + offset in self.save_at:
+                self._save()
         s._pending = ()
-        return logits
+        return self.logits
 
     def _emit(self, token: int) -> tuple[list, bool]:
         if token == self.think_start or token == self.think_end:
@@ -318,5 +412,6 @@ class _Reply:
             prompt_tokens=self.prompt_tokens, prefill_tokens=prefilled, new_tokens=new_tokens,
             time_to_first_token_s=prefill_s, prefill_tokens_per_s=prefilled / prefill_s,
             decode_tokens_per_s=(new_tokens - 1) / decode_s if new_tokens > 1 and decode_s > 0 else 0.0,
-            stop_reason=reason, seed=self.sampler.seed, error=error)
+            stop_reason=reason, seed=self.sampler.seed, error=error,
+            cached_tokens=self.prompt_tokens - prefilled if reason not in ("cancelled", "error") else 0)
         return TurnFinished("".join(self.answer).rstrip(), "".join(self.thoughts).strip(), stats)

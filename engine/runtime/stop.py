@@ -25,7 +25,7 @@ class StopMatcher:
             start, self.matched = hit
             self._held = ""
             return text[:start], True
-        held_from = self._partial_stop_start(text)
+        held_from = partial_match_start(text, self.stops)
         self._held = text[held_from:]
         return text[:held_from], False
 
@@ -40,11 +40,12 @@ class StopMatcher:
         # Stops found at one start are prefixes of each other; the shortest sorts first and, streamed, completes first.
         return min(hits, default=None)
 
-    def _partial_stop_start(self, text: str) -> int:
-        """Where the longest tail of text that begins a stop string starts; len(text) when none does."""
-        longest_stop = max(map(len, self.stops), default=0)
-        for start in range(max(0, len(text) - longest_stop + 1), len(text)):
-            tail = text[start:]
-            if any(stop.startswith(tail) for stop in self.stops):
-                return start
-        return len(text)
+
+def partial_match_start(text: str, strings: Sequence[str]) -> int:
+    """Where the longest tail of text that begins one of strings starts; len(text) when no tail does."""
+    longest = max(map(len, strings), default=0)
+    for start in range(max(0, len(text) - longest + 1), len(text)):
+        tail = text[start:]
+        if any(string.startswith(tail) for string in strings):
+            return start
+    return len(text)

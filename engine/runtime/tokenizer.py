@@ -163,8 +163,10 @@ class ChatTokenizer:
     """Text to token ids and back, and conversations to prompt text, as the model folder defines them."""
 
     def __init__(self, tokenizer: Tokenizer, special_tokens: dict[str, str], template: jinja2.Template | None,
-                 template_path: Path, eos_token_ids: frozenset[int], generation_defaults: dict):
+                 template_path: Path, eos_token_ids: frozenset[int], generation_defaults: dict,
+                 template_source: str | None = None):
         self._tokenizer = tokenizer
+        self.template_source = template_source  # the chat template's text (it defines the tool-call format)
         self._special_tokens = special_tokens  # bos_token / eos_token text, for the template
         self._template = template
         self._template_path = template_path
@@ -212,7 +214,7 @@ class ChatTokenizer:
             except jinja2.TemplateSyntaxError as exc:
                 raise CheckpointError(template_path, f"has a chat template that does not parse: {exc.message} "
                                                      f"(template line {exc.lineno})", REPLACE_TEMPLATE) from None
-        return cls(tokenizer, special_tokens, template, template_path, eos_ids, generation)
+        return cls(tokenizer, special_tokens, template, template_path, eos_ids, generation, source)
 
     def encode(self, text: str) -> list[int]:
         """Token ids of text; special tokens written in it (<|im_start|>) become their ids. No BOS is added."""

@@ -1,0 +1,1 @@
+"""`python -m engine serve`: the loaded model behind OpenAI- and Anthropic-compatible HTTP endpoints."""

@@ -1,0 +1,124 @@
+"""A reply's engine events as the APIs need them: reasoning, answer text and tool calls, then the end.
+
+The answer text goes through the model's tool-call parser when the request offered tools, so `<tool_call>`
+blocks leave as structured calls (arguments streamed as they arrive) and everything else as text.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+
+from engine.runtime.events import AnswerDelta, ReasoningDelta, TurnFinished
+
+log = logging.getLogger("engine.server")
+
+
+@dataclass(frozen=True)
+class ToolStart:
+    index: int
+    call_id: str
+    name: str
+
+
+@dataclass(frozen=True)
+class ToolArguments:
+    index: int
+    delta: str
+
+
+@dataclass(frozen=True)
+class ToolDone:
+    index: int
+    call_id: str
+    name: str
+    arguments: dict
+
+
+@dataclass(frozen=True)
+class ToolAbandoned:
+    """A started call that did not read: its text follows as answer text."""
+
+    index: int
+
+
+@dataclass
+class Reply:
+    """What a finished reply holds, for the non-streaming answers and the closing events."""
+
+    reasoning: list[str] = field(default_factory=list)
+    answer: list[str] = field(default_factory=list)
+    tool_calls: list[ToolDone] = field(default_factory=list)
+    final: TurnFinished | None = None
+
+
+class EngineFailed(Exception):
+    """The engine could not answer: `message` says why."""
+
+    def __init__(self, message: str):
+        super().__init__(message)
+        self.message = message
+
+
+def tool_parser(template_source: str | None, tools: list[dict] | None, seed: int | None):
+    """The model's tool-call parser when the request has tools and the template a call format, else None."""
+    if not tools or template_source is None:
+        return None
+    from engine.runtime.tool_calls import ToolCallParser, tool_call_style
+
+    style = tool_call_style(template_source)
+    return ToolCallParser(style, tools=tools, seed=seed) if style is not None else None
+
+
+def _from_parser(parsed: list) -> list:
+    from engine.runtime import tool_calls as tc
+
+    out = []
+    for event in parsed:
+        if isinstance(event, tc.TextDelta):
+            out.append(AnswerDelta(event.text))
+        elif isinstance(event, tc.ToolCallStarted):
+            out.append(ToolStart(event.index, event.call_id, event.name))
+        elif isinstance(event, tc.ToolCallArgumentsDelta):
+            out.append(ToolArguments(event.index, event.delta))
+        elif isinstance(event, tc.ToolCallFinished):
+            out.append(ToolDone(event.index, event.call_id, event.name, event.arguments))
+        elif isinstance(event, tc.ToolCallWarning):  # the raw text follows as a TextDelta
+            log.warning("%s", event.message)
+            if event.index is not None:
+                out.append(ToolAbandoned(event.index))
+    return out
+
+
+async def reply_events(job, parser, reply: Reply) -> AsyncIterator:
+    """ReasoningDelta, AnswerDelta, ToolStart/ToolArguments/ToolDone events, filling `reply`; ends with the
+    TurnFinished. Raises EngineFailed when the engine reports an error, and ends early when it is cancelled."""
+    async for event in job.stream():
+        if isinstance(event, Exception):
+            log.error("request failed", exc_info=event)
+            raise EngineFailed(f"the engine failed ({type(event).__name__}: {event}); the log has the details")
+        if isinstance(event, TurnFinished):
+            tail = _from_parser(parser.finish()) if parser is not None else []
+            for item in tail:
+                _keep(reply, item)
+                yield item
+            if event.stats.error:
+                raise EngineFailed(event.stats.error)
+            reply.final = event
+            yield event
+            return
+        items = _from_parser(parser.feed(event.text)) if parser is not None and isinstance(event, AnswerDelta) \
+            else [event]
+        for item in items:
+            _keep(reply, item)
+            yield item
+
+
+def _keep(reply: Reply, item) -> None:
+    if isinstance(item, ReasoningDelta):
+        reply.reasoning.append(item.text)
+    elif isinstance(item, AnswerDelta):
+        reply.answer.append(item.text)
+    elif isinstance(item, ToolDone):
+        reply.tool_calls.append(item)

@@ -1,0 +1,160 @@
+"""One thread owns the model: requests wait in one bounded queue and run one sequence at a time.
+
+The HTTP layer submits a job (a function of the ChatSession that yields its events) and reads the events
+from an asyncio queue; cancelling a job that is running asks the session to stop, which it does between
+tokens or between layers of a prefill chunk.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from collections import deque
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+
+from engine.runtime.events import TurnFinished
+from engine.runtime.prefix_cache import PrefixCache
+from engine.runtime.session import ChatSession
+
+
+class QueueFull(Exception):
+    """The queue holds as many waiting requests as it may."""
+
+
+@dataclass
+class LastRequest:
+    prompt_tokens: int = 0
+    cached_tokens: int = 0
+    generated_tokens: int = 0
+    tokens_per_s: float = 0.0
+    stop_reason: str = ""
+
+
+class Job:
+    """One request's run: events go to `events` (an asyncio queue on the server's loop), None last."""
+
+    def __init__(self, worker: EngineWorker, run: Callable[[ChatSession], Iterator], loop: asyncio.AbstractEventLoop):
+        self._worker, self._run, self._loop = worker, run, loop
+        self.events: asyncio.Queue = asyncio.Queue()
+        self.cancelled = threading.Event()
+        self.cancel_requested_at: float | None = None  # the worker's clock, when cancel() was called
+        self.cancel_seen_at: float | None = None  # when the worker had stopped the run
+
+    def cancel(self) -> None:
+        """Stop this job: dropped if still waiting, stopped at the next token or layer if running."""
+        if self.cancelled.is_set():
+            return
+        self.cancel_requested_at = self._worker.clock()
+        self.cancelled.set()
+        self._worker._withdraw(self)
+
+    async def stream(self):
+        """The job's events as they come."""
+        while (event := await self.events.get()) is not None:
+            yield event
+
+    def _put(self, event) -> None:
+        try:
+            self._loop.call_soon_threadsafe(self.events.put_nowait, event)
+        except RuntimeError:  # the server's event loop has closed (shutting down): nobody reads this job any more
+            pass
+
+
+class EngineWorker:
+    """The model's only user: a daemon thread running queued jobs in order."""
+
+    def __init__(self, session: ChatSession, prefix_cache: PrefixCache | None, *, max_queue: int,
+                 clock: Callable[[], float] = time.monotonic):
+        if max_queue < 0:
+            raise ValueError(f"--max-queue must be 0 or more, got {max_queue}")
+        self.session, self.prefix_cache, self.max_queue, self.clock = session, prefix_cache, max_queue, clock
+        self.requests_served = 0
+        self.requests_refused = 0
+        self.last = LastRequest()
+        self.last_cancel: tuple[float, float] | None = None  # (asked, stopped) on `clock`, for the latest cancel
+        self._waiting: deque[Job] = deque()
+        self._running: Job | None = None
+        self._lock = threading.Condition()
+        self._stopping = False
+        self._thread = threading.Thread(target=self._loop, name="engine-worker", daemon=True)
+        self._thread.start()
+
+    @property
+    def queued(self) -> int:
+        return len(self._waiting)
+
+    @property
+    def busy(self) -> bool:
+        return self._running is not None
+
+    def submit(self, run: Callable[[ChatSession], Iterator]) -> Job:
+        """Queue a job, or raise QueueFull when max_queue requests already wait."""
+        job = Job(self, run, asyncio.get_running_loop())
+        with self._lock:
+            if len(self._waiting) >= self.max_queue and self._running is not None:
+                self.requests_refused += 1
+                raise QueueFull(f"the engine is busy: {len(self._waiting)} requests are already waiting (the limit "
+                                f"is {self.max_queue}, --max-queue); try again shortly")
+            self._waiting.append(job)
+            self._lock.notify()
+        return job
+
+    def stop(self) -> None:
+        """Cancel what runs and waits, and end the thread."""
+        with self._lock:
+            self._stopping = True
+            jobs = [*self._waiting, *([self._running] if self._running else [])]
+            self._lock.notify()
+        for job in jobs:
+            job.cancel()
+        self._thread.join(timeout=10)
+
+    def _withdraw(self, job: Job) -> None:
+        """Stop `job` if it runs; take it out of the queue (its place goes to the next client) if it waits."""
+        with self._lock:
+            if self._running is job:
+                self.session.cancel()
+            elif job in self._waiting:
+                self._waiting.remove(job)
+                job._put(None)
+
+    def _loop(self) -> None:
+        while True:
+            with self._lock:
+                while not self._waiting and not self._stopping:
+                    self._lock.wait()
+                if self._stopping:
+                    for job in self._waiting:
+                        job._put(None)
+                    return
+                job = self._waiting.popleft()
+                self._running = job
+            try:
+                self._run(job)
+            finally:
+                with self._lock:
+                    self._running = None
+                job._put(None)
+
+    def _run(self, job: Job) -> None:
+        try:
+            events = job._run(self.session)
+            if job.cancelled.is_set():  # cancelled between leaving the queue and starting: the run clears the flag
+                self.session.cancel()
+            for event in events:
+                job._put(event)
+                if isinstance(event, TurnFinished):
+                    self._record(job, event)
+        except Exception as exc:  # a bug or a failure outside the session's own handling: this request fails alone
+            job._put(exc)
+
+    def _record(self, job: Job, final: TurnFinished) -> None:
+        stats = final.stats
+        if stats.stop_reason == "cancelled" and job.cancel_requested_at is not None:
+            job.cancel_seen_at = self.clock()
+            self.last_cancel = (job.cancel_requested_at, job.cancel_seen_at)
+        self.requests_served += 1
+        self.last = LastRequest(stats.prompt_tokens, stats.cached_tokens, stats.new_tokens,
+                                stats.decode_tokens_per_s, stats.stop_reason)
