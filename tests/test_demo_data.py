@@ -423,6 +423,7 @@ def test_generation_is_deterministic():
     a = [D.training_segments(c) for c in D.conversations(11, 200)]
     b = [D.training_segments(c) for c in D.conversations(11, 200)]
     assert a == b
+    assert a != [D.training_segments(c) for c in D.conversations(12, 200)]
     kinds = {c.tags[0] for c in D.conversations(12, 500)}
     assert kinds == set(D.MIX)
 
