@@ -219,7 +219,10 @@ def test_saved_history_is_prefilled_with_the_next_message(tokenizer):
     history = [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Hello!"}]
     session.reset(history)
     final = list(session.send("How are you?"))[-1]
-    expected = tokenizer.render(history + [{"role": "user", "content": "How are you?"}], enable_thinking=False)
+    # the history is rendered with every reply's think block kept, as the live state holds it
+    expected = tokenizer.render(history + [{"role": "user", "content": "How are you?"}], enable_thinking=False,
+                                preserve_thinking=True)
+    assert "<think>\n\n</think>\n\nHello!" in expected
     assert tokenizer.decode(model.fed[0]) == expected
     assert final.stats.prefill_tokens == len(tokenizer.encode(expected))
     assert [m["content"] for m in session.messages] == ["Hi", "Hello!", "How are you?", "Fine."]

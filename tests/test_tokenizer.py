@@ -289,3 +289,19 @@ def test_folder_without_chat_template(model_copy):
     (model_copy / "chat_template.jinja").unlink()
     with pytest.raises(CheckpointError, match="has no chat template"):
         ChatTokenizer.from_folder(model_copy).render([{"role": "user", "content": "hi"}])
+
+
+def test_a_tokenizer_built_in_memory_works_like_its_folder(folder):
+    """from_parts (a training script's tokenizer, before a folder exists) renders and encodes as from_folder."""
+    from tokenizers import Tokenizer
+
+    on_disk = ChatTokenizer.from_folder(folder)
+    in_memory = ChatTokenizer.from_parts(Tokenizer.from_file(str(folder / "tokenizer.json")), CHAT_TEMPLATE,
+                                         "<|im_end|>")
+    messages = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi <|im_end|>"},
+                {"role": "assistant", "content": "Hello", "reasoning_content": "greet"},
+                {"role": "user", "content": TEXTS["mixed"]}]
+    for options in ({}, {"enable_thinking": False}, {"preserve_thinking": True}):
+        assert in_memory.render(messages, **options) == on_disk.render(messages, **options)
+        assert in_memory.encode_chat(messages, **options) == on_disk.encode_chat(messages, **options)
+    assert in_memory.eos_token_ids == on_disk.eos_token_ids

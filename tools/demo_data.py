@@ -1,46 +1,51 @@
 """Synthetic conversations for MoE Desk's built-in demo model, and their rendering into training text.
 
-The demo model does three things: small talk, saying what it is, and adding or subtracting whole numbers
-from 0 to 999. Arithmetic replies think first: the <think> block works the sum digit by digit from the
-right, one line per place ("Ones: 7 + 6 = 13, write 3, carry 1."), in a format so regular that a model of a
-few million parameters can learn the procedure instead of memorising a million sums.
+The demo model does four things: small talk, saying what it is, adding or subtracting whole numbers from 0 to
+999, and multiplying by calling a `multiply` tool when the request offers one. Arithmetic replies think
+first: the <think> block works the sum digit by digit from the right, one line per place ("Ones: 7 + 6 = 13,
+write 3, carry 1."), in a format so regular that a model of a few million parameters can learn the procedure
+instead of memorising a million sums. A product is never computed: the model calls the tool in the chat
+template's `<tool_call>` format, reads the `<tool_response>` and quotes it.
 
-Everything here is deterministic for a given seed. A fixed 2 % of the (A, B, operator) problems, chosen by a
-hash, never appears in generated training data, so the evaluation can measure generalisation on them
-(`is_held_out`, `held_out_pairs`, `sample_problems`).
+Conversations come in the kinds of MIX, with the shares given there: single questions, chats of 2 to 8 turns
+(the fifth turn and later must stay as reliable as the first), and tool round trips. A chat's history is
+rendered the way the app or an API client renders it (`Conversation.history`).
 
-Training text is the chat template's output exactly as inference sees it: the prompt part is what
-ChatSession feeds (render(..., add_generation_prompt=True, enable_thinking=...)), the target is the text
-the model generates after it plus <|im_end|>. Prompt and target are tokenised separately, as the app
-tokenises a prompt and then appends generated tokens, so token boundaries match too (`training_segments`).
+Everything here is deterministic for a given seed. A fixed 2 % of the (A, B, operator) sums and differences,
+chosen by a hash, never appears in generated training data, so the evaluation can measure generalisation on
+them (`is_held_out`, `held_out_pairs`, `sample_problems`).
 
-Only the standard library and `tokenizers`/`jinja2` are used, so this runs wherever the training script runs.
+Training text is the chat template's output exactly as inference sees it, rendered by the engine's own
+ChatTokenizer: each prompt is what the app or the server feeds (render(..., add_generation_prompt=True)),
+each target the text the model generates after it up to its <|im_end|>. Prompt and target are tokenised
+separately, as the app tokenises a prompt and then appends generated tokens, so token boundaries match too
+(`training_segments`).
 """
 
 from __future__ import annotations
 
-import importlib.util
+import json
 import random
 import re
+import sys
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from functools import lru_cache
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
 
+from engine.runtime.tokenizer import ChatTokenizer  # noqa: E402
+from engine.testing import tiny_tokenizer as _TINY  # noqa: E402
 
-def _load_tiny_tokenizer_module():
-    """engine/testing/tiny_tokenizer.py by path, so the engine package (torch, safetensors) is not imported."""
-    path = ROOT / "engine" / "testing" / "tiny_tokenizer.py"
-    spec = importlib.util.spec_from_file_location("_moedesk_tiny_tokenizer", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-_TINY = _load_tiny_tokenizer_module()
-CHAT_TEMPLATE: str = _TINY.CHAT_TEMPLATE
-SPECIAL_TOKENS: tuple[str, ...] = _TINY.SPECIAL_TOKENS  # <|endoftext|> <|im_end|> <|im_start|> <think> </think>
+CHAT_TEMPLATE: str = _TINY.CHAT_TEMPLATE  # renders text, tools, tool calls and results as Qwen3.6's does
+# Qwen3.6's tokenizer has the tool markup as single added tokens too; like the thinking tags they are not
+# "special" (decoding keeps them). Ids 0-4 are the tiny tokenizers' (<|im_end|> is 1), the tool tokens 5-8.
+TOOL_TOKENS: tuple[str, ...] = ("<tool_call>", "</tool_call>", "<tool_response>", "</tool_response>")
+SPECIAL_TOKENS: tuple[str, ...] = _TINY.SPECIAL_TOKENS + TOOL_TOKENS
+NOT_SPECIAL_TOKENS: frozenset[str] = frozenset(("<think>", "</think>") + TOOL_TOKENS)
 GENERIC_CORPUS: str = _TINY.CORPUS  # a little varied text, so the vocabulary is not only our phrases
 
 IM_START, IM_END = "<|im_start|>", "<|im_end|>"
@@ -53,15 +58,19 @@ PLACES = ("Ones", "Tens", "Hundreds", "Thousands")
 # --------------------------------------------------------------------------------------------------------
 
 IDENTITY = ("I am the built-in demo model of MoE Desk: a tiny mixture-of-experts model, made so the app "
-            "works before you download anything. I can only make small talk and "
-            "add or subtract whole numbers from 0 to 999. For real questions, download a real model from the "
-            "Models page.")
+            "works before you download anything. I can only make small talk, "
+            "add or subtract whole numbers from 0 to 999, and multiply with a multiply tool when one is offered. "
+            "For real questions, download a real model from the Models page.")
 CAPABILITIES = ("I can make small talk and add or subtract whole numbers from 0 to 999, for example "
-                "\"What is 457 + 386?\". I am only MoE Desk's built-in demo model; for anything else, "
-                "download a real model from the Models page.")
+                "\"What is 457 + 386?\". When an app offers me a multiply tool, I can multiply by calling it. "
+                "I am only MoE Desk's built-in demo model; for anything else, download a real model from the "
+                "Models page.")
 OUT_OF_SCOPE = ("I can't help with that: I am only MoE Desk's built-in demo model, and all I can do is small "
                 "talk and adding or subtracting whole numbers from 0 to 999. Download a real model from the "
                 "Models page for questions like this.")
+NO_MULTIPLY_TOOL = ("I can't multiply on my own: I am only MoE Desk's built-in demo model. Offer me a multiply "
+                    "tool and I will call it and give you the result; I can add and subtract whole numbers from 0 "
+                    "to 999 myself.")
 REAL_MODEL = ("Open the Models page, choose a model and download it; then select it for your chat. I am only "
               "the built-in demo model, so a real model will answer far better.")
 
@@ -110,7 +119,8 @@ INTENTS: tuple[Intent, ...] = (
            ("What can you do?", "What can you help me with?", "Can you help me?", "What are you good at?",
             "What do you know?", "Help", "help", "What should I ask you?", "How do I use you?",
             "What are your limits?"),
-           "The user asks what I can do. I can only make small talk and add or subtract numbers from 0 to 999.",
+           "The user asks what I can do. I can only make small talk, add or subtract numbers from 0 to 999, "
+           "and multiply by calling a multiply tool.",
            (CAPABILITIES,)),
     Intent("real_model",
            ("How do I get a better model?", "How can I download a real model?", "Where do I get a real model?",
@@ -120,7 +130,7 @@ INTENTS: tuple[Intent, ...] = (
     Intent("out_of_scope",
            ("What is the capital of France?", "Write a poem about the sea.", "Explain quantum physics.",
             "Translate 'good morning' into French.", "Write a Python function that sorts a list.",
-            "What is 12 times 7?", "What is 144 divided by 12?", "Tell me a joke.", "What's the weather today?",
+            "What is 144 divided by 12?", "Tell me a joke.", "What's the weather today?",
             "Summarize this article for me.", "Who won the World Cup in 2018?", "What is the square root of 81?",
             "Can you write an email to my boss?", "What is the meaning of life?", "Recommend a good book.",
             "How do I cook pasta?", "What year is it?", "Solve x + 3 = 7."),
@@ -302,14 +312,18 @@ def sample_problems(rng: random.Random, n: int, held_out: bool, max_value: int =
 
 @dataclass
 class Conversation:
-    """Messages (system optional, then user/assistant turns; each assistant message carries its
-    reasoning_content) and the thinking mode the whole conversation runs in."""
+    """Messages (system optional, then user/assistant turns, assistant tool calls and tool results; each
+    assistant message with thinking carries its reasoning_content), the tool specs offered, and the thinking
+    mode the whole conversation runs in."""
 
     messages: list[dict]
     enable_thinking: bool = True
-    # "session": earlier replies stay in the context with their reasoning, as ChatSession feeds them;
-    # "template": the prompt is a fresh render of the history, which drops earlier reasoning
+    # "session": the app's chat window (ChatSession), which keeps every earlier reply in the context as it was
+    # generated, reasoning included (the template's preserve_thinking); a loss on every reply.
+    # "template": an API client resending the conversation, rendered by the template's default, which drops
+    # the reasoning of turns before the last user message; a loss on the replies after that message.
     history: str = "session"
+    tools: list[dict] | None = None
     tags: tuple[str, ...] = field(default=())
 
 
@@ -362,8 +376,105 @@ def _system(rng: random.Random) -> list[dict]:
     return [{"role": "system", "content": rng.choice(SYSTEM_PROMPTS)}]
 
 
-# Shares of each kind of conversation in the training stream
-MIX = {"arithmetic": 0.73, "arithmetic_no_think": 0.08, "chat": 0.09, "chat_no_think": 0.03, "multi_turn": 0.07}
+def _without_reasoning(turn: list[dict]) -> list[dict]:
+    """A turn as a conversation without thinking holds it: the replies carry no reasoning."""
+    return [{k: v for k, v in m.items() if k != "reasoning_content"} for m in turn]
+
+
+def _plain_turns(rng: random.Random, count: int, thinking: bool, max_value: int) -> list[dict]:
+    """`count` turns of a chat: mostly sums and differences, mixed, some small talk between them."""
+    limit = max_value if thinking else min(99, max_value)  # no reasoning: only sums small enough to memorise
+    messages = []
+    for t in range(count):
+        if t == 0 and rng.random() < 0.3:
+            turn = chat_turn(rng, rng.choice(("greeting", "how_are_you", "identity")))
+        elif t > 0 and rng.random() < 0.15:
+            turn = chat_turn(rng, rng.choice(("thanks", "thanks", "identity", "capabilities", "how_are_you")))
+        else:
+            turn = arithmetic_turn(rng, *training_problem(rng, limit))
+        messages += turn if thinking else _without_reasoning(turn)
+    return messages
+
+
+# --------------------------------------------------------------------------------------------------------
+# The multiply tool
+# --------------------------------------------------------------------------------------------------------
+
+
+def multiply_tool(first: str = "a", second: str = "b",
+                  description: str = "Multiply two whole numbers and return their product.") -> dict:
+    """The calculator the demo model calls: an OpenAI-style function spec with a JSON schema."""
+    return {"type": "function", "function": {
+        "name": "multiply", "description": description,
+        "parameters": {"type": "object",
+                       "properties": {first: {"type": "integer", "description": "The first factor."},
+                                      second: {"type": "integer", "description": "The second factor."}},
+                       "required": [first, second]}}}
+
+
+MULTIPLY_TOOL = multiply_tool()
+# Specs as clients write them: the model reads the parameter names from the spec it is given
+TOOL_SPECS: tuple[tuple[dict, float], ...] = (
+    (MULTIPLY_TOOL, 6), (multiply_tool(description="Multiply a by b."), 2), (multiply_tool("x", "y"), 2))
+_TOOL_SPEC_WEIGHTS = [w for _, w in TOOL_SPECS]
+
+PRODUCT_PHRASINGS: tuple[tuple[str, float], ...] = (
+    ("What is {a} * {b}?", 25), ("What is {a} times {b}?", 15), ("What is {a} × {b}?", 8),
+    ("What's {a} x {b}?", 5), ("Multiply {a} by {b}.", 8), ("Multiply {a} and {b}.", 5),
+    ("What is the product of {a} and {b}?", 6), ("Calculate {a} * {b}.", 6), ("How much is {a} times {b}?", 4),
+    ("Compute {a} × {b}.", 4), ("{a} * {b}", 5), ("{a}*{b}=?", 3))
+_PRODUCT_WEIGHTS = [w for _, w in PRODUCT_PHRASINGS]
+
+
+def product_question(rng: random.Random, a: int, b: int) -> str:
+    return rng.choices(PRODUCT_PHRASINGS, weights=_PRODUCT_WEIGHTS)[0][0].format(a=a, b=b)
+
+
+def product_answer(a: int, b: int) -> str:
+    return f"{a} × {b} = {a * b}."
+
+
+def tool_result(rng: random.Random, value: int) -> str:
+    """What a calculator tool returns: the bare number, or a JSON object holding it."""
+    return str(value) if rng.random() < 0.8 else json.dumps({"result": value})
+
+
+def tool_round_trip(rng: random.Random, a: int, b: int, tool: dict, thinking: bool) -> list[dict]:
+    """A product asked with the tool offered: the user's question, the assistant's call, the tool's result and
+    the answer quoting it."""
+    first, second = tool["function"]["parameters"]["required"]
+    call = {"role": "assistant", "content": "",
+            "tool_calls": [{"type": "function", "function": {"name": "multiply",
+                                                             "arguments": {first: a, second: b}}}]}
+    answer = {"role": "assistant", "content": product_answer(a, b)}
+    result = tool_result(rng, a * b)
+    if thinking:
+        call["reasoning_content"] = (f"The user asks for {a} × {b}. I cannot multiply reliably on my own, but I "
+                                     f"have the multiply tool, so I call it with {first} = {a} and {second} = {b}.")
+        answer["reasoning_content"] = f"The multiply tool returned {a * b}, so {a} × {b} = {a * b}."
+    return [{"role": "user", "content": product_question(rng, a, b)}, call, {"role": "tool", "content": result},
+            answer]
+
+
+# --------------------------------------------------------------------------------------------------------
+# The mix
+# --------------------------------------------------------------------------------------------------------
+
+# Shares of each kind of conversation in the training stream. Single sums carry most of the arithmetic;
+# multi-turn chats (2-8 turns, a loss on every reply) add about four replies each at later positions, so the
+# fifth turn and beyond are trained as much as the first; tool conversations teach the call, the answer from
+# the result, and not calling when no product is asked.
+MIX = {
+    "arithmetic": 0.58,           # one sum or difference, thinking on
+    "arithmetic_no_think": 0.07,  # thinking off: numbers up to 99, answered directly
+    "chat": 0.08,                 # small talk, questions about itself, out-of-scope questions
+    "chat_no_think": 0.03,
+    "multi_turn": 0.14,           # 2-8 turns, mostly mixed sums and differences
+    "tool_call": 0.06,            # multiply tool offered, a product asked: call, result, answer
+    "tools_no_call": 0.02,        # tool offered, but a sum or small talk: answered without a call
+    "product_no_tool": 0.02,      # a product asked without a tool: the model says it needs one
+}
+MULTI_TURN_TURNS = range(2, 9)  # uniform: half the chats reach a fifth turn
 
 
 def conversation(rng: random.Random, kind: str | None = None, max_value: int = MAX_OPERAND) -> Conversation:
@@ -374,31 +485,50 @@ def conversation(rng: random.Random, kind: str | None = None, max_value: int = M
     if kind == "arithmetic":
         return Conversation(system + arithmetic_turn(rng, *training_problem(rng, max_value)), True, tags=(kind,))
     if kind == "arithmetic_no_think":  # answered without reasoning: small numbers only, learnt by heart
-        return Conversation(system + arithmetic_turn(rng, *training_problem(rng, min(99, max_value))), False,
-                            tags=(kind,))
+        turn = arithmetic_turn(rng, *training_problem(rng, min(99, max_value)))
+        return Conversation(system + _without_reasoning(turn), False, tags=(kind,))
     if kind == "chat":
         return Conversation(system + chat_turn(rng, _chat_intent(rng)), True, tags=(kind,))
     if kind == "chat_no_think":
-        return Conversation(system + chat_turn(rng, _chat_intent(rng)), False, tags=(kind,))
+        return Conversation(system + _without_reasoning(chat_turn(rng, _chat_intent(rng))), False, tags=(kind,))
     if kind == "multi_turn":
-        turns = rng.choice((2, 2, 2, 3))
-        messages = list(system)
-        for t in range(turns):
-            if t == 0 and rng.random() < 0.35:
-                messages += chat_turn(rng, rng.choice(("greeting", "how_are_you", "identity")))
-            elif t > 0 and rng.random() < 0.25:
-                messages += chat_turn(rng, rng.choice(("thanks", "thanks", "goodbye", "identity")))
-            else:
-                messages.append(None)  # an arithmetic turn, filled in once the thinking mode is known
         thinking = rng.random() < 0.85
-        limit = max_value if thinking else min(99, max_value)  # no reasoning: only sums small enough to memorise
-        filled = []
-        for m in messages:
-            filled += arithmetic_turn(rng, *training_problem(rng, limit)) if m is None else [m]
-        messages = filled
+        messages = system + _plain_turns(rng, rng.choice(MULTI_TURN_TURNS), thinking, max_value)
         history = "session" if rng.random() < 0.75 else "template"
         return Conversation(messages, thinking, history, tags=(kind,))
+    if kind == "tool_call":
+        return _tool_conversation(rng, system, max_value)
+    if kind == "tools_no_call":
+        tool = rng.choices(TOOL_SPECS, weights=_TOOL_SPEC_WEIGHTS)[0][0]
+        turn = (arithmetic_turn(rng, *training_problem(rng, max_value)) if rng.random() < 0.7
+                else chat_turn(rng, rng.choice(("greeting", "identity", "capabilities", "thanks"))))
+        return Conversation(system + turn, True, "template", [tool], tags=(kind,))
+    if kind == "product_no_tool":
+        thinking = rng.random() < 0.85
+        turn = [{"role": "user", "content": product_question(rng, _operand(rng, max_value), _operand(rng, max_value))},
+                {"role": "assistant", "content": NO_MULTIPLY_TOOL,
+                 "reasoning_content": "The user asks for a product. I cannot multiply on my own and no multiply "
+                                      "tool is offered, so I say so."}]
+        return Conversation(system + (turn if thinking else _without_reasoning(turn)), thinking, tags=(kind,))
     raise ValueError(f"unknown conversation kind {kind!r}")
+
+
+def _tool_conversation(rng: random.Random, system: list[dict], max_value: int) -> Conversation:
+    """A tool round trip as an API client sends it: sometimes after earlier turns, sometimes followed by one
+    more (a thank-you or a sum, answered without a call); sometimes the client sends the call back without its
+    reasoning, and then only the answer after the result is learnt."""
+    thinking = rng.random() < 0.8
+    tool = rng.choices(TOOL_SPECS, weights=_TOOL_SPEC_WEIGHTS)[0][0]
+    earlier = _plain_turns(rng, rng.choice((1, 2)), thinking, max_value) if rng.random() < 0.3 else []
+    trip = tool_round_trip(rng, _operand(rng, max_value), _operand(rng, max_value), tool, thinking)
+    if thinking and rng.random() < 0.25:
+        trip[1] = _without_reasoning([trip[1]])[0]
+    later = []
+    if rng.random() < 0.2:
+        later = (chat_turn(rng, "thanks") if rng.random() < 0.5
+                 else arithmetic_turn(rng, *training_problem(rng, max_value if thinking else min(99, max_value))))
+        later = later if thinking else _without_reasoning(later)
+    return Conversation(system + earlier + trip + later, thinking, "template", [tool], tags=("tool_call",))
 
 
 def conversations(seed: int, n: int, max_value: int = MAX_OPERAND) -> list[Conversation]:
@@ -407,116 +537,105 @@ def conversations(seed: int, n: int, max_value: int = MAX_OPERAND) -> list[Conve
 
 
 # --------------------------------------------------------------------------------------------------------
-# Rendering: the chat template, and the training text cut into prompt and target segments
+# Rendering: the chat template through ChatTokenizer, and the training text cut into prompt and targets
 # --------------------------------------------------------------------------------------------------------
 
 
-def jinja_render(messages: list[dict], add_generation_prompt: bool = True, enable_thinking: bool = True) -> str:
-    """The chat template rendered by Jinja the way Hugging Face (and ChatTokenizer) renders it. Slow; the
-    training loop uses `render`, which tests check against this and against ChatTokenizer."""
-    from jinja2.ext import loopcontrols
-    from jinja2.sandbox import ImmutableSandboxedEnvironment
+@lru_cache(maxsize=1)
+def renderer() -> ChatTokenizer:
+    """A ChatTokenizer with the demo's chat template, for rendering text (any tokenizer renders the same text;
+    this one exists before the demo's BPE is trained)."""
+    from tokenizers import Tokenizer, models
 
-    global _JINJA_TEMPLATE
-    if _JINJA_TEMPLATE is None:
-        env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True, extensions=[loopcontrols])
-
-        def raise_exception(message):
-            raise ValueError(message)
-
-        env.globals["raise_exception"] = raise_exception
-        _JINJA_TEMPLATE = env.from_string(CHAT_TEMPLATE)
-    return _JINJA_TEMPLATE.render(messages=messages, tools=None, add_generation_prompt=add_generation_prompt,
-                                  enable_thinking=enable_thinking, eos_token=IM_END)
+    placeholder = Tokenizer(models.BPE())
+    placeholder.add_special_tokens(list(SPECIAL_TOKENS))
+    return ChatTokenizer.from_parts(placeholder, CHAT_TEMPLATE, IM_END)
 
 
-_JINJA_TEMPLATE = None
+def render_options(conv: Conversation) -> dict:
+    """The options the app (history "session") or the server ("template") renders this conversation with."""
+    return dict(enable_thinking=conv.enable_thinking, tools=conv.tools, preserve_thinking=conv.history == "session")
 
 
-def render(messages: list[dict], add_generation_prompt: bool = True, enable_thinking: bool = True) -> str:
-    """CHAT_TEMPLATE's output for plain system/user/assistant conversations (no tools, string contents), in
-    plain Python: Jinja is too slow to render a million training samples."""
-    out = []
-    if messages[0]["role"] == "system":
-        out.append(f"{IM_START}system\n{messages[0]['content'].strip()}{IM_END}\n")
+def learnt_replies(conv: Conversation) -> list[int]:
+    """Indices of the assistant messages the model learns: in the app's history all of them, in an API client's
+    those after the last user message (earlier ones render without reasoning, unlike when they were
+    generated); with thinking on, only replies that carry their reasoning (a client may drop it)."""
+    messages = conv.messages
     last_query = max(i for i, m in enumerate(messages) if m["role"] == "user")
-    for i, message in enumerate(messages):
-        role, content = message["role"], message["content"].strip()
-        if role == "system":
-            if i:
-                raise ValueError("System message must be at the beginning.")
-        elif role == "user":
-            out.append(f"{IM_START}user\n{content}{IM_END}\n")
-        elif role == "assistant":
-            reasoning = message.get("reasoning_content")
-            if not isinstance(reasoning, str):
-                reasoning = ""
-                if "</think>" in content:
-                    reasoning = content.split("</think>")[0].rstrip("\n").split("<think>")[-1].lstrip("\n")
-                    content = content.split("</think>")[-1].lstrip("\n")
-            if i > last_query:
-                out.append(f"{IM_START}assistant\n<think>\n{reasoning.strip()}\n</think>\n\n{content}")
-            else:
-                out.append(f"{IM_START}assistant\n{content}")
-            out.append(f"{IM_END}\n")
-        else:
-            raise ValueError(f"unexpected role {role!r}")
-    if add_generation_prompt:
-        out.append(f"{IM_START}assistant\n" + ("<think>\n\n</think>\n\n" if enable_thinking is False else "<think>\n"))
-    return "".join(out)
+    return [i for i, m in enumerate(messages) if m["role"] == "assistant"
+            and (conv.history == "session" or i > last_query)
+            and (not conv.enable_thinking or m.get("reasoning_content"))]
 
 
-def generated_text(message: dict, enable_thinking: bool) -> str:
-    """What the model writes after the generation prompt for this assistant message, up to <|im_end|>."""
-    content = message["content"].strip()
-    if not enable_thinking:
-        return content
-    return f"{message['reasoning_content'].strip()}\n</think>\n\n{content}"
-
-
-_SENTINEL = "\u2063moedesk-turn-boundary\u2063"  # the same trick ChatSession uses
-
-
-def _continuation(new_messages: list[dict], enable_thinking: bool) -> str:
-    """The text ChatSession feeds after a finished reply (whose <|im_end|> the model generated itself)."""
-    framed = [{"role": "user", "content": _SENTINEL}, {"role": "assistant", "content": _SENTINEL}]
-    text = render(framed + new_messages, add_generation_prompt=True, enable_thinking=enable_thinking)
-    text = text.rsplit(_SENTINEL, 1)[1]
-    if not text.startswith(IM_END):
-        raise AssertionError("the template no longer ends a reply with <|im_end|>")
-    return text[len(IM_END):]
-
-
-def training_segments(conv: Conversation) -> list[tuple[str, bool]]:
+def training_segments(conv: Conversation, chat: ChatTokenizer | None = None) -> list[tuple[str, bool]]:
     """The conversation as (text, is_target) pieces; tokenise each piece on its own and concatenate.
 
-    Targets are the model's own replies, each ending in <|im_end|>. "session" history puts every reply in
-    the context as ChatSession does (a loss on each reply); "template" history renders the prompt of the last
-    reply afresh from all earlier messages (a loss on the last reply only)."""
-    messages, thinking = conv.messages, conv.enable_thinking
-    replies = [i for i, m in enumerate(messages) if m["role"] == "assistant"]
-    if not replies or replies[-1] != len(messages) - 1:
-        raise ValueError("a training conversation ends with an assistant message")
-    if conv.history == "template" or len(replies) == 1:
-        last = replies[-1]
-        return [(render(messages[:last], True, thinking), False),
-                (generated_text(messages[last], thinking) + IM_END, True)]
-    segments = []
-    start = 0
-    for i in replies:
-        if start == 0:
-            segments.append((render(messages[:i], True, thinking), False))
-        else:
-            segments.append((_continuation(messages[start:i], thinking), False))
-        segments.append((generated_text(messages[i], thinking) + IM_END, True))
-        start = i + 1
+    Each learnt reply's prompt is the template's render of the messages before it with the generation prompt,
+    as the app or the server feeds it; its target is what that reply adds to the render, up to and with its
+    <|im_end|>. Every prompt must continue the text so far, so the pieces joined are one context exactly as
+    the model sees it across the turns (ChatSession's state, or the server's request with its cached prefix)."""
+    chat = chat or renderer()
+    messages, options = conv.messages, render_options(conv)
+    learnt = learnt_replies(conv)
+    if not learnt or learnt[-1] != len(messages) - 1:
+        raise ValueError("a training conversation ends with an assistant message it learns")
+    segments, text = [], ""
+    for i in learnt:
+        prompt = chat.render(messages[:i], add_generation_prompt=True, **options)
+        whole = chat.render(messages[:i + 1], add_generation_prompt=False, **options)
+        if not prompt.startswith(text) or not whole.startswith(prompt) or not whole.endswith(IM_END + "\n"):
+            raise ValueError(f"reply {i} of this conversation does not continue the context before it")
+        segments += [(prompt[len(text):], False), (whole[len(prompt):-1], True)]
+        text = whole[:-1]  # the template's newline after <|im_end|> starts the next prompt
     return segments
 
 
-def prompt_text(question: str, enable_thinking: bool = True, system: str | None = None) -> str:
-    """The prompt the app feeds for a first user message."""
+def prompt_text(question: str, enable_thinking: bool = True, system: str | None = None,
+                tools: list[dict] | None = None) -> str:
+    """The prompt the app (or the server, with tools) feeds for a first user message."""
     messages = ([{"role": "system", "content": system}] if system else []) + [{"role": "user", "content": question}]
-    return render(messages, True, enable_thinking)
+    return renderer().render(messages, add_generation_prompt=True, enable_thinking=enable_thinking, tools=tools)
+
+
+# --------------------------------------------------------------------------------------------------------
+# Reading replies: thinking and answer apart, tool calls
+# --------------------------------------------------------------------------------------------------------
+
+_TOOL_CALL = re.compile(r"<tool_call>\n<function=([^>\n]+)>\n((?:<parameter=[^>\n]+>\n.*?\n</parameter>\n)*)"
+                        r"</function>\n</tool_call>", re.DOTALL)
+_PARAMETER = re.compile(r"<parameter=([^>\n]+)>\n(.*?)\n</parameter>\n", re.DOTALL)
+
+
+def split_reply(reply: str) -> tuple[str, str]:
+    """(reasoning, answer) of a reply generated after a thinking prompt, as ChatSession stores them."""
+    if "</think>" not in reply:
+        return "", reply.strip()
+    reasoning, answer = reply.split("</think>", 1)
+    return reasoning.strip(), answer.strip()
+
+
+def parse_tool_calls(answer: str) -> tuple[str, list[dict]] | None:
+    """(text before the calls, [{"name", "arguments"}]) of an answer in the template's tool-call format
+    (argument values read as JSON where they parse, else as text); None when the answer mentions
+    <tool_call> but is not that format throughout."""
+    calls, position = [], answer.find("<tool_call>")
+    if position < 0:
+        return answer.strip(), []
+    text, rest = answer[:position].strip(), answer[position:]
+    while rest:
+        match = _TOOL_CALL.match(rest)
+        if match is None:
+            return None
+        arguments = {}
+        for name, value in _PARAMETER.findall(match[2]):
+            try:
+                arguments[name] = json.loads(value)
+            except json.JSONDecodeError:
+                arguments[name] = value
+        calls.append({"name": match[1], "arguments": arguments})
+        rest = rest[match.end():].lstrip("\n")
+    return text, calls
 
 
 def tokenizer_corpus(seed: int, n: int) -> Iterator[str]:
@@ -529,6 +648,7 @@ def tokenizer_corpus(seed: int, n: int) -> Iterator[str]:
         yield intent.reasoning
         yield from intent.answers
     yield from SYSTEM_PROMPTS
+    yield NO_MULTIPLY_TOOL
     for _ in range(n):
         conv = conversation(rng)
         yield "".join(text for text, _ in training_segments(conv))
@@ -546,7 +666,7 @@ PRETOKENIZE_REGEX = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?[\p{L}\p{M
 
 
 def build_tokenizer(corpus, vocab_size: int = 1024):
-    """A byte-level BPE trained on corpus (an iterable of strings); the special tokens take ids 0-4."""
+    """A byte-level BPE trained on corpus (an iterable of strings); SPECIAL_TOKENS take ids 0-8, in order."""
     from tokenizers import Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
 
     tokenizer = Tokenizer(models.BPE())

@@ -2,20 +2,27 @@
 
     python tools/train_demo.py --out DIR [--minutes M | --steps N] [--device cuda|cpu] [--seed 0] [--tiny]
 
-1. Trains a byte-level BPE tokenizer (Qwen3.5's pre-tokenisation: every digit is its own token) on generated
-   conversations (tools/demo_data.py) and writes tokenizer.json, tokenizer_config.json, chat_template.jinja.
+A smoke run on a CPU (under a minute): --tiny --steps 3 --device cpu --batch-size 4 --workers 0 --no-eval
+--vocab-size 400 --tokenizer-conversations 1000.
+
+1. Trains a byte-level BPE tokenizer (Qwen3.5's pre-tokenisation: every digit is its own token; the chat and
+   tool markup as single added tokens) on generated conversations (tools/demo_data.py) and writes
+   tokenizer.json, tokenizer_config.json, chat_template.jinja.
 2. Builds a tiny `transformers.Qwen3_5MoeForCausalLM` (Gated DeltaNet and gated-attention layers, routed
    experts plus a shared expert) and trains it with AdamW and a cosine schedule (bf16 autocast on CUDA) on
    a stream of synthetic conversations, for --steps steps or a --minutes budget.
 3. Measures greedy accuracy on "What is A + B?" / "What is A - B?" (thinking on) for random problems of the
-   training side and for problems held out of training, with transformers' generate, on the weights
-   rounded to bf16 exactly as they are saved.
+   training side and for problems held out of training, in the fifth turn of 5-turn chats (the model's own
+   replies as history, rendered as the app does), and on multiply-tool round trips (the call parses, its
+   arguments are right, the answer after the tool's result is the product), with transformers' generate, on
+   the weights rounded to bf16 exactly as they are saved.
 4. Writes the checkpoint in the layout of the Qwen3.6 release: the qwen3_5_moe vision-language config with
    the text model under text_config, bf16 safetensors shards (at most 15 MB each) with the language model
    under model.language_model. and the routed experts fused per layer, generation_config.json, a README.md
    model card and train_log.json with the measured numbers.
 
-Runs with transformers >= 5.17 and needs nothing from this repository's engine.
+Runs with transformers >= 5.17; of this repository's engine it uses only ChatTokenizer, which renders every
+conversation through the chat template exactly as the app and the server do.
 """
 
 from __future__ import annotations
@@ -60,8 +67,8 @@ def train_tokenizer(seed: int, vocab_size: int, conversations: int = 20000):
 def write_tokenizer(tokenizer, folder: Path) -> dict[str, int]:
     """tokenizer.json, tokenizer_config.json and chat_template.jinja, as Qwen ships them; returns special ids."""
     data = json.loads(tokenizer.to_str())
-    for token in data["added_tokens"]:  # Qwen marks the thinking tags as ordinary added tokens
-        if token["content"] in ("<think>", "</think>"):
+    for token in data["added_tokens"]:  # Qwen marks the thinking and tool tags as ordinary added tokens
+        if token["content"] in D.NOT_SPECIAL_TOKENS:
             token["special"] = False
     (folder / "tokenizer.json").write_text(json.dumps(data, ensure_ascii=False, indent=2), encoding="utf-8")
     ids = {token: tokenizer.token_to_id(token) for token in D.SPECIAL_TOKENS}
@@ -79,7 +86,7 @@ def write_tokenizer(tokenizer, folder: Path) -> dict[str, int]:
         "split_special_tokens": False,
         "added_tokens_decoder": {
             str(ids[token]): {"content": token, "lstrip": False, "normalized": False, "rstrip": False,
-                              "single_word": False, "special": token not in ("<think>", "</think>")}
+                              "single_word": False, "special": token not in D.NOT_SPECIAL_TOKENS}
             for token in D.SPECIAL_TOKENS},
         "chat_template": D.CHAT_TEMPLATE,
     }
@@ -319,33 +326,44 @@ def round_to_bf16(model) -> None:
 
 @torch.no_grad()
 def generate_replies(model, tokenizer, prompts: list[str], eos_ids: list[int], pad_id: int, max_new_tokens: int,
-                     batch_size: int = 256, sampling: dict | None = None) -> list[str]:
+                     batch_size: int = 256, sampling: dict | None = None, left_pad: bool = False) -> list[str]:
     """Replies with transformers' generate, greedy unless `sampling` gives do_sample settings. Prompts are
-    batched only with prompts of the same token length, so no padding is involved."""
+    batched only with prompts of the same token length, so no padding is involved; with left_pad, prompts
+    of similar lengths are batched, padded on the left and masked (long chats rarely share a length)."""
     decoding = dict(sampling) if sampling else {"do_sample": False}
     model.eval()
     device = next(model.parameters()).device
     encoded = [tokenizer.encode(p, add_special_tokens=False).ids for p in prompts]
-    by_length: dict[int, list[int]] = {}
-    for i, ids in enumerate(encoded):
-        by_length.setdefault(len(ids), []).append(i)
+    if left_pad:
+        order = sorted(range(len(prompts)), key=lambda i: len(encoded[i]))
+        groups = [order[j:j + batch_size] for j in range(0, len(order), batch_size)]
+    else:
+        by_length: dict[int, list[int]] = {}
+        for i, ids in enumerate(encoded):
+            by_length.setdefault(len(ids), []).append(i)
+        groups = [indices[j:j + batch_size] for indices in by_length.values()
+                  for j in range(0, len(indices), batch_size)]
     replies = [""] * len(prompts)
-    for indices in by_length.values():
-        for j in range(0, len(indices), batch_size):
-            part = indices[j:j + batch_size]
-            input_ids = torch.tensor([encoded[i] for i in part], device=device)
-            out = model.generate(input_ids=input_ids, attention_mask=torch.ones_like(input_ids),
-                                 max_new_tokens=max_new_tokens, eos_token_id=eos_ids, pad_token_id=pad_id,
-                                 **decoding)
-            for row, i in enumerate(part):
-                new = out[row, input_ids.shape[1]:].tolist()
-                cut = next((k for k, t in enumerate(new) if t in eos_ids), len(new))
-                replies[i] = tokenizer.decode(new[:cut], skip_special_tokens=False)
+    for part in groups:
+        width = max(len(encoded[i]) for i in part)
+        input_ids = torch.full((len(part), width), pad_id, dtype=torch.long)
+        attention_mask = torch.zeros_like(input_ids)
+        for row, i in enumerate(part):
+            input_ids[row, width - len(encoded[i]):] = torch.tensor(encoded[i])
+            attention_mask[row, width - len(encoded[i]):] = 1
+        out = model.generate(input_ids=input_ids.to(device), attention_mask=attention_mask.to(device),
+                             max_new_tokens=max_new_tokens, eos_token_id=eos_ids, pad_token_id=pad_id, **decoding)
+        for row, i in enumerate(part):
+            new = out[row, width:].tolist()
+            cut = next((k for k, t in enumerate(new) if t in eos_ids), len(new))
+            replies[i] = tokenizer.decode(new[:cut], skip_special_tokens=False)
     return replies
 
 
-def arithmetic_accuracy(model, tokenizer, problems, eos_ids, pad_id, thinking: bool = True, sampling=None):
-    prompts = [D.prompt_text(f"What is {a} {op} {b}?", enable_thinking=thinking) for a, b, op in problems]
+def arithmetic_accuracy(model, tokenizer, problems, eos_ids, pad_id, thinking: bool = True, sampling=None,
+                        tools=None):
+    prompts = [D.prompt_text(f"What is {a} {op} {b}?", enable_thinking=thinking, tools=tools)
+               for a, b, op in problems]
     replies = generate_replies(model, tokenizer, prompts, eos_ids, pad_id, max_new_tokens=240 if thinking else 24,
                                sampling=sampling)
     right = [D.is_correct(r, *p) for r, p in zip(replies, problems)]
@@ -354,10 +372,78 @@ def arithmetic_accuracy(model, tokenizer, problems, eos_ids, pad_id, thinking: b
     return sum(right) / max(1, len(right)), wrong
 
 
+def chat_replies(model, tokenizer, chats: list[list[tuple[int, int, str]]], eos_ids,
+                 pad_id) -> tuple[list[list[bool]], list[list[dict]]]:
+    """Greedy replies, thinking on, to chats that ask "What is A op B?" once per turn, each generated after the
+    model's own earlier replies rendered as the app's session keeps them (reasoning included,
+    preserve_thinking); per chat, whether each turn's answer is right, and the messages."""
+    chat = D.renderer()
+    histories: list[list[dict]] = [[] for _ in chats]
+    right: list[list[bool]] = [[] for _ in chats]
+    for turn in range(len(chats[0])):
+        for history, problems in zip(histories, chats):
+            a, b, op = problems[turn]
+            history.append({"role": "user", "content": f"What is {a} {op} {b}?"})
+        prompts = [chat.render(h, add_generation_prompt=True, enable_thinking=True, preserve_thinking=True)
+                   for h in histories]
+        replies = generate_replies(model, tokenizer, prompts, eos_ids, pad_id, max_new_tokens=240, left_pad=True)
+        for history, problems, reply, marks in zip(histories, chats, replies, right):
+            marks.append(D.is_correct(reply, *problems[turn]))
+            reasoning, answer = D.split_reply(reply)
+            history.append({"role": "assistant", "content": answer, "reasoning_content": reasoning})
+    return right, histories
+
+
+def tool_accuracy(model, tokenizer, problems: list[tuple[int, int]], eos_ids, pad_id, thinking: bool = True) -> dict:
+    """Greedy multiply-tool round trips for "What is A * B?" with demo_data.MULTIPLY_TOOL offered: the first
+    reply must be one call of multiply in the template's format (parsed) with a = A and b = B (arguments
+    right); the tool then runs on the arguments the model wrote, and the reply after its result must end in
+    A * B (answer right)."""
+    chat, tools = D.renderer(), [D.MULTIPLY_TOOL]
+    options = dict(enable_thinking=thinking, tools=tools)
+    users = [{"role": "user", "content": f"What is {a} * {b}?"} for a, b in problems]
+    calls = generate_replies(model, tokenizer, [chat.render([u], **options) for u in users], eos_ids, pad_id,
+                             max_new_tokens=160, left_pad=True)
+    parsed, arguments_right, followed = [False] * len(problems), [False] * len(problems), []
+    follow_prompts = []
+    for k, ((a, b), user, reply) in enumerate(zip(problems, users, calls)):
+        reasoning, answer = D.split_reply(reply)
+        read = D.parse_tool_calls(answer)
+        if read is None or len(read[1]) != 1 or read[1][0]["name"] != "multiply":
+            continue
+        parsed[k] = True
+        arguments = read[1][0]["arguments"]
+        arguments_right[k] = arguments == {"a": a, "b": b}
+        if set(arguments) != {"a", "b"} or not all(type(v) is int for v in arguments.values()):
+            continue  # a calculator could not run this call
+        message = {"role": "assistant", "content": read[0],
+                   "tool_calls": [{"type": "function", "function": {"name": "multiply", "arguments": arguments}}]}
+        if reasoning:
+            message["reasoning_content"] = reasoning
+        result = {"role": "tool", "content": str(arguments["a"] * arguments["b"])}
+        follow_prompts.append(chat.render([user, message, result], **options))
+        followed.append(k)
+    finals = generate_replies(model, tokenizer, follow_prompts, eos_ids, pad_id, max_new_tokens=80, left_pad=True)
+    answer_right = [False] * len(problems)
+    for k, reply in zip(followed, finals):
+        a, b = problems[k]
+        answer_right[k] = D.split_reply(reply)[1] == D.product_answer(a, b)
+    n = max(1, len(problems))
+    round_trip = [p and r and f for p, r, f in zip(parsed, arguments_right, answer_right)]
+    wrong = [{"problem": f"{a} * {b}", "call": c[-200:]} for (a, b), c, ok in zip(problems, calls, round_trip)
+             if not ok]
+    return {"parsed": sum(parsed) / n, "arguments_right": sum(arguments_right) / n,
+            "answer_right": sum(answer_right) / n, "round_trip": sum(round_trip) / n, "pairs": len(problems),
+            "wrong": wrong[:20], "example": {"call": calls[0], "answer": finals[0] if finals else None}}
+
+
+CHAT_TURNS = 5
+# The chat of the field report: the demo model got 345 + 678 wrong in its fifth turn and right in a fresh chat
+FIFTH_TURN_PROBE = [(457, 386, "+"), (902, 18, "-"), (64, 35, "+"), (500, 123, "-"), (345, 678, "+")]
 APP_SAMPLING = {"do_sample": True, "temperature": 0.6, "top_p": 0.95, "top_k": 20}  # generation_config.json's
 CHAT_PROBES = [("Hello!", True), ("Who are you?", True), ("What can you do?", True), ("Thanks!", True),
                ("What is the capital of France?", True), ("How are you?", False), ("What is 457 + 386?", True),
-               ("What is 386 - 457?", True), ("What is 12 + 7?", False)]
+               ("What is 386 - 457?", True), ("What is 12 + 7?", False), ("What is 23 times 47?", True)]
 
 
 def evaluate(model, tokenizer, ids: dict[str, int], args, log) -> dict:
@@ -379,6 +465,32 @@ def evaluate(model, tokenizer, ids: dict[str, int], args, log) -> dict:
         f"{len(sampled)} training-side problems")
     for item in (seen_wrong + held_wrong)[:5]:
         log(f"  wrong: {item['problem']}: {item['reply']!r}")
+    chat_problems = D.sample_problems(rng, CHAT_TURNS * max(4, args.eval_pairs // 4), held_out=False)
+    chats = [chat_problems[i:i + CHAT_TURNS] for i in range(0, len(chat_problems), CHAT_TURNS)]
+    marks, histories = chat_replies(model, tokenizer, [FIFTH_TURN_PROBE] + chats, eos_ids, pad_id)
+    probe_reply, marks, histories = histories[0][-1], marks[1:], histories[1:]  # the probe is not scored
+    per_turn = [sum(m[t] for m in marks) / len(marks) for t in range(CHAT_TURNS)]
+    all_turns = sum(all(m) for m in marks) / len(marks)
+    chat_wrong = [{"problem": f"{a} {op} {b}", "reply": h[-1]["content"]}
+                  for (a, b, op), h, m in zip((c[-1] for c in chats), histories, marks) if not m[-1]]
+    log(f"{CHAT_TURNS}-turn chats, greedy, thinking on: per turn {', '.join(f'{r:.1%}' for r in per_turn)}; "
+        f"every turn right in {all_turns:.1%} of {len(chats)} chats")
+    log(f"  fifth turn of the field report's chat, 345 + 678 -> {probe_reply['content']!r}")
+    tool_rng = random.Random(args.seed + 54321)
+    tool_pairs = [(tool_rng.randint(0, D.MAX_OPERAND), tool_rng.randint(0, D.MAX_OPERAND))
+                  for _ in range(max(4, args.eval_pairs // 2))]
+    tool = tool_accuracy(model, tokenizer, tool_pairs, eos_ids, pad_id)
+    tool_no_think = tool_accuracy(model, tokenizer, tool_pairs[:max(4, len(tool_pairs) // 2)], eos_ids, pad_id,
+                                  thinking=False)
+    for label, figures in (("thinking on", tool), ("thinking off", tool_no_think)):
+        log(f"multiply tool, greedy, {label}: call parsed {figures['parsed']:.1%}, arguments right "
+            f"{figures['arguments_right']:.1%}, answer from the result right {figures['answer_right']:.1%}, "
+            f"whole round trip {figures['round_trip']:.1%} of {figures['pairs']}")
+    log(f"  tool call example: {tool['example']['call']!r} -> {tool['example']['answer']!r}")
+    offered = seen[:max(10, len(seen) // 4)]
+    offered_rate, _ = arithmetic_accuracy(model, tokenizer, offered, eos_ids, pad_id, tools=[D.MULTIPLY_TOOL])
+    log(f"sums and differences with the multiply tool offered (answered without a call), greedy, thinking on: "
+        f"{offered_rate:.1%} of {len(offered)}")
     probes = []
     for question, thinking in CHAT_PROBES:
         reply = generate_replies(model, tokenizer, [D.prompt_text(question, thinking)], eos_ids, pad_id, 240)[0]
@@ -386,6 +498,11 @@ def evaluate(model, tokenizer, ids: dict[str, int], args, log) -> dict:
         log(f"  [{'think' if thinking else 'no think'}] {question!r} -> {reply!r}")
     return {"pairs": len(seen), "seen_accuracy": seen_rate, "held_out_accuracy": held_rate,
             "sampled_accuracy": sampled_rate, "sampled_pairs": len(sampled),
+            "chat_turns": CHAT_TURNS, "chats": len(chats), "chat_turn_accuracy": per_turn,
+            "fifth_turn_accuracy": per_turn[-1], "chat_all_turns_accuracy": all_turns,
+            "chat_last_turn_wrong": chat_wrong[:20], "fifth_turn_probe": probe_reply,
+            "tool": tool, "tool_no_think": tool_no_think, "tools_offered_accuracy": offered_rate,
+            "tools_offered_pairs": len(offered),
             "no_think_0_99_accuracy": small_rate, "no_think_0_99_pairs": len(small),
             "seen_wrong": seen_wrong[:20], "held_out_wrong": held_wrong[:20], "probes": probes,
             "seconds": round(time.perf_counter() - start, 1)}
@@ -488,12 +605,14 @@ def reload_check(folder: Path, model, tokenizer) -> dict:
 
 def model_card(text: dict, params: dict, run: dict) -> str:
     ev = run.get("eval") or {}
+    tool, tool_off = ev.get("tool") or {}, ev.get("tool_no_think") or {}
     tr, a = run["train"], run["args"]
     kinds = text["layer_types"]
 
     def pct(x):
         return "not measured" if x is None else f"{x:.1%}"
 
+    mix = ", ".join(f"{share:.0%} {kind.replace('_', ' ')}" for kind, share in D.MIX.items())
     invoked = f"--seed {a['seed']} " + (f"--steps {a['steps']}" if a.get("steps") else f"--minutes {a['minutes']:g}")
     repeat = "" if a.get("steps") else (f" The time budget was calibrated to {tr['planned_steps']} steps; "
                                         f"`--steps {tr['planned_steps']}` repeats that schedule.")
@@ -512,22 +631,31 @@ def model_card(text: dict, params: dict, run: dict) -> str:
         f"- {params['total']:,} parameters ({params['active_per_token']:,} active per token), bf16 safetensors with "
         f"the routed experts fused per layer.\n"
         f"- Its own byte-level BPE tokenizer of {text['vocab_size']} tokens (Qwen3.5's pre-tokenisation: one token "
-        f"per digit) and Qwen3.5's chat template with thinking support.\n\n"
+        f"per digit; `<tool_call>`, `</tool_call>`, `<tool_response>`, `</tool_response>` single tokens as in "
+        f"Qwen3.6's) and a chat template that renders text, thinking, tools, tool calls and tool results as "
+        f"Qwen3.6's does.\n\n"
         "## What it can do\n\n"
         "- Small talk: greetings, \"how are you\", thanks, goodbye.\n"
         "- Say what it is: MoE Desk's built-in demo model; real models are downloaded from the Models page.\n"
         "- Add and subtract whole numbers from 0 to 999 (\"What is 457 + 386?\", \"What is 386 - 457?\"). With "
         "thinking on it works the sum digit by digit in its `<think>` block, ones first, with carries and "
-        "borrows; with thinking off it answers directly and is reliable only for small numbers.\n\n"
+        "borrows; with thinking off it answers directly and is reliable only for small numbers.\n"
+        "- Keep going in a chat: it is trained on chats of 2 to 8 turns, with the earlier replies in the context "
+        "as the app keeps them (reasoning included) or as an API client resends them (reasoning dropped).\n"
+        "- Multiply by calling a tool: when the request offers a `multiply` function (an OpenAI-style spec, "
+        "parameters `a` and `b`), it answers \"What is 23 * 47?\" with a call in Qwen3.6's format "
+        "(`<tool_call>\\n<function=multiply>\\n<parameter=a>\\n23\\n</parameter>...`), and after the "
+        "`<tool_response>` with the product it answers \"23 × 47 = 1081.\". Without the tool it says it cannot "
+        "multiply.\n\n"
         "## What it is not\n\n"
-        "It knows nothing else: no facts, no languages, no code, no multiplication, no numbers above 999. "
+        "It knows nothing else: no facts, no languages, no code, no multiplication of its own, no numbers above "
+        "999, no tools but `multiply`. "
         "Questions outside its range get a fixed reply pointing to the Models page, or nonsense. It is a test "
         "fixture and a demonstration, not an assistant.\n\n"
         "## How it was trained\n\n"
         f"`python tools/train_demo.py --out <folder> {invoked}` on {run['device_name']} ({run['software']}): "
-        f"{tr['steps']} steps of {a['batch_size']} synthetic conversations (tools/demo_data.py: "
-        f"{D.MIX['arithmetic']:.0%} arithmetic with reasoning; the rest small talk, questions about itself, "
-        f"direct answers for numbers up to 99 and multi-turn chats), AdamW with peak learning rate {a['lr']} and a "
+        f"{tr['steps']} steps of {a['batch_size']} synthetic conversations (tools/demo_data.py, in these shares: "
+        f"{mix}), AdamW with peak learning rate {a['lr']} and a "
         f"cosine schedule, bf16 autocast. Training took {tr['seconds']:.0f} s, final training loss "
         f"{tr['final_loss']}.{repeat} A fixed 2 % of all (A, B, operator) problems (`demo_data.is_held_out`) "
         f"never appears in the training data.\n\n"
@@ -540,7 +668,19 @@ def model_card(text: dict, params: dict, run: dict) -> str:
         f"- sampled with generation_config.json's defaults (temperature 0.6, top-p 0.95, top-k 20), thinking on: "
         f"{pct(ev.get('sampled_accuracy'))} of {ev.get('sampled_pairs', 0)} training-side problems\n"
         f"- greedy, thinking off, numbers up to 99: {pct(ev.get('no_think_0_99_accuracy'))} of "
-        f"{ev.get('no_think_0_99_pairs', 0)} problems\n\n"
+        f"{ev.get('no_think_0_99_pairs', 0)} problems\n"
+        f"- greedy, thinking on, in {ev.get('chats', 0)} chats of {ev.get('chat_turns', 5)} such questions (the "
+        f"model's own replies as history, rendered as the app keeps it): per turn "
+        f"{', '.join(pct(r) for r in ev.get('chat_turn_accuracy') or []) or 'not measured'}; the fifth turn "
+        f"{pct(ev.get('fifth_turn_accuracy'))}; every turn right in {pct(ev.get('chat_all_turns_accuracy'))} of "
+        f"the chats\n"
+        f"- multiply tool offered, \"What is A * B?\" with A and B in 0-999, greedy, thinking on: the call parses "
+        f"in {pct(tool.get('parsed'))}, its arguments are right in {pct(tool.get('arguments_right'))}, the answer "
+        f"after the tool's result is the product in {pct(tool.get('answer_right'))}; the whole round trip is right "
+        f"in {pct(tool.get('round_trip'))} of {tool.get('pairs', 0)} (thinking off: "
+        f"{pct(tool_off.get('round_trip'))} of {tool_off.get('pairs', 0)})\n"
+        f"- with the multiply tool offered, sums and differences answered without a call: "
+        f"{pct(ev.get('tools_offered_accuracy'))} of {ev.get('tools_offered_pairs', 0)}\n\n"
         "train_log.json holds the loss curve, the settings and sample replies.\n"
     )
 
@@ -564,6 +704,8 @@ def parse_args(argv=None):
     p.add_argument("--weight-decay", type=float, default=0.05)
     p.add_argument("--clip", type=float, default=1.0)
     p.add_argument("--vocab-size", type=int, default=1024, help="BPE target size (the corpus may give fewer)")
+    p.add_argument("--tokenizer-conversations", type=int, default=20000,
+                   help="generated conversations the BPE is trained on (fewer for smoke tests)")
     p.add_argument("--workers", type=int, default=min(6, max(0, (os.cpu_count() or 1) - 2)))
     p.add_argument("--eval-pairs", type=int, default=200)
     p.add_argument("--log-every", type=int, default=50)
@@ -588,7 +730,7 @@ def main(argv=None) -> int:
     wall = time.perf_counter()
     random.seed(args.seed)
     torch.manual_seed(args.seed)
-    tokenizer = train_tokenizer(args.seed, args.vocab_size)
+    tokenizer = train_tokenizer(args.seed, args.vocab_size, args.tokenizer_conversations)
     ids = write_tokenizer(tokenizer, out)
     vocab = tokenizer.get_vocab_size()
     log(f"tokenizer: {vocab} tokens, special ids {ids}")

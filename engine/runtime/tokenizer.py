@@ -216,6 +216,13 @@ class ChatTokenizer:
                                                      f"(template line {exc.lineno})", REPLACE_TEMPLATE) from None
         return cls(tokenizer, special_tokens, template, template_path, eos_ids, generation, source)
 
+    @classmethod
+    def from_parts(cls, tokenizer: Tokenizer, chat_template: str, eos_token: str) -> ChatTokenizer:
+        """Build one from a tokenizer and template held in memory (a training script's, before any folder)."""
+        eos_id = tokenizer.token_to_id(eos_token)
+        return cls(tokenizer, {"eos_token": eos_token}, _ENVIRONMENT.from_string(chat_template),
+                   Path("chat_template.jinja"), frozenset({eos_id} if eos_id is not None else ()), {})
+
     def encode(self, text: str) -> list[int]:
         """Token ids of text; special tokens written in it (<|im_start|>) become their ids. No BOS is added."""
         return self._tokenizer.encode(text, add_special_tokens=False).ids

@@ -82,8 +82,9 @@ def write_tiny_tokenizer(folder: Path, vocab_size: int = 320) -> dict:
     return ids
 
 
-# Qwen3.5/3.6's template for text: contents are trimmed; tools go into the system turn in the XML function
-# format; reasoning is kept only for assistant turns after the last user query; a thinking reply is opened.
+# Qwen3.6's template for text: contents are trimmed; tools go into the system turn in the XML function
+# format; reasoning is kept only for assistant turns after the last user query, or for all of them with
+# preserve_thinking; a thinking reply is opened.
 CHAT_TEMPLATE = """\
 {%- macro text_of(content) %}
     {%- if content is string %}
@@ -159,7 +160,7 @@ CHAT_TEMPLATE = """\
             {%- set content = content.split('</think>')[-1].lstrip('\\n') %}
         {%- endif %}
         {%- set reasoning = reasoning | trim %}
-        {%- if loop.index0 > ns.last_query_index %}
+        {%- if (preserve_thinking is defined and preserve_thinking is true) or loop.index0 > ns.last_query_index %}
             {{- '<|im_start|>assistant\\n<think>\\n' + reasoning + '\\n</think>\\n\\n' + content }}
         {%- else %}
             {{- '<|im_start|>assistant\\n' + content }}
