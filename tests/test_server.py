@@ -4,10 +4,12 @@ keys, 400s that name the field, the body limit, the loopback rule, and a load of
 
 import json
 import threading
+import time
 
 import anthropic
 import httpx
 import openai
+import psutil
 import pytest
 
 import engine
@@ -185,25 +187,37 @@ def test_a_lan_address_needs_a_key(capsys):
 
 
 def test_concurrent_clients_are_answered_or_refused_with_429(server):
-    """8 clients x 3 requests at once against a queue of 4: every request is answered or refused with 429, and
-    the server serves on afterwards."""
-    outcomes, lock = [], threading.Lock()
+    """8 clients x 50 requests at once against a queue of 4: every request is answered or refused with 429,
+    the process's memory stays flat from the first round to the last, and the server serves on afterwards."""
+    outcomes, lock, rounds = [], threading.Lock(), 50
+    memory = {}
+    process = psutil.Process()
 
-    def client_run():
+    def client_run(client: int):
         with httpx.Client(base_url=server.base_url, headers={"x-api-key": API_KEY}, timeout=300) as http:
-            for _ in range(3):
+            for request in range(rounds):
                 answer = http.post("/v1/chat/completions", json={"messages": QUESTION, "max_tokens": 2})
                 with lock:
                     outcomes.append((answer.status_code, answer.json()))
-    threads = [threading.Thread(target=client_run) for _ in range(8)]
+                    if client == 0 and request in (5, rounds - 1):  # after warm-up, and at the end
+                        memory[request] = process.memory_info().rss
+    threads = [threading.Thread(target=client_run, args=(client,)) for client in range(8)]
     for thread in threads:
         thread.start()
     for thread in threads:
         thread.join()
-    assert len(outcomes) == 24
+    assert len(outcomes) == 8 * rounds
     codes = {code for code, _ in outcomes}
     assert codes <= {200, 429} and 200 in codes
     assert all(body["choices"][0]["message"]["reasoning_content"] for code, body in outcomes if code == 200)
     assert all("--max-queue" in body["error"]["message"] for code, body in outcomes if code == 429)
+    answered = sum(code == 200 for code, _ in outcomes)
+    print(f"\n{answered} answered, {len(outcomes) - answered} refused with 429; "
+          f"RSS {(memory[rounds - 1] - memory[5]) / 2**20:+.1f} MiB from round 5 to {rounds}")
+    assert memory[rounds - 1] - memory[5] < 64 * 2**20, memory  # no growth with the requests served
+    # the last reply reaches its client before the worker marks itself idle: give it a moment
+    deadline = time.monotonic() + 5
+    while (server.worker.queued or server.worker.busy) and time.monotonic() < deadline:
+        time.sleep(0.01)
     assert server.worker.queued == 0 and not server.worker.busy
     assert httpx.get(f"{server.base_url}/health", headers={"x-api-key": API_KEY}).status_code == 200
