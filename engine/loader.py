@@ -11,6 +11,7 @@ import torch
 from engine.checkpoint import Checkpoint
 from engine.config import read_config
 from engine.experts.executor import CachedExpertExecutor, ReferenceExpertExecutor
+from engine.experts.link import LinkLimit
 from engine.experts.packed import default_pin_budget_bytes
 from engine.layers.source import WeightSource
 from engine.models import BUILDERS
@@ -43,8 +44,8 @@ def load_model(path: str | Path, device: str | torch.device = "cpu", dtype: torc
 
 
 def expert_executor(device, expert_cache_slots: int | None, pin_budget_bytes: int | None = None,
-                    expert_backend: str = "auto", cpu_threads: int | None = None):
+                    expert_backend: str = "auto", cpu_threads: int | None = None, link: LinkLimit | None = None):
     if not expert_cache_slots:
         return ReferenceExpertExecutor()
     budget = default_pin_budget_bytes() if pin_budget_bytes is None else pin_budget_bytes
-    return CachedExpertExecutor(device, expert_cache_slots, budget, expert_backend, cpu_threads)
+    return CachedExpertExecutor(device, expert_cache_slots, budget, expert_backend, cpu_threads, link)

@@ -11,7 +11,8 @@ Two ways in:
 On CUDA every copy runs on a copy stream. Events order it against compute: a copy into a block waits
 for the last compute that read the block (`release`), compute waits for the copies it reads (`ready`).
 The pool is allocated once, at its full size, so the cache's memory is what the plan says whatever
-the traffic. Hits, misses and bytes copied are counted for the app's gauges.
+the traffic. With a link limit (benchmarks: engine/experts/link.py) the copy stream is held as a narrower
+link would hold it. Hits, misses and bytes copied are counted for the app's gauges.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from collections import OrderedDict
 
 import torch
 
+from engine.experts.link import LinkThrottle
 from engine.experts.packed import PackedExperts, RecordLayout
 
 
@@ -28,7 +30,8 @@ DEVICE_TICKS = 2**31 - 2**20  # the device table's int32 clock, with a margin
 
 
 class ExpertCache:
-    def __init__(self, device: torch.device | str, slots: int, layout: RecordLayout, experts_per_layer: int):
+    def __init__(self, device: torch.device | str, slots: int, layout: RecordLayout, experts_per_layer: int,
+                 link: LinkThrottle | None = None):
         if slots < 1:
             raise ValueError(f"the expert cache needs at least one slot, got {slots}")
         self.device = torch.device(device)
@@ -47,6 +50,7 @@ class ExpertCache:
         self._copy_stream = torch.cuda.Stream(self.device) if cuda else None
         self._released = {} if cuda else None  # block (or -1: slots outside blocks) -> event after its last read
         self._ready = None  # event after the latest copy
+        self._link = link  # holds the copy stream as an emulated narrower link would (benchmarks)
         self.hits = self.misses = self.bytes_copied = 0
         self._device_table: dict[str, torch.Tensor] | None = None  # the slot table decode steps update on the device
         self._device_owned = False  # while True, the device table is the truth and the host's bookkeeping stale
@@ -252,24 +256,51 @@ class ExpertCache:
     @contextlib.contextmanager
     def _copying(self, pinned: bool):
         """A function copy(slot rows, host records, their block) that issues each copy on the copy stream once the
-        block's last readers are done; one stream switch and one ready event for all of them."""
+        block's last readers are done; one stream switch and one ready event for all of them. Under a link limit
+        the copy stream is held after each run of copies between its waits (a link is idle while a copy waits),
+        and pageable copies keep the host waiting as they would on that link."""
+        link = self._link
+        run_bytes = 0
+
+        def end_run():
+            nonlocal run_bytes
+            if link is not None and run_bytes:
+                link.hold(run_bytes)
+            run_bytes = 0
+
+        def start_run():
+            if link is not None and not run_bytes:
+                link.start()
+
         if self._copy_stream is None:
             def copy(target, source, block):
+                nonlocal run_bytes
+                start_run()
                 self.bytes_copied += source.numel()
                 target.copy_(source)
+                run_bytes += source.numel()
             yield copy
+            end_run()
             return
         waited = set()
 
         def copy(target, source, block):
+            nonlocal run_bytes
             if block not in waited:
                 waited.add(block)
                 released = self._released.get(block)
                 if released is not None:
+                    end_run()
                     self._copy_stream.wait_event(released)
+            start_run()
             self.bytes_copied += source.numel()
             target.copy_(source, non_blocking=pinned)
+            run_bytes += source.numel()
         with torch.cuda.stream(self._copy_stream):
             yield copy
+            held = link is not None and run_bytes > 0
+            end_run()
             self._ready = torch.cuda.Event()
             self._ready.record(self._copy_stream)
+        if held and not pinned:  # a pageable copy returns once it has crossed the link: the host waited for it
+            self._ready.synchronize()

@@ -27,6 +27,7 @@ import torch.nn.functional as F
 from engine import kernels
 from engine.experts.bank import ExpertBank, run_expert
 from engine.experts.cache import ExpertCache
+from engine.experts.link import LinkLimit, LinkThrottle
 from engine.experts.packed import PackedExperts, pack_banks
 from engine.experts.split import (BACKENDS, CALIBRATION_RECORDS, TOKEN_MISSES, BackendTrial, HybridBalance,
                                   cached_calibration, calibrate, cpu_faster_for_chunk, cpu_share, machine_key, resolve,
@@ -59,13 +60,15 @@ class ReferenceExpertExecutor:
 
 class CachedExpertExecutor:
     def __init__(self, device: torch.device | str, slots: int, pin_budget_bytes: int | None = None,
-                 backend: str = "offload", cpu_threads: int | None = None):
+                 backend: str = "offload", cpu_threads: int | None = None, link: LinkLimit | None = None):
         if backend not in BACKENDS:
             raise ValueError(f"unknown expert backend {backend!r}; choose one of {', '.join(BACKENDS)}")
         self.device = torch.device(device)
         self.slots, self.pin_budget_bytes = slots, pin_budget_bytes
         self.requested_backend = self.backend = backend
         self.cpu_threads = cpu_threads
+        self.link = link  # an emulated narrower host->GPU link (benchmarks), or None: the machine's own
+        self._gather_link: LinkThrottle | None = None  # holds the decode step's gathers to it
         self.cache: ExpertCache | None = None
         self.packed: dict[int, PackedExperts] = {}
         self._next_layer: dict[int, int] = {}
@@ -88,7 +91,8 @@ class CachedExpertExecutor:
         layers = sorted(self.packed)
         self._next_layer = dict(zip(layers, layers[1:]))
         first = self.packed[layers[0]]
-        self.cache = ExpertCache(self.device, self.slots, first.layout, first.records.shape[0])
+        self.cache = ExpertCache(self.device, self.slots, first.layout, first.records.shape[0], self._throttle())
+        self._gather_link = self._throttle()  # its own mark: the gathers run on the step's streams, not the copy stream
         if self.requested_backend == "gpu" and self.cache.blocks < len(layers):
             raise ValueError(f"the gpu expert backend keeps every expert in VRAM: {len(layers)} layers of slots, "
                              f"but the cache holds {self.cache.blocks}; choose offload, cpu, hybrid or auto")
@@ -98,6 +102,10 @@ class CachedExpertExecutor:
         self.choose_backend(self.requested_backend)
         if self.backend not in ("cpu", "hybrid") and self.backend_trial is None:
             self.cpu_kernel = None
+
+    def _throttle(self) -> LinkThrottle | None:
+        """A throttle holding one stream's copies to the emulated link, if there is one."""
+        return LinkThrottle(self.link, self.device) if self.link is not None else None
 
     def choose_backend(self, backend: str) -> None:
         """Run `backend` from the next step on; `auto` resolves by the calibration, and where the CPU kernel is
@@ -140,7 +148,9 @@ class CachedExpertExecutor:
         layers = list(self.packed.values())
         records = [layers[i % len(layers)].records[i // len(layers)] for i in range(CALIBRATION_RECORDS)]
         key = machine_key(self.device, layout.record_bytes, cpu_experts.threads())
-        self.calibration = cached_calibration(key, lambda: calibrate(self.device, records, self._cpu_seconds))
+        # the file keeps the machine's own figures; an emulated link holds the copies below them
+        self.calibration = cached_calibration(key, lambda: calibrate(self.device, records, self._cpu_seconds)) \
+            .through_link(self.link.bytes_per_s if self.link is not None else None)
 
     def _cpu_seconds(self, calls: int, per_call: int, tokens: int) -> float:
         """Time for `calls` CPU calls of `per_call` experts, each chosen by `tokens` tokens. Every call takes
@@ -250,8 +260,14 @@ class CachedExpertExecutor:
         return works
 
     def gather_misses(self, layer: int, table: torch.Tensor) -> None:
-        """The copies `fetch_for_step` deferred, from a device table [top_k, 2] of (expert or -1, slot)."""
+        """The copies `fetch_for_step` deferred, from a device table [top_k, 2] of (expert or -1, slot); under a
+        link limit the current stream is then held for the records the table names (counted on the device)."""
+        link = self._gather_link
+        if link is not None:
+            link.start()
         kernels.gather_records(self.packed[layer].records, self.cache.pool, table)
+        if link is not None:
+            link.hold_records(table, self.cache.layout.record_bytes)
 
     def fetch_for_step(self, layer: int, experts: list[int],
                        deferred: list[tuple[int, int]] | None = None) -> tuple[list[int], list[bool]]:

@@ -18,7 +18,7 @@ import os
 import platform
 import statistics
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 import torch
@@ -46,6 +46,14 @@ class Calibration:
 
     def to_dict(self) -> dict:
         return asdict(self)
+
+    def through_link(self, bytes_per_s: float | None) -> Calibration:
+        """These figures with the copies held to an emulated link of `bytes_per_s` (engine/experts/link.py holds
+        a copy to the slower of the two rates), so the split and auto choose for that link; None: as measured."""
+        if bytes_per_s is None:
+            return self
+        pageable = None if self.pageable_bytes_per_s is None else min(self.pageable_bytes_per_s, bytes_per_s)
+        return replace(self, pcie_bytes_per_s=min(self.pcie_bytes_per_s, bytes_per_s), pageable_bytes_per_s=pageable)
 
     def plausible(self) -> bool:
         """Whether the figures can be real: a busy machine during the measurement can make the CPU's per-expert
