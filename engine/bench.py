@@ -16,6 +16,7 @@ import torch
 
 from engine.bench_hf import hf_offload_row
 from engine.checkpoint import Checkpoint, TensorShard
+from engine.experts.link import LinkLimit, LinkLimitError
 from engine.experts.routing import NOTES as ROUTING_NOTES
 from engine.experts.routing import ForcedRouting, force_routing
 from engine.experts.split import BackendTrial
@@ -42,15 +43,16 @@ HF_GPU_SHARE = 0.9
 
 def build_random_model(name: str, device: str, dtype: torch.dtype, expert_cache_slots: int | None,
                        pin_budget_bytes: int | None = None, expert_backend: str = "offload",
-                       cpu_threads: int | None = None, seed: int = 0) -> CausalLM:
-    """The synthetic model `name` in its real checkpoint layout, with honest random weights, in memory."""
+                       cpu_threads: int | None = None, seed: int = 0, link: LinkLimit | None = None) -> CausalLM:
+    """The synthetic model `name` in its real checkpoint layout, with honest random weights, in memory; `link`:
+    its expert copies held to an emulated link (engine/experts/link.py)."""
     synthetic = SYNTHETIC_MODELS[name]
     config = synthetic.config
     tensors = random_tensors(synthetic.tensor_layout(), config.zero_centered_norms, seed)
     where = Path(f"<random {name}>")
     checkpoint = Checkpoint(where, synthetic.quantization_config, shards=[TensorShard(tensors, where)])
     source = WeightSource(checkpoint, config, torch.device(device), dtype)
-    executor = expert_executor(device, expert_cache_slots, pin_budget_bytes, expert_backend, cpu_threads)
+    executor = expert_executor(device, expert_cache_slots, pin_budget_bytes, expert_backend, cpu_threads, link)
     return BUILDERS[config.model_type](source, executor)
 
 
@@ -69,6 +71,18 @@ def host_to_device_bandwidth(pinned: bool) -> float:
     target.copy_(source, non_blocking=pinned)
     torch.cuda.synchronize()
     return BANDWIDTH_PROBE_BYTES / (time.perf_counter() - started)
+
+
+def link_note(link: LinkLimit, pageable: bool) -> str:
+    """What `--link-gbps` emulated, and how, for the result's notes."""
+    return (f"host->GPU expert copies held to {link.bytes_per_s / 1e9:g} GB/s ({'pageable' if pageable else 'pinned'} "
+            f"records): the copies still happen at this machine's speed, then a GPU kernel on the copies' own "
+            f"stream spins on the GPU's global timer until the run of copies began plus its bytes at that rate, "
+            f"so whatever waits for them waits as on such a link (pageable copies keep the host waiting too); "
+            f"decode steps stay captured as CUDA graphs, the hold after each in-graph gather counting the step's "
+            f"misses on the device. Not held: the CPU expert path (cpu, hybrid: host RAM, no link) and the few KB "
+            f"of activations and slot tables a layer; link latency is not emulated, only its rate. The split's "
+            f"calibration, the PCIe bounds and the decode ceilings use the held rate")
 
 
 def _host_peak_memory() -> dict:
@@ -228,7 +242,7 @@ def run_bench(name: str, device: str, prompt_lengths: list[int], decode_tokens: 
               seed: int = 0, backends: list[str] | None = None, hf_baseline: bool = False,
               decode_inputs: str = "greedy", routings: list[str] | None = None, cpu_threads: int | None = None,
               pageable: bool = False, decode_after: list[int] | None = None,
-              gpu_step_seconds: float | None = None) -> dict:
+              gpu_step_seconds: float | None = None, link_bytes_per_s: float | None = None) -> dict:
     """On CUDA with a plan, the process is held to the plan's budget (engine/runtime/vram.py) for the whole
     run, and each prompt length reports its measured peak against it. `routings`: forced routing modes
     (engine/experts/routing.py), each prompt length run under each; None lets the random routers decide.
@@ -239,15 +253,21 @@ def run_bench(name: str, device: str, prompt_lengths: list[int], decode_tokens: 
     every one); elsewhere `locality` and `fixed`, which route prompt chunks as `uniform` does, run only if it
     does not. `gpu_step_seconds`: the
     GPU's own step for the decode ceilings, where no `fixed` row can measure it (a cache smaller than a step's
-    experts over all layers)."""
+    experts over all layers). `link_bytes_per_s` (CUDA): expert copies held to an emulated link of that rate
+    (engine/experts/link.py), below the measured one (else LinkLimitError, before anything is built); the link
+    figures, bounds, ceilings and the split's calibration are then the held rate's."""
     synthetic = SYNTHETIC_MODELS[name]
     slots = plan.expert_slots if plan is not None else None
     chunk = plan.prefill_chunk_tokens if plan is not None else DEFAULT_PREFILL_CHUNK
     dtype = torch.bfloat16 if device == "cuda" else torch.float32
     modes = routings or [MODEL_ROUTING]
+    if link_bytes_per_s is not None and device != "cuda":
+        raise LinkLimitError("a link limit needs --device cuda: on the CPU no expert crosses a link")
+    link = LinkLimit(link_bytes_per_s) if link_bytes_per_s is not None else None
     result = {"model": name, "description": synthetic.description, "device": device,
               "device_name": torch.cuda.get_device_name() if device == "cuda" else "cpu",
               "dtype": str(dtype).removeprefix("torch."), "pageable_experts": pageable, "cpu_threads": cpu_threads,
+              "link_limit_bytes_per_s": link_bytes_per_s,
               "plan": plan.to_dict() if plan is not None else None,
               "notes": [ROUTING_NOTES[mode] for mode in modes], "runs": []}
     bandwidth = None
@@ -255,6 +275,10 @@ def run_bench(name: str, device: str, prompt_lengths: list[int], decode_tokens: 
         result["host_to_device_bytes_per_s"] = {"pinned": host_to_device_bandwidth(pinned=True),
                                                 "pageable": host_to_device_bandwidth(pinned=False)}
         bandwidth = result["host_to_device_bytes_per_s"]["pageable" if pageable else "pinned"]
+        if link is not None:
+            link.check_below(bandwidth, "pageable" if pageable else "pinned")
+            bandwidth = link.through(bandwidth)
+            result["notes"].append(link_note(link, pageable))
         result["expert_link_bytes_per_s"] = bandwidth
         torch.cuda.empty_cache()
         if plan is not None:
@@ -263,7 +287,7 @@ def run_bench(name: str, device: str, prompt_lengths: list[int], decode_tokens: 
     # The CPU kernel and the calibration are made when a backend needs them; the backend then switches per run
     build_backend = "hybrid" if set(backends or []) & {"cpu", "hybrid", "auto"} else "offload"
     model = build_random_model(name, device, dtype, slots, 0 if pageable else None, build_backend, cpu_threads,
-                               seed)
+                               seed, link)
     result["build_seconds"] = time.perf_counter() - started
     executor = model.expert_executor
     result["expert_placement"] = dict(executor.host_report)
@@ -348,7 +372,9 @@ def format_result(result: dict) -> str:
     if "host_to_device_bytes_per_s" in result:
         bw = result["host_to_device_bytes_per_s"]
         lines.append(f"host->GPU copy: pinned {bw['pinned'] / 1e9:.1f} GB/s, pageable {bw['pageable'] / 1e9:.1f} GB/s"
-                     + ("; expert records pageable" if result.get("pageable_experts") else ""))
+                     + ("; expert records pageable" if result.get("pageable_experts") else "")
+                     + (f"; expert copies held to {result['link_limit_bytes_per_s'] / 1e9:g} GB/s"
+                        if result.get("link_limit_bytes_per_s") else ""))
     if "uniform_floor_hit_rate" in result:
         lines.append(f"uniform routing's hit-rate floor: {result['uniform_floor_hit_rate']:.3f} (slots / experts)")
     lines.append(f"{'prompt':>8} {'routing':>9} {'chunk':>6} {'TTFT s':>8} {'prefill tok/s':>14} {'decode tok/s':>13} "

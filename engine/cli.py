@@ -97,6 +97,9 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--cpu-threads", type=int, help="threads for the CPU's expert work (default: the cores)")
     bench.add_argument("--pageable", action="store_true",
                        help="pin no expert record (as where pinning is refused, e.g. under WSL2)")
+    bench.add_argument("--link-gbps", type=float,
+                       help="CUDA: hold host->GPU expert copies to this many GB/s, below the measured rate, to "
+                            "emulate a narrower link (e.g. 6.5 for a laptop's PCIe 4.0 x4)")
     bench.add_argument("--json", action="store_true")
 
     serve = commands.add_parser("serve", help="serve the model over HTTP: OpenAI- and Anthropic-compatible API")
@@ -443,6 +446,7 @@ def run_bench(args) -> int:
     import torch
 
     from engine import bench
+    from engine.experts.link import LinkLimitError
     from engine.experts.routing import MODES as ROUTING_MODES
     from engine.runtime.planner import PlanError
     from engine.synthetic import SYNTHETIC_MODELS
@@ -497,11 +501,19 @@ def run_bench(args) -> int:
                            f"{args.decode_after!r}")
     if args.gpu_step_ms is not None and not 0 < args.gpu_step_ms < 10_000:
         raise CliError(f"--gpu-step-ms must be a positive number of milliseconds, got {args.gpu_step_ms}")
-    result = bench.run_bench(args.synthetic, args.device, lengths, args.decode_tokens, plan, backends=backends,
-                             decode_inputs=args.decode_inputs, hf_baseline=args.hf_baseline,
-                             routings=None if routings == [bench.MODEL_ROUTING] else routings,
-                             cpu_threads=args.cpu_threads, pageable=args.pageable, decode_after=decode_after,
-                             gpu_step_seconds=args.gpu_step_ms / 1e3 if args.gpu_step_ms else None)
+    if args.link_gbps is not None and not 0 < args.link_gbps < float("inf"):
+        raise CliError(f"--link-gbps must be a positive number of GB/s (e.g. 6.5), got {args.link_gbps}")
+    if args.link_gbps is not None and args.device != "cuda":
+        raise CliError("--link-gbps needs --device cuda: on the CPU no expert crosses a link")
+    try:
+        result = bench.run_bench(args.synthetic, args.device, lengths, args.decode_tokens, plan, backends=backends,
+                                 decode_inputs=args.decode_inputs, hf_baseline=args.hf_baseline,
+                                 routings=None if routings == [bench.MODEL_ROUTING] else routings,
+                                 cpu_threads=args.cpu_threads, pageable=args.pageable, decode_after=decode_after,
+                                 gpu_step_seconds=args.gpu_step_ms / 1e3 if args.gpu_step_ms else None,
+                                 link_bytes_per_s=args.link_gbps * 1e9 if args.link_gbps is not None else None)
+    except LinkLimitError as exc:
+        raise CliError(str(exc)) from None
     print(json.dumps(result, indent=2) if args.json else bench.format_result(result))
     return 0
 

@@ -11,6 +11,8 @@
 #             backend. 4gb's cache cannot hold a fixed step's 320 experts: it takes the GPU step from an
 #             earlier part of the same call (12gb or 8gb)
 #   pageable  the field report's case at 4gb: records pageable, 8 CPU threads, every backend and auto
+#   laptop    the field report's laptop emulated (issue 22): 4gb, expert copies held to 6.5 GB/s (PCIe 4.0 x4),
+#             8 CPU threads, records pinned then pageable, every backend and auto, decode 64 after 4,096
 # Run from the repository root on a CUDA machine, e.g. `bash tools/gpu/issue19_runs.sh 12gb 4gb`; results go
 # to $OUT (default ./gpu-results).
 set -u
@@ -67,6 +69,14 @@ for part in "$@"; do
             bench pageable "${LIMIT:-200}" --preset 4gb --prompt-tokens 4096 --decode-tokens 64 --decode-inputs random \
                 --routing uniform,locality --pageable --cpu-threads 8 --expert-backends auto,cpu,hybrid,offload \
                 $(gpu_step_ms) ;;
+        laptop)
+            for records in pinned pageable; do
+                # shellcheck disable=SC2046
+                bench "laptop_$records" "${LIMIT:-200}" --preset 4gb --prompt-tokens 4096 --decode-tokens 64 \
+                    --decode-inputs random --routing uniform,locality --link-gbps 6.5 --cpu-threads 8 \
+                    --expert-backends auto,cpu,hybrid,offload $([ "$records" = pageable ] && echo --pageable) \
+                    $(gpu_step_ms)
+            done ;;
         *) echo "unknown part $part" ;;
     esac
 done
