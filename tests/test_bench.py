@@ -78,10 +78,49 @@ def test_table_output(capsys):
     (["--routing", "skewed"], "--routing takes model alone, or forced modes"),
     (["--routing", "model,uniform"], "--routing takes model alone, or forced modes"),
     (["--cpu-threads", "0"], "--cpu-threads must be 1 or more"),
+    (["--link-gbps", "0"], "--link-gbps must be a positive number of GB/s (e.g. 6.5), got 0.0"),
+    (["--link-gbps", "-6.5"], "--link-gbps must be a positive number of GB/s"),
+    (["--link-gbps", "nan"], "--link-gbps must be a positive number of GB/s"),
+    (["--link-gbps", "6.5"], "--link-gbps needs --device cuda: on the CPU no expert crosses a link"),
 ])
 def test_bad_arguments(argv, message, capsys):
     code, _, err = bench(argv, capsys)
     assert code == 2 and message in err and len(err.strip().splitlines()) == 1
+
+
+@pytest.mark.parametrize("pageable, message", [
+    (False, "--link-gbps 6.5 is not below this machine's measured pinned host->GPU rate of 6.0 GB/s"),
+    (True, "--link-gbps 6.5 is not below this machine's measured pageable host->GPU rate of 4.0 GB/s")])
+def test_a_link_limit_at_or_above_the_measured_link_is_refused_before_anything_is_built(pageable, message, capsys,
+                                                                                        monkeypatch):
+    import engine.bench as bench_module
+    from engine.runtime import reserve
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda *device: "NVIDIA H200")
+    monkeypatch.setattr(reserve, "runtime_reserve", lambda device="cuda": reserve.measured_reserve(
+        900 * 2**20, "NVIDIA H200", others_included=False))
+    monkeypatch.setattr(bench_module, "host_to_device_bandwidth", lambda pinned: 6e9 if pinned else 4e9)
+    monkeypatch.setattr(bench_module, "build_random_model", lambda *args, **kwargs: pytest.fail("built"))
+    code = main(["bench", "--synthetic", "tiny", "--link-gbps", "6.5", *(["--pageable"] if pageable else [])])
+    _, err = capsys.readouterr()
+    assert code == 2 and message in err and "give a lower rate or leave --link-gbps out" in err
+    assert len(err.strip().splitlines()) == 1
+
+
+def test_the_held_link_sets_the_bounds_and_ceilings():
+    """The expert link the bench reports, and what its ceilings divide by, is the held rate, not the machine's."""
+    from engine.bench import _add_ceilings, link_note
+    from engine.experts.link import LinkLimit
+    link = LinkLimit(6.5e9)
+    assert link.through(50e9) == 6.5e9
+    decode = {"decode_tokens_per_s": 20.0, "decode_expert_cache_hit_rate": 0.5}
+    result = {"expert_link_bytes_per_s": link.through(50e9), "expert_backend": "offload",
+              "calibration": {"cpu_bytes_per_s": 1e9}, "runs": [{"routing": "uniform", "decode_by_backend": {
+                  "offload": decode}}]}
+    _add_ceilings(result, record_bytes=1_000_000, moe_layers=13, top_k=4, gpu_step=0.001)
+    assert decode["decode_ceiling_tokens_per_s"] == pytest.approx(250.0)  # 26 MB a token at 6.5 GB/s: 4 ms
+    note = link_note(link, pageable=True)
+    assert "6.5 GB/s (pageable records)" in note and "CUDA graphs" in note and "not held" in note.lower()
 
 
 def test_random_model_has_the_real_shapes_and_formats():

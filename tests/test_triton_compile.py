@@ -26,6 +26,7 @@ def compiled():
 
 
 KERNELS = ["rms_norm", "gdn delta", "gdn gate norm", "decode attention", "decode attention merge", "gather records",
+           "link mark", "link hold", "link hold records",
            "assign slots", "router top-k", "post cpu share", "wait cpu share", "combine experts", "nvfp4 gemv grouped",
            "nvfp4 gemv slots swiglu", "nvfp4 tiles", "fp8 gemv", "fp8 block tiles"]
 

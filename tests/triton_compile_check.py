@@ -9,7 +9,7 @@ from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 
 from engine.kernels import (triton_attention, triton_combine, triton_cpu_share, triton_gather, triton_gdn,
-                            triton_linear, triton_norm, triton_router, triton_slots)
+                            triton_linear, triton_link, triton_norm, triton_router, triton_slots)
 
 
 def _signature(kernel, pointers: dict, constexprs: dict, floats=()) -> dict:
@@ -48,6 +48,11 @@ CASES = {
                                {"DV": 256, "SPLITS": 32, "MERGE": 16}, ()),
     "gather records": (triton_gather._gather_kernel, {"records_ptr": "*i32", "pool_ptr": "*i32", "table_ptr": "*i32"},
                        {"BLOCK": triton_gather.BLOCK}, ()),
+    "link mark": (triton_link._mark_kernel, {"mark_ptr": "*i64"}, {}, ()),
+    "link hold": (triton_link._hold_kernel, {"mark_ptr": "*i64", "table_ptr": "*i64"},
+                  {"COUNT": False, "BLOCK": triton_link.TABLE_BLOCK}, ()),
+    "link hold records": (triton_link._hold_kernel, {"mark_ptr": "*i64", "table_ptr": "*i32"},
+                          {"COUNT": True, "BLOCK": triton_link.TABLE_BLOCK}, ()),
     "assign slots": (triton_slots._assign_kernel,
                      {"ids_ptr": "*i64", "keys_ptr": "*i32", "ages_ptr": "*i32", "clock_ptr": "*i32", "slots_ptr": "*i32",
                       "table_ptr": "*i32", "counts_ptr": "*i64", "cpu_counts_ptr": "*i32", "gpu_rows_ptr": "*fp32"},
