@@ -81,8 +81,9 @@ def link_note(link: LinkLimit, pageable: bool) -> str:
             f"so whatever waits for them waits as on such a link (pageable copies keep the host waiting too); "
             f"decode steps stay captured as CUDA graphs, the hold after each in-graph gather counting the step's "
             f"misses on the device. Not held: the CPU expert path (cpu, hybrid: host RAM, no link) and the few KB "
-            f"of activations and slot tables a layer; link latency is not emulated, only its rate. The split's "
-            f"calibration, the PCIe bounds and the decode ceilings use the held rate")
+            f"of activations and slot tables a layer, and the transformers + accelerate baseline's copies; link "
+            f"latency is not emulated, only its rate. The split's calibration, the PCIe bounds and the decode "
+            f"ceilings use the held rate")
 
 
 def _host_peak_memory() -> dict:

@@ -66,7 +66,11 @@ class LinkThrottle:
         self.device = torch.device(device)
         self.clock_ns, self.sleep = clock_ns, sleep
         if self.device.type == "cuda":
-            from engine.kernels import triton_link  # a CUDA machine without Triton cannot emulate a link
+            try:
+                from engine.kernels import triton_link
+            except ImportError as error:
+                raise LinkLimitError(f"emulating a link on the GPU needs Triton ({error}); install it "
+                                     f"(pip install triton) or leave --link-gbps out") from None
             self._kernels = triton_link
             self._mark = torch.zeros(1, dtype=torch.int64, device=self.device)  # the run's start, GPU timer ns
         else:
