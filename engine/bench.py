@@ -3,6 +3,8 @@ memory in its real checkpoint layout (no download, no file), with the ceilings i
 
 Random weights route however their random numbers fall, so the bench forces the routing (`--routing`,
 engine/experts/routing.py) and every result names the mode it ran under and what that implies.
+`--link-gbps` holds the expert copies to a narrower link than the machine's (engine/experts/link.py), as on
+the field report's laptop.
 """
 
 from __future__ import annotations
