@@ -148,9 +148,9 @@ class CachedExpertExecutor:
         layers = list(self.packed.values())
         records = [layers[i % len(layers)].records[i // len(layers)] for i in range(CALIBRATION_RECORDS)]
         key = machine_key(self.device, layout.record_bytes, cpu_experts.threads())
+        measured = cached_calibration(key, lambda: calibrate(self.device, records, self._cpu_seconds))
         # the file keeps the machine's own figures; an emulated link holds the copies below them
-        self.calibration = cached_calibration(key, lambda: calibrate(self.device, records, self._cpu_seconds)) \
-            .through_link(self.link.bytes_per_s if self.link is not None else None)
+        self.calibration = measured.through_link(self.link.bytes_per_s if self.link is not None else None)
 
     def _cpu_seconds(self, calls: int, per_call: int, tokens: int) -> float:
         """Time for `calls` CPU calls of `per_call` experts, each chosen by `tokens` tokens. Every call takes
