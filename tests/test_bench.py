@@ -21,6 +21,7 @@ def test_json_report(capsys):
     assert code == 0, err
     result = json.loads(out)
     assert result["model"] == "tiny" and "say nothing of a real model" in result["notes"][0]
+    assert result["link_limit_bytes_per_s"] is None and len(result["notes"]) == 1  # the machine's own link
     assert [r["prompt_tokens"] for r in result["runs"]] == [40, 130]
     for row in result["runs"]:
         assert row["prefill_tokens_per_s"] > 0 and row["decode_tokens_per_s"] > 0 and row["time_to_first_token_s"] > 0
