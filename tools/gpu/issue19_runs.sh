@@ -2,7 +2,7 @@
 # The GPU measurements of issues 19 and 20 on the real nvidia layout with forced routing, in parts that run
 # back to back within 10-minute device calls:
 #   quick     GPU tests: the runtime, forced routing through captured graphs, the measured reserve, auto's
-#             trial; and `plan` on this card (the measured reserve)
+#             trial, the emulated link's holds (eager and captured); and `plan` on this card (the measured reserve)
 #   worst     the measured reserve, the worst-case routings (same, distinct, uniform) at 4/8/12gb on the
 #             full-size model, and the 100-turn soak at 4gb (gpu_tests/test_gpu_reserve.py,
 #             test_forced_routing.py, test_soak.py)
@@ -47,7 +47,8 @@ for part in "$@"; do
     case "$part" in
         quick)
             timeout 200 python3 -m pytest -q -p no:cacheprovider --durations=6 gpu_tests/test_gpu_runtime.py \
-                gpu_tests/test_gpu_reserve.py gpu_tests/test_forced_routing.py -k "not worst_case" \
+                gpu_tests/test_gpu_reserve.py gpu_tests/test_forced_routing.py gpu_tests/test_link_limit.py \
+                -k "not worst_case" \
                 > "$OUT/gpu_tests_quick.txt" 2>&1
             echo "gpu_tests quick rc=$?"; tail -12 "$OUT/gpu_tests_quick.txt"
             python3 -m engine plan --synthetic "$MODEL" --preset 4gb | tee "$OUT/plan_4gb.txt" | head -12 ;;
