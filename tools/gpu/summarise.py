@@ -34,7 +34,8 @@ def summarise(result: dict | None, logged: list[dict]) -> str:
                      f"budget {plan.get('budget_bytes', 0) / GIB:.2f} GiB; reserve {plan.get('reserve_source')}; "
                      f"guarantee {plan.get('max_prompt_tokens')}; gpu step "
                      f"{1e3 * result.get('gpu_step_seconds', 0):.2f} ms ({result.get('gpu_step_source')}); "
-                     f"link {result.get('expert_link_bytes_per_s', 0) / 1e9:.1f} GB/s; cpu "
+                     f"link {result.get('expert_link_bytes_per_s', 0) / 1e9:.1f} GB/s"
+                     f"{' (held: --link-gbps)' if result.get('link_limit_bytes_per_s') else ''}; cpu "
                      f"{(result.get('calibration') or {}).get('cpu_bytes_per_s', 0) / 1e9:.1f} GB/s")
     for row in runs:
         head = f"{row['prompt_tokens']:>7} {row['routing']:>8}"
