@@ -1,0 +1,254 @@
+"""Write a GGUF of Qwen3.6-35B-A3B's real shape (llama.cpp's `qwen35moe` architecture) with honest random
+weights, so llama.cpp and MoE Desk run the same model side by side (issue 22).
+
+The shape is Qwen3.6-35B-A3B's text config (engine.synthetic.QWEN3_6_TEXT_CONFIG): 40 layers, every fourth
+full attention (10) and the rest Gated DeltaNet (30), 256 routed experts of 512 with 8 active and one shared
+expert of 512, hidden 2048, 16 query and 2 KV heads of 256, vocabulary 248,320. Tensor names, shapes and
+metadata keys are those the vendored llama.cpp (0c1e57098, src/models/qwen35moe.cpp) loads; the multi-token
+prediction layer is left out (llama.cpp skips it unless asked to load it).
+
+Types: the routed experts (ffn_gate_exps, ffn_up_exps, ffn_down_exps) are Q4_K, 4.5 bits a weight like
+NVFP4's 4 bits plus an E4M3 scale per 16; the other matrices F16 and the norms, the router, the Gated
+DeltaNet's conv1d, A and dt bias F32, as llama.cpp's converter stores them at --outtype f16. Routed experts a
+token reads: Q4_K 3 x 512 x 2048 weights x 144 / 256 bytes = 1,769,472 bytes an expert, x 8 active x 40
+layers = 566,231,040 bytes a token; MoE Desk's NVFP4 record is 1,781,760 bytes an expert, 570,163,200 bytes a
+token (0.7 % more, its per-tensor scales and padding).
+
+Honest random weights (as engine/testing/random_weights.py means it): every tensor is drawn from its own
+random stream (seeded by the seed and the tensor's name), so no two rows, experts or layers repeat one
+another. Float weights have about unit variance over their inputs and norms sit near one; Q4_K experts are
+random 4-bit codes and 6-bit scales under valid positive fp16 block scales sized the same way. The tokenizer
+is llama.cpp's "none" vocabulary (ids only): llama-bench feeds random token ids, so it needs no text.
+
+How to run, from the repository root (the full-size file is about 19 GiB and takes a few minutes):
+
+    python tools/gguf_random.py qwen3.6-35b-a3b-q4k.gguf
+    python tools/gguf_random.py --tiny tiny.gguf        # the same architecture at tiny sizes, for tests
+    .llama-build/bin/llama-bench -m tiny.gguf -p 64 -n 16
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+import gguf
+
+ARCH = "qwen35moe"
+Q4_K = gguf.GGMLQuantizationType.Q4_K
+F16 = gguf.GGMLQuantizationType.F16
+F32 = gguf.GGMLQuantizationType.F32
+Q4_K_BLOCK, Q4_K_BYTES = gguf.GGML_QUANT_SIZES[Q4_K]  # 256 weights in 144 bytes: d, dmin (fp16), scales, codes
+Q4_K_CODE_RMS = float(np.sqrt(np.mean(np.arange(16) ** 2)))  # random 4-bit codes' RMS
+Q4_K_SCALE_MEAN = 31.5  # random 6-bit sub-block scales' mean
+
+
+@dataclass(frozen=True)
+class Shape:
+    """The sizes of a qwen35moe model."""
+
+    layers: int = 40
+    full_attention_interval: int = 4
+    hidden: int = 2048
+    vocab: int = 248320
+    heads: int = 16
+    kv_heads: int = 2
+    head_dim: int = 256
+    rotary_dim: int = 64  # partial_rotary_factor 0.25 of 256
+    rope_sections: tuple[int, int, int, int] = (11, 11, 10, 0)
+    rope_theta: float = 10_000_000.0
+    experts: int = 256
+    experts_used: int = 8
+    expert_ff: int = 512
+    shared_ff: int = 512
+    linear_key_heads: int = 16
+    linear_value_heads: int = 32
+    linear_head_dim: int = 128
+    conv_kernel: int = 4
+    context: int = 262144
+    rms_eps: float = 1e-6
+
+
+FULL = Shape()
+# The same architecture at sizes a test writes in well under a second; expert rows stay whole Q4_K blocks.
+TINY = Shape(layers=4, hidden=256, vocab=512, heads=2, kv_heads=1, head_dim=64, rotary_dim=16,
+             rope_sections=(3, 3, 2, 0), experts=8, experts_used=2, expert_ff=256, shared_ff=256,
+             linear_key_heads=2, linear_value_heads=4, linear_head_dim=32, context=4096)
+
+
+@dataclass(frozen=True)
+class TensorSpec:
+    """One tensor: its GGUF name, numpy shape (rows last-dimension-fastest, the reverse of ggml's ne) and type."""
+
+    name: str
+    shape: tuple[int, ...]
+    kind: str  # "linear" (scaled by fan-in), "norm", "ssm_a", "ssm_dt", "conv", "embedding"
+    dtype: gguf.GGMLQuantizationType
+
+
+def is_full_attention(shape: Shape, layer: int) -> bool:
+    """Say whether a layer is full attention (llama.cpp's rule: every full_attention_interval-th)."""
+    return (layer + 1) % shape.full_attention_interval == 0
+
+
+def tensor_specs(shape: Shape) -> list[TensorSpec]:
+    """List every tensor the qwen35moe loader reads, in file order."""
+    h = shape.hidden
+    specs = [TensorSpec("token_embd.weight", (shape.vocab, h), "embedding", F16),
+             TensorSpec("output_norm.weight", (h,), "norm", F32),
+             TensorSpec("output.weight", (shape.vocab, h), "linear", F16)]
+    key_dim = shape.linear_key_heads * shape.linear_head_dim
+    value_dim = shape.linear_value_heads * shape.linear_head_dim
+    for layer in range(shape.layers):
+        blk = f"blk.{layer}."
+        specs += [TensorSpec(blk + "attn_norm.weight", (h,), "norm", F32),
+                  TensorSpec(blk + "post_attention_norm.weight", (h,), "norm", F32)]
+        if is_full_attention(shape, layer):
+            q_dim, kv_dim = shape.heads * shape.head_dim, shape.kv_heads * shape.head_dim
+            specs += [TensorSpec(blk + "attn_q.weight", (2 * q_dim, h), "linear", F16),  # queries and gate
+                      TensorSpec(blk + "attn_k.weight", (kv_dim, h), "linear", F16),
+                      TensorSpec(blk + "attn_v.weight", (kv_dim, h), "linear", F16),
+                      TensorSpec(blk + "attn_output.weight", (h, q_dim), "linear", F16),
+                      TensorSpec(blk + "attn_q_norm.weight", (shape.head_dim,), "norm", F32),
+                      TensorSpec(blk + "attn_k_norm.weight", (shape.head_dim,), "norm", F32)]
+        else:
+            conv_dim = 2 * key_dim + value_dim
+            specs += [TensorSpec(blk + "attn_qkv.weight", (conv_dim, h), "linear", F16),
+                      TensorSpec(blk + "attn_gate.weight", (value_dim, h), "linear", F16),
+                      TensorSpec(blk + "ssm_conv1d.weight", (conv_dim, shape.conv_kernel), "conv", F32),
+                      TensorSpec(blk + "ssm_dt.bias", (shape.linear_value_heads,), "ssm_dt", F32),
+                      TensorSpec(blk + "ssm_a", (shape.linear_value_heads,), "ssm_a", F32),
+                      TensorSpec(blk + "ssm_beta.weight", (shape.linear_value_heads, h), "linear", F16),
+                      TensorSpec(blk + "ssm_alpha.weight", (shape.linear_value_heads, h), "linear", F16),
+                      TensorSpec(blk + "ssm_norm.weight", (shape.linear_head_dim,), "norm", F32),
+                      TensorSpec(blk + "ssm_out.weight", (h, value_dim), "linear", F16)]
+        e, ff = shape.experts, shape.expert_ff
+        specs += [TensorSpec(blk + "ffn_gate_inp.weight", (e, h), "linear", F32),
+                  TensorSpec(blk + "ffn_gate_exps.weight", (e, ff, h), "linear", Q4_K),
+                  TensorSpec(blk + "ffn_up_exps.weight", (e, ff, h), "linear", Q4_K),
+                  TensorSpec(blk + "ffn_down_exps.weight", (e, h, ff), "linear", Q4_K),
+                  TensorSpec(blk + "ffn_gate_inp_shexp.weight", (h,), "linear", F32),
+                  TensorSpec(blk + "ffn_gate_shexp.weight", (shape.shared_ff, h), "linear", F16),
+                  TensorSpec(blk + "ffn_up_shexp.weight", (shape.shared_ff, h), "linear", F16),
+                  TensorSpec(blk + "ffn_down_shexp.weight", (h, shape.shared_ff), "linear", F16)]
+    return specs
+
+
+def stream(seed: int, name: str) -> np.random.Generator:
+    """Return the random stream of one tensor: seeded by the seed and the tensor's name."""
+    digest = hashlib.sha256(f"{seed}:{name}".encode()).digest()
+    return np.random.default_rng(int.from_bytes(digest[:16], "little"))
+
+
+def float_values(spec: TensorSpec, rng: np.random.Generator) -> np.ndarray:
+    """Draw a float tensor with its role's magnitude."""
+    if spec.kind == "norm":
+        values = 1.0 + 0.05 * rng.standard_normal(spec.shape)
+    elif spec.kind == "ssm_a":  # -exp(A_log), A_log uniform in log(1)..log(16) as Qwen's init
+        values = -np.exp(rng.uniform(0.0, np.log(16.0), spec.shape))
+    elif spec.kind == "ssm_dt":
+        values = rng.uniform(-4.0, -2.0, spec.shape)
+    elif spec.kind == "conv":
+        values = rng.standard_normal(spec.shape) / np.sqrt(spec.shape[-1])
+    elif spec.kind == "embedding":
+        values = rng.standard_normal(spec.shape)
+    else:
+        values = rng.standard_normal(spec.shape) / np.sqrt(spec.shape[-1])
+    return values.astype(np.float32 if spec.dtype == F32 else np.float16)
+
+
+def q4_k_bytes(spec: TensorSpec, rng: np.random.Generator) -> np.ndarray:
+    """Draw random Q4_K blocks (random codes and 6-bit scales) under valid positive fp16 block scales."""
+    *rows, width = spec.shape
+    blocks = rng.integers(0, 256, (*rows, width // Q4_K_BLOCK, Q4_K_BYTES), dtype=np.uint8)
+    # A weight is d * scale * code - dmin * min: about unit variance over the fan-in when d is this size.
+    d = 1.0 / (np.sqrt(width) * Q4_K_SCALE_MEAN * Q4_K_CODE_RMS)
+    scales = rng.uniform(0.5 * d, 1.5 * d, (*rows, width // Q4_K_BLOCK, 2)).astype(np.float16)
+    blocks[..., :4] = scales.view(np.uint8)
+    return blocks.reshape(*rows, width // Q4_K_BLOCK * Q4_K_BYTES)
+
+
+def tensor_data(spec: TensorSpec, seed: int) -> np.ndarray:
+    """Return one tensor's stored data: float values, or Q4_K bytes."""
+    rng = stream(seed, spec.name)
+    return q4_k_bytes(spec, rng) if spec.dtype == Q4_K else float_values(spec, rng)
+
+
+def add_metadata(writer: gguf.GGUFWriter, shape: Shape) -> None:
+    """Write the qwen35moe hyperparameters and an ids-only vocabulary."""
+    writer.add_type(gguf.GGUFType.MODEL)
+    writer.add_name("Qwen3.6-35B-A3B random" if shape == FULL else "qwen35moe tiny random")
+    writer.add_file_type(gguf.LlamaFileType.MOSTLY_Q4_K_M)
+    writer.add_block_count(shape.layers)
+    writer.add_context_length(shape.context)
+    writer.add_embedding_length(shape.hidden)
+    writer.add_feed_forward_length(shape.expert_ff)
+    writer.add_head_count(shape.heads)
+    writer.add_head_count_kv(shape.kv_heads)
+    writer.add_key_length(shape.head_dim)
+    writer.add_value_length(shape.head_dim)
+    writer.add_rope_freq_base(shape.rope_theta)
+    writer.add_rope_dimension_count(shape.rotary_dim)
+    writer.add_rope_dimension_sections(list(shape.rope_sections))
+    writer.add_layer_norm_rms_eps(shape.rms_eps)
+    writer.add_expert_count(shape.experts)
+    writer.add_expert_used_count(shape.experts_used)
+    writer.add_expert_feed_forward_length(shape.expert_ff)
+    writer.add_expert_shared_feed_forward_length(shape.shared_ff)
+    writer.add_ssm_conv_kernel(shape.conv_kernel)
+    writer.add_ssm_inner_size(shape.linear_value_heads * shape.linear_head_dim)
+    writer.add_ssm_state_size(shape.linear_head_dim)
+    writer.add_ssm_time_step_rank(shape.linear_value_heads)
+    writer.add_ssm_group_count(shape.linear_key_heads)
+    writer.add_full_attention_interval(shape.full_attention_interval)
+    writer.add_vocab_size(shape.vocab)
+    writer.add_tokenizer_model("none")
+
+
+def write_gguf(path: Path, shape: Shape, seed: int = 0) -> None:
+    """Write the model to path, one tensor at a time so a full-size file never sits in memory."""
+    specs = tensor_specs(shape)
+    writer = gguf.GGUFWriter(path, ARCH)
+    add_metadata(writer, shape)
+    for spec in specs:
+        if spec.dtype == Q4_K:
+            *rows, width = spec.shape
+            byte_shape = (*rows, width // Q4_K_BLOCK * Q4_K_BYTES)
+            nbytes = int(np.prod(byte_shape))
+        else:
+            byte_shape = spec.shape
+            nbytes = int(np.prod(spec.shape)) * (4 if spec.dtype == F32 else 2)
+        writer.add_tensor_info(spec.name, byte_shape, np.dtype(np.uint8 if spec.dtype == Q4_K else
+                                                              np.float32 if spec.dtype == F32 else np.float16),
+                               nbytes, raw_dtype=spec.dtype)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_ti_data_to_file()
+    for spec in specs:
+        writer.write_tensor_data(tensor_data(spec, seed))
+    writer.close()
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Write the GGUF the command line names; exit 1 with a message if it cannot be written."""
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("out", type=Path, help="the .gguf file to write")
+    parser.add_argument("--tiny", action="store_true", help="the same architecture at tiny sizes")
+    parser.add_argument("--seed", type=int, default=0)
+    args = parser.parse_args(argv)
+    try:
+        write_gguf(args.out, TINY if args.tiny else FULL, args.seed)
+    except OSError as error:
+        print(f"gguf_random: could not write {args.out} ({error}); check the folder exists and has room.")
+        return 1
+    print(f"gguf_random: wrote {args.out} ({args.out.stat().st_size / 2**30:.2f} GiB)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
