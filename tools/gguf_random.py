@@ -22,8 +22,8 @@ is llama.cpp's "none" vocabulary (ids only): llama-bench feeds random token ids,
 
 How to run, from the repository root (the full-size file is about 19 GiB and takes a few minutes):
 
-    python tools/gguf_random.py qwen3.6-35b-a3b-q4k.gguf
-    python tools/gguf_random.py --tiny tiny.gguf        # the same architecture at tiny sizes, for tests
+    python -m tools.gguf_random qwen3.6-35b-a3b-q4k.gguf
+    python -m tools.gguf_random --tiny tiny.gguf        # the same architecture at tiny sizes, for tests
     .llama-build/bin/llama-bench -m tiny.gguf -p 64 -n 16
 """
 
@@ -39,6 +39,8 @@ import numpy as np
 
 import gguf
 
+from engine.synthetic import QWEN3_6_TEXT_CONFIG
+
 ARCH = "qwen35moe"
 Q4_K = gguf.GGMLQuantizationType.Q4_K
 F16 = gguf.GGMLQuantizationType.F16
@@ -52,33 +54,52 @@ Q4_K_SCALE_MEAN = 31.5  # random 6-bit sub-block scales' mean
 class Shape:
     """The sizes of a qwen35moe model."""
 
-    layers: int = 40
-    full_attention_interval: int = 4
-    hidden: int = 2048
-    vocab: int = 248320
-    heads: int = 16
-    kv_heads: int = 2
-    head_dim: int = 256
-    rotary_dim: int = 64  # partial_rotary_factor 0.25 of 256
-    rope_sections: tuple[int, int, int, int] = (11, 11, 10, 0)
-    rope_theta: float = 10_000_000.0
-    experts: int = 256
-    experts_used: int = 8
-    expert_ff: int = 512
-    shared_ff: int = 512
-    linear_key_heads: int = 16
-    linear_value_heads: int = 32
-    linear_head_dim: int = 128
-    conv_kernel: int = 4
-    context: int = 262144
-    rms_eps: float = 1e-6
+    layers: int
+    full_attention_interval: int
+    hidden: int
+    vocab: int
+    heads: int
+    kv_heads: int
+    head_dim: int
+    rotary_dim: int
+    rope_sections: tuple[int, int, int, int]
+    rope_theta: float
+    experts: int
+    experts_used: int
+    expert_ff: int
+    shared_ff: int
+    linear_key_heads: int
+    linear_value_heads: int
+    linear_head_dim: int
+    conv_kernel: int
+    context: int
+    rms_eps: float
+
+    @classmethod
+    def from_text_config(cls, config: dict) -> Shape:
+        """Read the sizes from a Qwen3.5/3.6 MoE text_config (as config.json holds it)."""
+        rope = config["rope_parameters"]
+        if config["linear_key_head_dim"] != config["linear_value_head_dim"]:
+            raise ValueError("qwen35moe stores one Gated DeltaNet head size (ssm.state_size) for keys and values")
+        return cls(layers=config["num_hidden_layers"], full_attention_interval=config["full_attention_interval"],
+                   hidden=config["hidden_size"], vocab=config["vocab_size"], heads=config["num_attention_heads"],
+                   kv_heads=config["num_key_value_heads"], head_dim=config["head_dim"],
+                   rotary_dim=int(config["head_dim"] * rope["partial_rotary_factor"]),
+                   rope_sections=(*rope["mrope_section"], 0), rope_theta=float(rope["rope_theta"]),
+                   experts=config["num_experts"], experts_used=config["num_experts_per_tok"],
+                   expert_ff=config["moe_intermediate_size"], shared_ff=config["shared_expert_intermediate_size"],
+                   linear_key_heads=config["linear_num_key_heads"],
+                   linear_value_heads=config["linear_num_value_heads"],
+                   linear_head_dim=config["linear_key_head_dim"], conv_kernel=config["linear_conv_kernel_dim"],
+                   context=config["max_position_embeddings"], rms_eps=config["rms_norm_eps"])
 
 
-FULL = Shape()
+FULL = Shape.from_text_config(QWEN3_6_TEXT_CONFIG)
 # The same architecture at sizes a test writes in well under a second; expert rows stay whole Q4_K blocks.
-TINY = Shape(layers=4, hidden=256, vocab=512, heads=2, kv_heads=1, head_dim=64, rotary_dim=16,
+TINY = Shape(layers=4, full_attention_interval=4, hidden=256, vocab=512, heads=2, kv_heads=1, head_dim=64, rotary_dim=16,
              rope_sections=(3, 3, 2, 0), experts=8, experts_used=2, expert_ff=256, shared_ff=256,
-             linear_key_heads=2, linear_value_heads=4, linear_head_dim=32, context=4096)
+             linear_key_heads=2, linear_value_heads=4, linear_head_dim=32, conv_kernel=4, context=4096,
+             rope_theta=FULL.rope_theta, rms_eps=FULL.rms_eps)
 
 
 @dataclass(frozen=True)
