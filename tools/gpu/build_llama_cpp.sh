@@ -8,7 +8,7 @@
 #   - the qwen35moe architecture (Qwen3.5/3.6 MoE: LLM_ARCH_QWEN35MOE, "qwen35moe" in src/llama-arch.cpp)
 #   - --n-cpu-moe N / -ncmoe N (llama-bench and common/arg.cpp: the first N layers' experts on the CPU)
 #   - -ot / --override-tensor PATTERN=BUFFER (llama-bench and common/arg.cpp, e.g. -ot exps=CPU)
-#   - -fa / --flash-attn (common/arg.cpp takes on|off|auto; llama-bench takes 0|1)
+#   - -fa / --flash-attn on|off|auto (llama-bench and common/arg.cpp)
 #
 # How to run, from the repository root. Here (once, CPU machine):
 #     python tools/llama_source.py /tmp/llsdist/llama_cpp_python-0.3.36.tar.gz      # writes .llama-src/
