@@ -128,3 +128,19 @@ def test_llama_source_keeps_the_build_and_drops_the_rest(tmp_path):
 def test_llama_source_says_what_to_do_without_an_sdist(tmp_path, capsys):
     assert llama_source.main([str(tmp_path / "missing.tar.gz"), "--out", str(tmp_path / "src")]) == 1
     assert "is not a file" in capsys.readouterr().out
+
+
+def test_like_nvidia_stores_the_fp8_projections_in_q8_0_and_the_shared_expert_in_q4_k(tmp_path):
+    path = tmp_path / "tiny.gguf"
+    assert gguf_random.main([str(path), "--tiny", "--like-nvidia"]) == 0
+    reader = gguf.GGUFReader(path)
+    types = {t.name: t.tensor_type for t in reader.tensors}
+    q8_0 = gguf.GGMLQuantizationType.Q8_0
+    assert {types[n] for n in ("blk.3.attn_q.weight", "blk.3.attn_output.weight", "blk.0.attn_qkv.weight",
+                               "blk.0.attn_gate.weight", "blk.0.ssm_out.weight")} == {q8_0}
+    assert {types[n] for n in ("output.weight", "blk.0.ffn_gate_shexp.weight", "blk.0.ffn_down_shexp.weight",
+                               "blk.0.ffn_up_exps.weight")} == {Q4_K}
+    assert (types["token_embd.weight"], types["blk.0.ssm_beta.weight"]) == (F16, F16)
+    qkv = next(t for t in reader.tensors if t.name == "blk.0.attn_qkv.weight")
+    scales = np.asarray(qkv.data).reshape(-1, 34)[:, :2].copy().view(np.float16)
+    assert np.isfinite(scales).all() and (scales > 0).all()

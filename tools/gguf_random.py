@@ -14,6 +14,11 @@ token reads: Q4_K 3 x 512 x 2048 weights x 144 / 256 bytes = 1,769,472 bytes an 
 layers = 566,231,040 bytes a token; MoE Desk's NVFP4 record is 1,781,760 bytes an expert, 570,163,200 bytes a
 token (0.7 % more, its per-tensor scales and padding).
 
+With --like-nvidia the rest follows nvidia/Qwen3.6-35B-A3B-NVFP4's bytes instead of the converter's: its FP8
+projections (attn_q/k/v/output, attn_qkv, attn_gate, ssm_out) are Q8_0 (8.5 bits), its NVFP4 shared expert
+and lm_head (output.weight) Q4_K; the embedding, ssm_alpha/beta and the router stay as nvidia keeps them
+(16-bit; F32 router). Use it for the side-by-side runs, so a token moves about the same bytes in both.
+
 Honest random weights (as engine/testing/random_weights.py means it): every tensor is drawn from its own
 random stream (seeded by the seed and the tensor's name), so no two rows, experts or layers repeat one
 another. Float weights have about unit variance over their inputs and norms sit near one; Q4_K experts are
@@ -22,7 +27,7 @@ is llama.cpp's "none" vocabulary (ids only): llama-bench feeds random token ids,
 
 How to run, from the repository root (the full-size file is 21.5 GiB; about three minutes on one core):
 
-    python -m tools.gguf_random qwen3.6-35b-a3b-q4k.gguf
+    python -m tools.gguf_random --like-nvidia qwen3.6-35b-a3b-q4k.gguf
     python -m tools.gguf_random --tiny tiny.gguf        # the same architecture at tiny sizes, for tests
     .llama-build/bin/llama-bench -m tiny.gguf -p 64 -n 16
 """
@@ -43,11 +48,14 @@ from engine.synthetic import QWEN3_6_TEXT_CONFIG
 
 ARCH = "qwen35moe"
 Q4_K = gguf.GGMLQuantizationType.Q4_K
+Q8_0 = gguf.GGMLQuantizationType.Q8_0
 F16 = gguf.GGMLQuantizationType.F16
 F32 = gguf.GGMLQuantizationType.F32
 Q4_K_BLOCK, Q4_K_BYTES = gguf.GGML_QUANT_SIZES[Q4_K]  # 256 weights in 144 bytes: d, dmin (fp16), scales, codes
 Q4_K_CODE_RMS = float(np.sqrt(np.mean(np.arange(16) ** 2)))  # random 4-bit codes' RMS
 Q4_K_SCALE_MEAN = 31.5  # random 6-bit sub-block scales' mean
+Q8_0_BLOCK, Q8_0_BYTES = gguf.GGML_QUANT_SIZES[Q8_0]  # 32 weights in 34 bytes: d (fp16), int8 codes
+Q8_0_CODE_RMS = float(np.sqrt(np.mean(np.arange(-128, 128) ** 2.0)))  # random int8 codes' RMS
 
 
 @dataclass(frozen=True)
@@ -117,12 +125,14 @@ def is_full_attention(shape: Shape, layer: int) -> bool:
     return (layer + 1) % shape.full_attention_interval == 0
 
 
-def tensor_specs(shape: Shape) -> list[TensorSpec]:
-    """List every tensor the qwen35moe loader reads, in file order."""
+def tensor_specs(shape: Shape, like_nvidia: bool = False) -> list[TensorSpec]:
+    """List every tensor the qwen35moe loader reads, in file order (like_nvidia: nvidia's NVFP4 build's bytes)."""
     h = shape.hidden
+    # nvidia's build: attention projections FP8 (Q8_0 here), shared expert and lm_head NVFP4 (Q4_K here)
+    projection, dense_4bit = (Q8_0, Q4_K) if like_nvidia else (F16, F16)
     specs = [TensorSpec("token_embd.weight", (shape.vocab, h), "embedding", F16),
              TensorSpec("output_norm.weight", (h,), "norm", F32),
-             TensorSpec("output.weight", (shape.vocab, h), "linear", F16)]
+             TensorSpec("output.weight", (shape.vocab, h), "linear", dense_4bit)]
     key_dim = shape.linear_key_heads * shape.linear_head_dim
     value_dim = shape.linear_value_heads * shape.linear_head_dim
     for layer in range(shape.layers):
@@ -131,32 +141,32 @@ def tensor_specs(shape: Shape) -> list[TensorSpec]:
                   TensorSpec(blk + "post_attention_norm.weight", (h,), "norm", F32)]
         if is_full_attention(shape, layer):
             q_dim, kv_dim = shape.heads * shape.head_dim, shape.kv_heads * shape.head_dim
-            specs += [TensorSpec(blk + "attn_q.weight", (2 * q_dim, h), "linear", F16),  # queries and gate
-                      TensorSpec(blk + "attn_k.weight", (kv_dim, h), "linear", F16),
-                      TensorSpec(blk + "attn_v.weight", (kv_dim, h), "linear", F16),
-                      TensorSpec(blk + "attn_output.weight", (h, q_dim), "linear", F16),
+            specs += [TensorSpec(blk + "attn_q.weight", (2 * q_dim, h), "linear", projection),  # queries and gate
+                      TensorSpec(blk + "attn_k.weight", (kv_dim, h), "linear", projection),
+                      TensorSpec(blk + "attn_v.weight", (kv_dim, h), "linear", projection),
+                      TensorSpec(blk + "attn_output.weight", (h, q_dim), "linear", projection),
                       TensorSpec(blk + "attn_q_norm.weight", (shape.head_dim,), "norm", F32),
                       TensorSpec(blk + "attn_k_norm.weight", (shape.head_dim,), "norm", F32)]
         else:
             conv_dim = 2 * key_dim + value_dim
-            specs += [TensorSpec(blk + "attn_qkv.weight", (conv_dim, h), "linear", F16),
-                      TensorSpec(blk + "attn_gate.weight", (value_dim, h), "linear", F16),
+            specs += [TensorSpec(blk + "attn_qkv.weight", (conv_dim, h), "linear", projection),
+                      TensorSpec(blk + "attn_gate.weight", (value_dim, h), "linear", projection),
                       TensorSpec(blk + "ssm_conv1d.weight", (conv_dim, shape.conv_kernel), "conv", F32),
                       TensorSpec(blk + "ssm_dt.bias", (shape.linear_value_heads,), "ssm_dt", F32),
                       TensorSpec(blk + "ssm_a", (shape.linear_value_heads,), "ssm_a", F32),
                       TensorSpec(blk + "ssm_beta.weight", (shape.linear_value_heads, h), "linear", F16),
                       TensorSpec(blk + "ssm_alpha.weight", (shape.linear_value_heads, h), "linear", F16),
                       TensorSpec(blk + "ssm_norm.weight", (shape.linear_head_dim,), "norm", F32),
-                      TensorSpec(blk + "ssm_out.weight", (h, value_dim), "linear", F16)]
+                      TensorSpec(blk + "ssm_out.weight", (h, value_dim), "linear", projection)]
         e, ff = shape.experts, shape.expert_ff
         specs += [TensorSpec(blk + "ffn_gate_inp.weight", (e, h), "linear", F32),
                   TensorSpec(blk + "ffn_gate_exps.weight", (e, ff, h), "linear", Q4_K),
                   TensorSpec(blk + "ffn_up_exps.weight", (e, ff, h), "linear", Q4_K),
                   TensorSpec(blk + "ffn_down_exps.weight", (e, h, ff), "linear", Q4_K),
                   TensorSpec(blk + "ffn_gate_inp_shexp.weight", (h,), "linear", F32),
-                  TensorSpec(blk + "ffn_gate_shexp.weight", (shape.shared_ff, h), "linear", F16),
-                  TensorSpec(blk + "ffn_up_shexp.weight", (shape.shared_ff, h), "linear", F16),
-                  TensorSpec(blk + "ffn_down_shexp.weight", (h, shape.shared_ff), "linear", F16)]
+                  TensorSpec(blk + "ffn_gate_shexp.weight", (shape.shared_ff, h), "linear", dense_4bit),
+                  TensorSpec(blk + "ffn_up_shexp.weight", (shape.shared_ff, h), "linear", dense_4bit),
+                  TensorSpec(blk + "ffn_down_shexp.weight", (h, shape.shared_ff), "linear", dense_4bit)]
     return specs
 
 
@@ -183,21 +193,34 @@ def float_values(spec: TensorSpec, rng: np.random.Generator) -> np.ndarray:
     return values.astype(np.float32 if spec.dtype == F32 else np.float16)
 
 
-def q4_k_bytes(spec: TensorSpec, rng: np.random.Generator) -> np.ndarray:
-    """Draw random Q4_K blocks (random codes and 6-bit scales) under valid positive fp16 block scales."""
+def quant_bytes(spec: TensorSpec, rng: np.random.Generator) -> np.ndarray:
+    """Draw random Q4_K or Q8_0 blocks (random codes and sub-scales) under valid positive fp16 block scales."""
     *rows, width = spec.shape
-    blocks = rng.integers(0, 256, (*rows, width // Q4_K_BLOCK, Q4_K_BYTES), dtype=np.uint8)
-    # A weight is d * scale * code - dmin * min: about unit variance over the fan-in when d is this size.
-    d = 1.0 / (np.sqrt(width) * Q4_K_SCALE_MEAN * Q4_K_CODE_RMS)
-    scales = rng.uniform(0.5 * d, 1.5 * d, (*rows, width // Q4_K_BLOCK, 2)).astype(np.float16)
-    blocks[..., :4] = scales.view(np.uint8)
-    return blocks.reshape(*rows, width // Q4_K_BLOCK * Q4_K_BYTES)
+    block, nbytes = gguf.GGML_QUANT_SIZES[spec.dtype]
+    blocks = rng.integers(0, 256, (*rows, width // block, nbytes), dtype=np.uint8)
+    # A Q4_K weight is d * scale * code - dmin * min, a Q8_0 one d * code: d sized for unit variance over fan-in.
+    if spec.dtype == Q4_K:
+        d, n_scales = 1.0 / (np.sqrt(width) * Q4_K_SCALE_MEAN * Q4_K_CODE_RMS), 2
+    else:
+        d, n_scales = 1.0 / (np.sqrt(width) * Q8_0_CODE_RMS), 1
+    scales = rng.uniform(0.5 * d, 1.5 * d, (*rows, width // block, n_scales)).astype(np.float16)
+    blocks[..., :2 * n_scales] = scales.view(np.uint8)
+    return blocks.reshape(*rows, width // block * nbytes)
+
+
+def stored_shape(spec: TensorSpec) -> tuple[int, ...]:
+    """Return the numpy shape of a tensor's stored data (bytes per row for quantised types)."""
+    if spec.dtype in (F16, F32):
+        return spec.shape
+    *rows, width = spec.shape
+    block, nbytes = gguf.GGML_QUANT_SIZES[spec.dtype]
+    return (*rows, width // block * nbytes)
 
 
 def tensor_data(spec: TensorSpec, seed: int) -> np.ndarray:
-    """Return one tensor's stored data: float values, or Q4_K bytes."""
+    """Return one tensor's stored data: float values, or quantised blocks' bytes."""
     rng = stream(seed, spec.name)
-    return q4_k_bytes(spec, rng) if spec.dtype == Q4_K else float_values(spec, rng)
+    return float_values(spec, rng) if spec.dtype in (F16, F32) else quant_bytes(spec, rng)
 
 
 def add_metadata(writer: gguf.GGUFWriter, shape: Shape) -> None:
@@ -231,22 +254,16 @@ def add_metadata(writer: gguf.GGUFWriter, shape: Shape) -> None:
     writer.add_tokenizer_model("none")
 
 
-def write_gguf(path: Path, shape: Shape, seed: int = 0) -> None:
+def write_gguf(path: Path, shape: Shape, seed: int = 0, like_nvidia: bool = False) -> None:
     """Write the model to path, one tensor at a time so a full-size file never sits in memory."""
-    specs = tensor_specs(shape)
+    specs = tensor_specs(shape, like_nvidia)
     writer = gguf.GGUFWriter(path, ARCH)
     add_metadata(writer, shape)
     for spec in specs:
-        if spec.dtype == Q4_K:
-            *rows, width = spec.shape
-            byte_shape = (*rows, width // Q4_K_BLOCK * Q4_K_BYTES)
-            nbytes = int(np.prod(byte_shape))
-        else:
-            byte_shape = spec.shape
-            nbytes = int(np.prod(spec.shape)) * (4 if spec.dtype == F32 else 2)
-        writer.add_tensor_info(spec.name, byte_shape, np.dtype(np.uint8 if spec.dtype == Q4_K else
-                                                              np.float32 if spec.dtype == F32 else np.float16),
-                               nbytes, raw_dtype=spec.dtype)
+        byte_shape = stored_shape(spec)
+        dtype = np.dtype({F32: np.float32, F16: np.float16}.get(spec.dtype, np.uint8))
+        writer.add_tensor_info(spec.name, byte_shape, dtype, int(np.prod(byte_shape)) * dtype.itemsize,
+                               raw_dtype=spec.dtype)
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.write_ti_data_to_file()
@@ -260,10 +277,13 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("out", type=Path, help="the .gguf file to write")
     parser.add_argument("--tiny", action="store_true", help="the same architecture at tiny sizes")
+    parser.add_argument("--like-nvidia", action="store_true",
+                        help="store what nvidia's NVFP4 build stores in FP8 as Q8_0 and its NVFP4 shared expert "
+                             "and lm_head as Q4_K, so both engines move about the same bytes")
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args(argv)
     try:
-        write_gguf(args.out, TINY if args.tiny else FULL, args.seed)
+        write_gguf(args.out, TINY if args.tiny else FULL, args.seed, args.like_nvidia)
     except OSError as error:
         print(f"gguf_random: could not write {args.out} ({error}); check the folder exists and has room.")
         return 1
