@@ -14,6 +14,15 @@
 #     python tools/llama_source.py /tmp/llsdist/llama_cpp_python-0.3.36.tar.gz      # writes .llama-src/
 # On the CUDA machine (carry .llama-src; the build goes to .llama-build/, kept between calls of a warm machine):
 #     bash tools/gpu/build_llama_cpp.sh
+# A first device call that builds and, meanwhile on one core, writes the full-size GGUF (.whl holds gguf 0.19.0,
+# `pip download --no-deps -d .whl gguf==0.19.0` here; both ignored folders carried: carry [".llama-src", ".whl"]):
+#     python3 -m pip install -q --no-index --no-deps --target /tmp/site .whl/gguf-*.whl && mkdir -p .llama-build && \
+#     { PYTHONPATH=/tmp/site:$PWD python3 -m tools.gguf_random --like-nvidia .llama-build/q36.gguf > $OUT/gguf.txt 2>&1 & } && \
+#     bash tools/gpu/build_llama_cpp.sh; wait; cat $OUT/gguf.txt
+# then, e.g., experts of the first N layers on the CPU, flash attention on, 16 threads:
+#     .llama-build/bin/llama-bench -m .llama-build/q36.gguf -ngl 99 --n-cpu-moe 30 -fa on -t 16 -p 512 -n 128 -o json
+# Checked on a 2-core CPU machine with --cpu-only: configure 1 s, llama-bench alone 293 s at -j2; the CUDA build
+# was not run there.
 # Options: --cpu-only (no CUDA; how it was checked on a CPU machine), --targets "llama-bench ..." (default
 # llama-bench llama-server llama-cli). SRC and BUILD override the folders.
 set -eu
@@ -53,5 +62,8 @@ echo "configured in $((SECONDS - started)) s"
 # shellcheck disable=SC2086  # TARGETS is a list of names
 cmake --build "$BUILD" --config Release -j "$(nproc)" --target $TARGETS > "$BUILD.build.log" 2>&1 \
     || { grep -m5 -B2 -A8 "error" "$BUILD.build.log"; echo "build_llama_cpp: build failed (log $BUILD.build.log)"; exit 1; }
-echo "built in $((SECONDS - started)) s: $(cd "$BUILD/bin" && ls $TARGETS | tr '\n' ' ')"
+for target in $TARGETS; do
+    [ -x "$BUILD/bin/$target" ] || { echo "build_llama_cpp: $BUILD/bin/$target was not built (log $BUILD.build.log)"; exit 1; }
+done
+echo "built in $((SECONDS - started)) s: $TARGETS in $BUILD/bin"
 "$BUILD/bin/llama-bench" --help 2>&1 | grep -m1 -i "n-cpu-moe" || echo "build_llama_cpp: llama-bench lacks --n-cpu-moe"
