@@ -25,7 +25,7 @@ another. Float weights have about unit variance over their inputs and norms sit 
 random 4-bit codes and 6-bit scales under valid positive fp16 block scales sized the same way. The tokenizer
 is llama.cpp's "none" vocabulary (ids only): llama-bench feeds random token ids, so it needs no text.
 
-How to run, from the repository root (the full-size file is 21.5 GiB; about three minutes on one core):
+How to run, from the repository root (the full-size file is 21.5 GiB, 19.5 GiB with --like-nvidia; minutes on one core):
 
     python -m tools.gguf_random --like-nvidia qwen3.6-35b-a3b-q4k.gguf
     python -m tools.gguf_random --tiny tiny.gguf        # the same architecture at tiny sizes, for tests
@@ -51,10 +51,8 @@ Q4_K = gguf.GGMLQuantizationType.Q4_K
 Q8_0 = gguf.GGMLQuantizationType.Q8_0
 F16 = gguf.GGMLQuantizationType.F16
 F32 = gguf.GGMLQuantizationType.F32
-Q4_K_BLOCK, Q4_K_BYTES = gguf.GGML_QUANT_SIZES[Q4_K]  # 256 weights in 144 bytes: d, dmin (fp16), scales, codes
 Q4_K_CODE_RMS = float(np.sqrt(np.mean(np.arange(16) ** 2)))  # random 4-bit codes' RMS
 Q4_K_SCALE_MEAN = 31.5  # random 6-bit sub-block scales' mean
-Q8_0_BLOCK, Q8_0_BYTES = gguf.GGML_QUANT_SIZES[Q8_0]  # 32 weights in 34 bytes: d (fp16), int8 codes
 Q8_0_CODE_RMS = float(np.sqrt(np.mean(np.arange(-128, 128) ** 2.0)))  # random int8 codes' RMS
 
 
@@ -196,7 +194,7 @@ def float_values(spec: TensorSpec, rng: np.random.Generator) -> np.ndarray:
 def quant_bytes(spec: TensorSpec, rng: np.random.Generator) -> np.ndarray:
     """Draw random Q4_K or Q8_0 blocks (random codes and sub-scales) under valid positive fp16 block scales."""
     *rows, width = spec.shape
-    block, nbytes = gguf.GGML_QUANT_SIZES[spec.dtype]
+    block, nbytes = gguf.GGML_QUANT_SIZES[spec.dtype]  # Q4_K: 256 in 144 bytes, d and dmin first; Q8_0: 32 in 34, d
     blocks = rng.integers(0, 256, (*rows, width // block, nbytes), dtype=np.uint8)
     # A Q4_K weight is d * scale * code - dmin * min, a Q8_0 one d * code: d sized for unit variance over fan-in.
     if spec.dtype == Q4_K:
