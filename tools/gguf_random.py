@@ -102,7 +102,8 @@ class Shape:
 
 FULL = Shape.from_text_config(QWEN3_6_TEXT_CONFIG)
 # The same architecture at sizes a test writes in well under a second; expert rows stay whole Q4_K blocks.
-TINY = Shape(layers=4, full_attention_interval=4, hidden=256, vocab=512, heads=2, kv_heads=1, head_dim=64, rotary_dim=16,
+TINY = Shape(layers=4, full_attention_interval=4, hidden=256, vocab=512, heads=2, kv_heads=1, head_dim=64,
+             rotary_dim=16,
              rope_sections=(3, 3, 2, 0), experts=8, experts_used=2, expert_ff=256, shared_ff=256,
              linear_key_heads=2, linear_value_heads=4, linear_head_dim=32, conv_kernel=4, context=4096,
              rope_theta=FULL.rope_theta, rms_eps=FULL.rms_eps)

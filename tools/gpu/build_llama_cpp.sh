@@ -17,7 +17,8 @@
 # A first device call that builds and, meanwhile on one core, writes the full-size GGUF (.whl holds gguf 0.19.0,
 # `pip download --no-deps -d .whl gguf==0.19.0` here; both ignored folders carried: carry [".llama-src", ".whl"]):
 #     python3 -m pip install -q --no-index --no-deps --target /tmp/site .whl/gguf-*.whl && mkdir -p .llama-build && \
-#     { PYTHONPATH=/tmp/site:$PWD python3 -m tools.gguf_random --like-nvidia .llama-build/q36.gguf > $OUT/gguf.txt 2>&1 & } && \
+#     { PYTHONPATH=/tmp/site:$PWD python3 -m tools.gguf_random --like-nvidia .llama-build/q36.gguf \
+#         > $OUT/gguf.txt 2>&1 & } && \
 #     bash tools/gpu/build_llama_cpp.sh; wait; cat $OUT/gguf.txt
 # then, e.g., experts of the first N layers on the CPU, flash attention on, 16 threads:
 #     .llama-build/bin/llama-bench -m .llama-build/q36.gguf -ngl 99 --n-cpu-moe 30 -fa on -t 16 -p 512 -n 128 -o json
@@ -56,14 +57,18 @@ started=$SECONDS
 cmake -S "$SRC" -B "$BUILD" -DCMAKE_BUILD_TYPE=Release -DGGML_NATIVE=ON "${CUDA_OPTIONS[@]}" \
     -DLLAMA_BUILD_COMMIT="$COMMIT" -DLLAMA_BUILD_NUMBER=0 \
     -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_APP=OFF \
-    -DLLAMA_BUILD_UI=OFF -DLLAMA_USE_PREBUILT_UI=OFF -DLLAMA_OPENSSL=OFF -DGGML_RPC=OFF > "$BUILD.configure.log" 2>&1 \
-    || { tail -30 "$BUILD.configure.log"; echo "build_llama_cpp: cmake configure failed (log $BUILD.configure.log)"; exit 1; }
+    -DLLAMA_BUILD_UI=OFF -DLLAMA_USE_PREBUILT_UI=OFF -DLLAMA_OPENSSL=OFF -DGGML_RPC=OFF \
+    > "$BUILD.configure.log" 2>&1 \
+    || { tail -30 "$BUILD.configure.log"; echo "build_llama_cpp: cmake configure failed (log $BUILD.configure.log)"
+         exit 1; }
 echo "configured in $((SECONDS - started)) s"
 # shellcheck disable=SC2086  # TARGETS is a list of names
 cmake --build "$BUILD" --config Release -j "$(nproc)" --target $TARGETS > "$BUILD.build.log" 2>&1 \
-    || { grep -m5 -B2 -A8 "error" "$BUILD.build.log"; echo "build_llama_cpp: build failed (log $BUILD.build.log)"; exit 1; }
+    || { grep -m5 -B2 -A8 "error" "$BUILD.build.log"; echo "build_llama_cpp: build failed (log $BUILD.build.log)"
+         exit 1; }
 for target in $TARGETS; do
-    [ -x "$BUILD/bin/$target" ] || { echo "build_llama_cpp: $BUILD/bin/$target was not built (log $BUILD.build.log)"; exit 1; }
+    [ -x "$BUILD/bin/$target" ] || { echo "build_llama_cpp: $BUILD/bin/$target was not built (log $BUILD.build.log)"
+                                     exit 1; }
 done
 echo "built in $((SECONDS - started)) s: $TARGETS in $BUILD/bin"
 "$BUILD/bin/llama-bench" --help 2>&1 | grep -m1 -i "n-cpu-moe" || echo "build_llama_cpp: llama-bench lacks --n-cpu-moe"
