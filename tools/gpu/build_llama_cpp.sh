@@ -22,8 +22,10 @@
 #     bash tools/gpu/build_llama_cpp.sh; wait; cat $OUT/gguf.txt
 # then, e.g., experts of the first N layers on the CPU, flash attention on, 16 threads:
 #     .llama-build/bin/llama-bench -m .llama-build/q36.gguf -ngl 99 --n-cpu-moe 30 -fa on -t 16 -p 512 -n 128 -o json
-# Checked on a 2-core CPU machine with --cpu-only: configure 1 s, llama-bench alone 293 s at -j2; the CUDA build
-# was not run there.
+# Checked on a 2-core CPU machine with --cpu-only: configure 1 s, llama-bench alone 293 s at -j2, then
+# llama-server and llama-cli 344 s more; that llama-bench ran the tiny and the full-size GGUF of
+# tools/gguf_random.py ("qwen35moe 35B.A3B Q4_K", 34.66 B parameters). The CUDA build was not run there.
+# The carried source is 23.6 MiB; with the tracked tree (about 30 MiB) a call carries about 54 of its 64 MiB.
 # Options: --cpu-only (no CUDA; how it was checked on a CPU machine), --targets "llama-bench ..." (default
 # llama-bench llama-server llama-cli). SRC and BUILD override the folders.
 set -eu
