@@ -4,12 +4,11 @@ the sdist trimmer keeps the build's files and drops the rest."""
 import io
 import tarfile
 
+import gguf
 import numpy as np
 import pytest
 
-gguf = pytest.importorskip("gguf")
-
-from tools import gguf_random, llama_source  # noqa: E402
+from tools import gguf_random, llama_source
 
 Q4_K, F16, F32 = (gguf.GGMLQuantizationType.Q4_K, gguf.GGMLQuantizationType.F16,
                   gguf.GGMLQuantizationType.F32)
