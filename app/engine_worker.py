@@ -28,7 +28,7 @@ class DeltaBuffer:
         self._signals = {"reasoning": reasoning_signal, "answer": answer_signal}
         self._pending: dict[str, list[str]] = {"reasoning": [], "answer": []}
         self._clock = clock
-        self._last_emit = clock()
+        self._last_emit = float("-inf")  # a reply's first text shows at once, even if the stream then stalls
 
     def add(self, kind: str, text: str) -> bool:
         """Keep `text` of `kind` ("reasoning" | "answer"); True when an emit is due (call flush)."""

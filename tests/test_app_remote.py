@@ -112,6 +112,10 @@ def test_deltas_are_batched_between_emits_by_the_clock():
     deltas.answer.connect(lambda text: emitted.append(("answer", text)))
     now = [0.0]
     buffer = DeltaBuffer(deltas.reasoning, deltas.answer, clock=lambda: now[0])
+    assert buffer.add("reasoning", "z")  # a reply's first text is due at once: a stalled stream still shows it
+    buffer.flush()
+    assert emitted == [("reasoning", "z")]
+    emitted.clear()
     assert not buffer.add("reasoning", "a") and not buffer.add("answer", "b")
     now[0] = DELTA_INTERVAL_S / 2
     assert not buffer.add("answer", "c") and emitted == []
