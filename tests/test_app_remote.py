@@ -6,8 +6,9 @@ from __future__ import annotations
 
 import pytest
 from app_fakes import FakeWorker
-from fake_openai_server import HANG, FakeOpenAI, FakeServer, chunk, free_port
+from fake_openai_server import HANG, chunk, free_port
 from PySide6.QtCore import QObject, Qt, Signal
+from test_remote_engine import fake, server  # noqa: F401 (fixtures: the fake server, fresh per test)
 from PySide6.QtWidgets import QLineEdit
 
 from app.dialogs.remote_dialog import RemoteEngineDialog
@@ -22,19 +23,6 @@ REPLY_TIMEOUT_MS = 10_000
 REPLY = [chunk(reasoning="Two and two "), chunk(reasoning="make four."), chunk(content="It is "),
          chunk(content="**4**."), chunk(finish="stop"), chunk(usage={"prompt_tokens": 20, "completion_tokens": 6}),
          "data: [DONE]\n\n"]
-
-
-@pytest.fixture(scope="module")
-def server():
-    running = FakeServer(FakeOpenAI())
-    yield running
-    running.stop()
-
-
-@pytest.fixture
-def fake(server):
-    server.fake.__init__()
-    return server.fake
 
 
 @pytest.fixture

@@ -14,12 +14,11 @@ import pytest
 from app_fakes import FakeWorker
 from fake_openai_server import free_port
 from PySide6.QtCore import Qt
-from test_app_remote import choose
+from test_app_remote import choose, remote  # noqa: F401 (remote: the worker fixture)
 
 from app.pages.chat import ChatPage
 from app.remote_engine import probe
 from app.remote_store import RemoteEndpoint
-from app.remote_worker import start_remote_worker
 from app.storage import ConversationStore
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -52,15 +51,6 @@ def served():
     except subprocess.TimeoutExpired:
         process.kill()
         process.wait(10)
-
-
-@pytest.fixture
-def remote(qtbot):
-    worker, thread = start_remote_worker()
-    yield worker
-    worker.stop()
-    thread.quit()
-    thread.wait(10_000)
 
 
 def test_the_connection_test_lists_the_served_model_and_refuses_a_wrong_key(served):
