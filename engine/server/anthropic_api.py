@@ -12,12 +12,12 @@ from sse_starlette.sse import EventSourceResponse
 
 from engine.runtime.events import AnswerDelta, ReasoningDelta, TurnFinished
 from engine.runtime.session import chat_prompt
+from engine.runtime.tool_calls import ToolCallArgumentsDelta, ToolCallFinished, ToolCallStarted
 from engine.server import fields
 from engine.server.fields import BadRequest, get
 from engine.server.http import drain, error_response, prepare
 from engine.server.openai_api import read_sampling
-from engine.server.replies import (EngineFailed, Reply, ToolAbandoned, ToolArguments, ToolDone, ToolStart,
-                                   reply_events, tool_parser)
+from engine.server.replies import EngineFailed, Reply, ToolAbandoned, reply_events, tool_parser
 
 _STOP_REASONS = {"eos": "end_turn", "stop": "stop_sequence", "length": "max_tokens"}
 
@@ -220,13 +220,13 @@ async def messages(request: Request, body: dict, context):
                         out += open_block("text", {"type": "text", "text": ""})
                     out.append(event("content_block_delta", {"index": blocks["index"], "delta": {
                         "type": "text_delta", "text": item.text}}))
-                elif isinstance(item, ToolStart):
+                elif isinstance(item, ToolCallStarted):
                     out += open_block(("tool", item.index), {"type": "tool_use", "id": item.call_id,
                                                              "name": item.name, "input": {}})
-                elif isinstance(item, ToolArguments):
+                elif isinstance(item, ToolCallArgumentsDelta):
                     out.append(event("content_block_delta", {"index": blocks["index"], "delta": {
                         "type": "input_json_delta", "partial_json": item.delta}}))
-                elif isinstance(item, (ToolDone, ToolAbandoned)):
+                elif isinstance(item, (ToolCallFinished, ToolAbandoned)):
                     out += close()
                 elif isinstance(item, TurnFinished):
                     out += close()

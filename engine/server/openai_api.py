@@ -13,11 +13,11 @@ from sse_starlette.sse import EventSourceResponse
 from engine.runtime.events import AnswerDelta, ReasoningDelta, TurnFinished
 from engine.runtime.sampling import SamplingParams
 from engine.runtime.session import chat_prompt, text_prompt
+from engine.runtime.tool_calls import ToolCallArgumentsDelta, ToolCallFinished, ToolCallStarted
 from engine.server import fields
 from engine.server.fields import BadRequest, get
 from engine.server.http import drain, error_response, prepare, unix_now
-from engine.server.replies import (EngineFailed, Reply, ToolArguments, ToolDone, ToolStart, reply_events,
-                                   tool_parser)
+from engine.server.replies import EngineFailed, Reply, reply_events, tool_parser
 
 _THINKING_EFFORTS = {"none": False, "minimal": False, "low": True, "medium": True, "high": True, "xhigh": True}
 
@@ -170,7 +170,7 @@ def finish_reason(final: TurnFinished, tool_calls: bool) -> str:
     return "length" if final.stats.stop_reason == "length" else "stop"
 
 
-def _call(done: ToolDone) -> dict:
+def _call(done: ToolCallFinished) -> dict:
     return {"id": done.call_id, "type": "function",
             "function": {"name": done.name, "arguments": json.dumps(done.arguments, ensure_ascii=False)}}
 
@@ -214,10 +214,10 @@ async def chat_completions(request: Request, body: dict, context):
                     yield chunk({"reasoning_content": item.text})
                 elif isinstance(item, AnswerDelta):
                     yield chunk({"content": item.text})
-                elif isinstance(item, ToolStart):
+                elif isinstance(item, ToolCallStarted):
                     yield chunk({"tool_calls": [{"index": item.index, "id": item.call_id, "type": "function",
                                                  "function": {"name": item.name, "arguments": ""}}]})
-                elif isinstance(item, ToolArguments):
+                elif isinstance(item, ToolCallArgumentsDelta):
                     yield chunk({"tool_calls": [{"index": item.index, "function": {"arguments": item.delta}}]})
                 elif isinstance(item, TurnFinished):
                     yield chunk({}, finish_reason(item, bool(reply.tool_calls)))

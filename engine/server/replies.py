@@ -10,30 +10,10 @@ import logging
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 
+from engine.runtime import tool_calls as tc
 from engine.runtime.events import AnswerDelta, ReasoningDelta, TurnFinished
 
 log = logging.getLogger("engine.server")
-
-
-@dataclass(frozen=True)
-class ToolStart:
-    index: int
-    call_id: str
-    name: str
-
-
-@dataclass(frozen=True)
-class ToolArguments:
-    index: int
-    delta: str
-
-
-@dataclass(frozen=True)
-class ToolDone:
-    index: int
-    call_id: str
-    name: str
-    arguments: dict
 
 
 @dataclass(frozen=True)
@@ -49,7 +29,7 @@ class Reply:
 
     reasoning: list[str] = field(default_factory=list)
     answer: list[str] = field(default_factory=list)
-    tool_calls: list[ToolDone] = field(default_factory=list)
+    tool_calls: list[tc.ToolCallFinished] = field(default_factory=list)
     final: TurnFinished | None = None
 
 
@@ -72,18 +52,12 @@ def tool_parser(template_source: str | None, tools: list[dict] | None, seed: int
 
 
 def _from_parser(parsed: list) -> list:
-    from engine.runtime import tool_calls as tc
-
     out = []
     for event in parsed:
         if isinstance(event, tc.TextDelta):
             out.append(AnswerDelta(event.text))
-        elif isinstance(event, tc.ToolCallStarted):
-            out.append(ToolStart(event.index, event.call_id, event.name))
-        elif isinstance(event, tc.ToolCallArgumentsDelta):
-            out.append(ToolArguments(event.index, event.delta))
-        elif isinstance(event, tc.ToolCallFinished):
-            out.append(ToolDone(event.index, event.call_id, event.name, event.arguments))
+        elif isinstance(event, (tc.ToolCallStarted, tc.ToolCallArgumentsDelta, tc.ToolCallFinished)):
+            out.append(event)
         elif isinstance(event, tc.ToolCallWarning):  # the raw text follows as a TextDelta
             log.warning("%s", event.message)
             if event.index is not None:
@@ -92,7 +66,8 @@ def _from_parser(parsed: list) -> list:
 
 
 async def reply_events(job, parser, reply: Reply) -> AsyncIterator:
-    """ReasoningDelta, AnswerDelta, ToolStart/ToolArguments/ToolDone events, filling `reply`; ends with the
+    """ReasoningDelta, AnswerDelta and the tool-call parser's ToolCallStarted/ArgumentsDelta/Finished events,
+    filling `reply`; ends with the
     TurnFinished. Raises EngineFailed when the engine reports an error, and ends early when it is cancelled."""
     async for event in job.stream():
         if isinstance(event, Exception):
@@ -120,5 +95,5 @@ def _keep(reply: Reply, item) -> None:
         reply.reasoning.append(item.text)
     elif isinstance(item, AnswerDelta):
         reply.answer.append(item.text)
-    elif isinstance(item, ToolDone):
+    elif isinstance(item, tc.ToolCallFinished):
         reply.tool_calls.append(item)
