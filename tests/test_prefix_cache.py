@@ -51,13 +51,13 @@ def test_a_host_copy_stays_valid_after_the_state_runs_another_sequence(model, to
 def _entry_state(model, ids):
     state = model.new_state(64)
     logits = model.forward(ids, state)
-    return state.host_copy(), logits
+    return state, logits
 
 
 def test_longest_prefix_wins_and_least_recently_used_goes_first(model):
     short, long, other = [5, 6], [5, 6, 7, 8], [9, 10, 11]
     states = {tuple(k): _entry_state(model, k) for k in (short, long, other)}
-    size = max(s.nbytes for s, _ in states.values()) + 4 * model.config.vocab_size + 64
+    size = max(s.host_copy().nbytes for s, _ in states.values()) + 4 * model.config.vocab_size
     cache = PrefixCache(2 * size)
     assert cache.store(short, *states[tuple(short)]) and cache.store(long, *states[tuple(long)])
     assert cache.longest_prefix([5, 6, 7, 8, 1]).ids == tuple(long)
@@ -70,8 +70,8 @@ def test_longest_prefix_wins_and_least_recently_used_goes_first(model):
 
 def test_an_entry_larger_than_the_cache_is_not_stored(model):
     state, logits = _entry_state(model, [5, 6, 7])
-    cache = PrefixCache(state.nbytes // 2)
-    assert not cache.store([5, 6, 7], state, logits)
+    cache = PrefixCache(state.host_copy().nbytes // 2)
+    assert cache.store([5, 6, 7], state, logits) is None
     assert len(cache) == 0 and cache.nbytes == 0
     with pytest.raises(ValueError, match="0 or more bytes"):
         PrefixCache(-1)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 
 from engine import kernels
@@ -10,6 +12,23 @@ from engine.layers.linear import JoinedLinear, Linear
 from engine.layers.norm import RMSNorm
 from engine.layers.rotary import Rotary
 from engine.layers.source import WeightSource
+
+
+@dataclass(frozen=True)
+class HostRows:
+    """A KV cache's first tokens in host RAM, as blocks of consecutive rows: a copy that extends another shares
+    the other's blocks instead of copying them again."""
+
+    keys: tuple[torch.Tensor, ...]
+    values: tuple[torch.Tensor, ...]
+
+    @property
+    def length(self) -> int:
+        return sum(block.shape[0] for block in self.keys)
+
+    @property
+    def tensors(self) -> tuple[torch.Tensor, ...]:
+        return self.keys + self.values
 
 
 class KVCache:
@@ -49,15 +68,25 @@ class KVCache:
     def restore(self, length: int) -> None:
         self.length = length
 
-    def host_copy(self) -> tuple[torch.Tensor, torch.Tensor]:
-        """(keys, values) of the cached tokens, copied to host RAM: valid whatever this cache is used for next."""
-        return self.keys[:self.length].to("cpu", copy=True), self.values[:self.length].to("cpu", copy=True)
+    def host_copy(self, after: HostRows | None = None) -> HostRows:
+        """The cached tokens' keys and values in host RAM, valid whatever this cache is used for next; where
+        `after` holds this cache's first rows (this sequence was loaded from it, or grew from it), its blocks
+        are shared and only the rows past them copied."""
+        start = after.length if after is not None else 0
+        if start > self.length:
+            raise ValueError(f"a host copy of {self.length} tokens cannot extend one of {start}")
+        shared = (after.keys, after.values) if after is not None else ((), ())
+        if start == self.length:
+            return HostRows(*shared)
+        keys = self.keys[start:self.length].to("cpu", copy=True)
+        values = self.values[start:self.length].to("cpu", copy=True)
+        return HostRows(shared[0] + (keys,), shared[1] + (values,))
 
-    def load(self, saved: tuple[torch.Tensor, torch.Tensor]) -> None:
+    def load(self, saved: HostRows) -> None:
         """Hold exactly the tokens of a host_copy()."""
-        keys, values = saved
         self.length = 0
-        self.append(keys.to(self.keys.device), values.to(self.values.device))
+        for keys, values in zip(saved.keys, saved.values):
+            self.append(keys.to(self.keys.device), values.to(self.values.device))
 
     def clone(self) -> KVCache:
         copy = object.__new__(KVCache)

@@ -36,8 +36,15 @@ class DeltaNetState:
         self.conv.copy_(saved.conv, non_blocking=True)
         self.recurrent.copy_(saved.recurrent, non_blocking=True)
 
-    # a fixed-size state's snapshot is already a full copy, valid whatever the state does next
-    host_copy, load = snapshot, restore
+    def host_copy(self, after: DeltaNetState | None = None) -> DeltaNetState:
+        """A full copy in host RAM, as snapshot(): a fixed-size state shares nothing with an earlier copy."""
+        return self.snapshot()
+
+    load = restore  # a snapshot is already a full copy, valid whatever the state does next
+
+    @property
+    def tensors(self) -> tuple[torch.Tensor, ...]:
+        return self.conv, self.recurrent
 
 
 def _to_host(t: torch.Tensor) -> torch.Tensor:

@@ -62,10 +62,15 @@ class ModelState:
         self.position = snapshot.position
 
 
-    def host_copy(self) -> HostState:
+    def host_copy(self, after: HostState | None = None) -> HostState:
         """A full copy in host RAM (KV rows as well as recurrent states), so it stays valid while this state
-        goes on to run other sequences: what a cache shared across requests keeps."""
-        return HostState(self.position, [s.host_copy() for s in self.layers])
+        goes on to run other sequences: what a cache shared across requests keeps. `after`: an earlier copy
+        whose sequence this state's begins with, loaded from it or grown from it (so its KV rows are these
+        rows): its KV blocks are shared, not copied again."""
+        if after is not None and after.position > self.position:
+            raise ValueError(f"a copy of {self.position} tokens cannot extend one of {after.position}")
+        earlier = after.layers if after is not None else [None] * len(self.layers)
+        return HostState(self.position, [s.host_copy(e) for s, e in zip(self.layers, earlier)])
 
     def load(self, saved: HostState) -> None:
         """Hold exactly the sequence of a host_copy(), whatever this state held before."""
@@ -86,11 +91,14 @@ class HostState:
     layers: list
 
     @property
+    def tensors(self) -> list[torch.Tensor]:
+        """Every host tensor the copy holds; KV blocks may be shared with other copies (host_copy's `after`)."""
+        return [t for layer in self.layers for t in layer.tensors]
+
+    @property
     def nbytes(self) -> int:
-        """Host RAM the copy holds."""
-        tensors = [t for layer in self.layers for t in (layer if isinstance(layer, tuple) else
-                                                        (layer.conv, layer.recurrent))]
-        return sum(t.numel() * t.element_size() for t in tensors)
+        """Host RAM the copy holds, shared blocks counted as if it held them alone."""
+        return sum(t.numel() * t.element_size() for t in self.tensors)
 
 
 class Interrupted(Exception):

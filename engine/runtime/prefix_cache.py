@@ -1,10 +1,13 @@
 """A bounded host-RAM cache of model states keyed by the token ids they hold, for reuse across requests.
 
 Clients of an HTTP API resend the whole conversation on every request; an agent's conversation grows by a
-few hundred tokens each time. Each entry is a full host copy of a state (KV rows and recurrent states, see
+few hundred tokens each time. Each entry is a host copy of a state (KV rows and recurrent states, see
 ModelState.host_copy) after a token-id prefix, taken at a message boundary, with the logits of its last
-token so a prompt the cache holds whole needs no prefill at all. A lookup finds the longest cached prefix of
-a request's ids; eviction is least-recently-used, by bytes.
+token so a prompt the cache holds whole needs no prefill at all. An entry stored from a state that was
+restored from (or grew from) another entry shares that entry's KV blocks: a conversation's KV rows are in
+host RAM once however many of its prefixes are cached, and each entry adds its recurrent states and the rows
+past the entry it grew from. A lookup finds the longest cached prefix of a request's ids; eviction is
+least-recently-used, by the bytes an entry alone keeps alive.
 """
 
 from __future__ import annotations
@@ -16,7 +19,7 @@ from dataclasses import dataclass
 
 import torch
 
-from engine.models.base import HostState
+from engine.models.base import HostState, ModelState
 
 
 @dataclass(frozen=True)
@@ -28,12 +31,13 @@ class CachedPrefix:
     logits: torch.Tensor
 
     @property
-    def nbytes(self) -> int:
-        return self.state.nbytes + self.logits.numel() * self.logits.element_size() + 8 * len(self.ids)
+    def tensors(self) -> list[torch.Tensor]:
+        return [*self.state.tensors, self.logits]
 
 
 class PrefixCache:
-    """Longest-prefix lookup over saved states, least-recently-used entries dropped past `max_bytes`.
+    """Longest-prefix lookup over saved states, least-recently-used entries dropped past `max_bytes` (host
+    tensors shared by several entries counted once).
 
     Thread-safe: the engine's worker stores and looks up, a stats reader may ask for its size meanwhile."""
 
@@ -42,6 +46,7 @@ class PrefixCache:
             raise ValueError(f"the prefix cache size must be 0 or more bytes, not {max_bytes}")
         self.max_bytes = max_bytes
         self._entries: OrderedDict[tuple[int, ...], CachedPrefix] = OrderedDict()  # oldest use first
+        self._holders: dict[int, list] = {}  # id(tensor) -> [tensor, entries holding it]
         self._bytes = 0
         self._lock = threading.Lock()
 
@@ -63,29 +68,67 @@ class PrefixCache:
                 self._entries.move_to_end(best.ids)
             return best
 
-    def store(self, ids: Sequence[int], state: HostState, logits: torch.Tensor) -> bool:
-        """Keep the state after `ids`, evicting the least recently used entries to stay within the size;
-        False when it alone is larger than the whole cache (nothing is stored then)."""
-        entry = CachedPrefix(tuple(ids), state, logits.detach().to("cpu", torch.float32, copy=True))
-        if not entry.ids or entry.nbytes > self.max_bytes:
-            return False
+    def store(self, ids: Sequence[int], state: ModelState, logits: torch.Tensor,
+              after: CachedPrefix | None = None) -> CachedPrefix | None:
+        """Keep a host copy of `state`, which holds `ids`, evicting the least recently used entries to stay
+        within the size; `after`: the entry `state` was restored from or an entry stored from it since, whose
+        KV blocks the copy shares. An entry already held for `ids` is kept as it is (marked as just used).
+        Returns the entry, or None when it alone is larger than the whole cache (nothing is stored then)."""
+        ids = tuple(ids)
+        if not ids:
+            return None
+        if after is not None and ids[:len(after.ids)] != after.ids:
+            raise ValueError("a cached state can only share the blocks of an entry whose ids begin its own")
         with self._lock:
-            old = self._entries.pop(entry.ids, None)
+            held = self._entries.get(ids)
+            if held is not None:
+                self._entries.move_to_end(ids)
+                return held
+        entry = CachedPrefix(ids, state.host_copy(after.state if after is not None else None),
+                             logits.detach().to("cpu", torch.float32, copy=True))
+        with self._lock:
+            if self._alone_bytes(entry) > self.max_bytes:
+                return None
+            old = self._entries.pop(ids, None)  # stored by another thread meanwhile
             if old is not None:
-                self._bytes -= old.nbytes
-            self._entries[entry.ids] = entry
-            self._bytes += entry.nbytes
-            while self._bytes > self.max_bytes:
+                self._release(old)
+            self._entries[ids] = entry
+            self._hold(entry)
+            while self._bytes > self.max_bytes and len(self._entries) > 1:
                 _, evicted = self._entries.popitem(last=False)
-                self._bytes -= evicted.nbytes
-        return True
+                self._release(evicted)
+        return entry
 
     def contains(self, ids: Sequence[int]) -> bool:
-        """Whether the state after exactly `ids` is cached (a stored prefix is not re-copied)."""
+        """Whether the state after exactly `ids` is cached."""
         with self._lock:
             return tuple(ids) in self._entries
 
     def clear(self) -> None:
         with self._lock:
             self._entries.clear()
+            self._holders.clear()
             self._bytes = 0
+
+    def _alone_bytes(self, entry: CachedPrefix) -> int:
+        """The bytes `entry` would keep alive with no other entry cached."""
+        return sum(_nbytes(t) for t in {id(t): t for t in entry.tensors}.values())
+
+    def _hold(self, entry: CachedPrefix) -> None:
+        for tensor in {id(t): t for t in entry.tensors}.values():
+            holder = self._holders.setdefault(id(tensor), [tensor, 0])
+            if holder[1] == 0:
+                self._bytes += _nbytes(tensor)
+            holder[1] += 1
+
+    def _release(self, entry: CachedPrefix) -> None:
+        for key in {id(t) for t in entry.tensors}:
+            holder = self._holders[key]
+            holder[1] -= 1
+            if holder[1] == 0:
+                self._bytes -= _nbytes(holder[0])
+                del self._holders[key]
+
+
+def _nbytes(tensor: torch.Tensor) -> int:
+    return tensor.numel() * tensor.element_size()

@@ -29,7 +29,7 @@ import torch
 from engine.errors import CheckpointError, ContextOverflowError, NonFiniteLogitsError
 from engine.models.base import CausalLM, Interrupted, StateSnapshot
 from engine.runtime.events import AnswerDelta, ReasoningDelta, TurnFinished, TurnStats
-from engine.runtime.prefix_cache import PrefixCache
+from engine.runtime.prefix_cache import CachedPrefix, PrefixCache
 from engine.runtime.sampling import Sampler, SamplingParams
 from engine.runtime.stop import StopMatcher
 from engine.runtime.tokenizer import ChatTokenizer, IncrementalDetokenizer
@@ -185,6 +185,7 @@ class ChatSession:
         if len(ids) + 1 > self.context_tokens:
             yield refused("error", str(ContextOverflowError(len(ids) + 1, self.context_tokens)))
             return
+        started = time.perf_counter()  # the time to first token counts the lookup and the restore
         if self._blank is None:
             self._blank = self.model.new_state(0).host_copy()  # what a state holds before any token
         hit = prefix_cache.longest_prefix(ids) if prefix_cache is not None else None
@@ -192,8 +193,8 @@ class ChatSession:
         self._fed = list(hit.ids) if hit is not None else []
         self._boundaries = [_Boundary(0, self._state.snapshot(), len(self._fed), ())]
         reply = _Reply(self, sampler, ids[len(self._fed):], prompt.rendered,
-                       start_logits=hit.logits if hit else None, prefix_cache=prefix_cache,
-                       save_at={*prompt.save_at, len(ids)})
+                       start_logits=hit.logits if hit else None, prefix_cache=prefix_cache, restored=hit,
+                       save_at={*prompt.save_at, len(ids)}, started=started)
         yield from reply.run()
         self.messages, self._synced = [], 0  # the reply is not a turn of the session's own conversation
 
@@ -276,12 +277,15 @@ class _Reply:
 
     def __init__(self, session: ChatSession, sampler: Sampler, prompt_ids: list[int], rendered: str, *,
                  start_logits: torch.Tensor | None = None, prefix_cache: PrefixCache | None = None,
-                 save_at: frozenset[int] = frozenset()):
+                 restored: CachedPrefix | None = None, save_at: frozenset[int] = frozenset(),
+                 started: float | None = None):
         """prompt_ids: what the state still needs; start_logits: the state's last token's logits, for when that
         is nothing; the states once `save_at` tokens are in (counted from the sequence's start), and the state
-        at the end of the reply, go into prefix_cache."""
+        at the end of the reply, go into prefix_cache, sharing the KV blocks of `restored` (the entry the state
+        was loaded from) and of each other. `started`: when the request began (default: when run() does)."""
         self.session, self.sampler, self.prompt_ids = session, sampler, prompt_ids
         self.logits, self.prefix_cache, self.save_at = start_logits, prefix_cache, save_at
+        self.cached, self.started = restored, started  # cached: the latest entry of this state's sequence
         tok = session.tokenizer
         self.think_start = tok.token_id(tok.think_start) if tok.think_start else None
         self.think_end = tok.token_id(tok.think_end) if tok.think_end else None
@@ -296,7 +300,7 @@ class _Reply:
 
     def run(self) -> Iterator:
         s = self.session
-        start = first_token_at = time.perf_counter()
+        start = first_token_at = self.started if self.started is not None else time.perf_counter()
         generated: list[int] = []
         phase = "reading the prompt"
         try:
@@ -323,10 +327,11 @@ class _Reply:
         yield self._finish(reason, start, first_token_at, len(generated), prefilled=len(self.prompt_ids))
 
     def _save(self) -> None:
-        """Put the state (its token ids, the logits of the last) into the prefix cache, unless it holds it."""
+        """Put the state (its token ids, the logits of the last) into the prefix cache, unless it holds it;
+        only the KV rows past the latest entry of this sequence are copied."""
         s = self.session
-        if self.prefix_cache is not None and not self.prefix_cache.contains(s._fed):
-            self.prefix_cache.store(s._fed, s._state.host_copy(), self.logits)
+        if self.prefix_cache is not None:
+            self.cached = self.prefix_cache.store(s._fed, s._state, self.logits, after=self.cached) or self.cached
 
     def _decode(self, logits, generated: list[int]):
         """Sample until a stop; yields text events, returns the stop reason."""
