@@ -151,3 +151,33 @@ def test_a_chat_turn_after_a_whole_request_starts_a_fresh_conversation(model, to
     alone = chat_prompt(tokenizer, [{"role": "user", "content": "hello"}])
     assert final.stats.prompt_tokens == final.stats.prefill_tokens == len(alone.ids)
     assert session.messages[0] == {"role": "user", "content": "hello"}
+
+
+def test_entries_of_one_conversation_share_their_kv_rows(model):
+    """A state restored from an entry and grown is stored with only its new KV rows copied: the cache counts the
+    shared rows once, and the longer entry still restores exactly once the shorter one is evicted."""
+    short, longer = [5, 6, 7, 8], [5, 6, 7, 8, 9, 10, 11]
+    state, logits = _entry_state(model, short)
+    cache = PrefixCache(64 * 2**20)
+    first = cache.store(short, state, logits)
+    state.load(first.state)
+    grown = model.forward(longer[len(short):], state)
+    second = cache.store(longer, state, grown, after=first)
+    alone = second.state.nbytes + 4 * model.config.vocab_size
+    kv_rows = sum(t.numel() * t.element_size() for layer in first.state.layers if hasattr(layer, "keys")
+                  for t in layer.tensors)
+    assert kv_rows > 0 and cache.nbytes == alone + first.state.nbytes - kv_rows + 4 * model.config.vocab_size
+    assert cache.store(longer, state, grown, after=first) is second  # held already: not copied again
+    other_state, other_logits = _entry_state(model, [9, 10, 11])
+    other_alone = other_state.host_copy().nbytes + 4 * model.config.vocab_size
+    cache.max_bytes = alone + other_alone  # the shorter entry, used least recently, goes; the rows it shared stay
+    cache.store([9, 10, 11], other_state, other_logits)
+    assert not cache.contains(short) and cache.contains(longer) and cache.contains([9, 10, 11])
+    assert cache.nbytes == alone + other_alone
+    restored = model.new_state(64)
+    restored.load(cache.longest_prefix(longer + [12]).state)
+    assert restored.position == len(longer)
+    torch.testing.assert_close(model.forward([12], restored), model.forward(longer + [12], model.new_state(64)),
+                               atol=2e-2, rtol=0)
+    with pytest.raises(ValueError, match="begin its own"):
+        cache.store([1, 2, 3, 4, 5], state, grown, after=first)
