@@ -553,8 +553,8 @@ def run_bench_agent(args) -> int:
     from engine.synthetic import SYNTHETIC_MODELS
 
     for flag, value, least in (("--requests", args.requests, 2), ("--target-tokens", args.target_tokens, 1),
-                               ("--decode-tokens", args.decode_tokens, 1), ("--prefix-cache-mib",
-                                                                           args.prefix_cache_mib, 0)):
+                               ("--decode-tokens", args.decode_tokens, 1),
+                               ("--prefix-cache-mib", args.prefix_cache_mib, 0)):
         if value < least:
             raise CliError(f"{flag} must be {least} or more, got {value}")
     if args.device == "cuda" and not torch.cuda.is_available():
@@ -582,16 +582,14 @@ def run_bench_agent(args) -> int:
              f"replay the same conversation"]
     if needed > config.max_position_embeddings:
         if not args.past_trained_context:
-            raise CliError(f"the session reaches {needed:,} tokens, past this model's {config.max_position_embeddings:,}"
-                           f" (max_position_embeddings): lower --target-tokens, or give --past-trained-context to "
-                           f"measure the cache's work there anyway")
+            raise CliError(f"the session reaches {needed:,} tokens, past this model's "
+                           f"{config.max_position_embeddings:,} (max_position_embeddings): lower --target-tokens, or "
+                           f"give --past-trained-context to measure the cache's work there anyway")
         notes.append(f"the session runs past the model's trained {config.max_position_embeddings:,} positions "
                      f"(--past-trained-context): its replies there mean nothing, the cost per token is the same")
     plan, chunk, context = None, DEFAULT_PREFILL_CHUNK_TOKENS, needed
     try:
         if args.preset is not None:
-            if args.synthetic is None:
-                raise ValueError("--preset goes with --synthetic")
             reserve = None
             if args.device == "cuda":
                 from engine.runtime.reserve import runtime_reserve
@@ -612,6 +610,11 @@ def run_bench_agent(args) -> int:
     if args.device == "cuda" and plan is not None:
         from engine.runtime.vram import cap_process_memory
         result["vram_cap"] = cap_process_memory(plan.budget_bytes).to_dict()
+    if args.output is not None:  # before the long run: a folder that cannot be made fails now
+        try:
+            args.output.parent.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise CliError(f"could not make the folder of --output {args.output}: {exc.strerror or exc}") from None
     started = time.perf_counter()
     if args.synthetic is not None:
         dtype = torch.bfloat16 if args.device == "cuda" else torch.float32
@@ -626,10 +629,12 @@ def run_bench_agent(args) -> int:
     if args.device == "cuda":
         from engine.runtime.vram import measured_peak
         result.update(measured_peak())
-    if args.output is not None:
-        args.output.parent.mkdir(parents=True, exist_ok=True)
-        args.output.write_text(json.dumps(result, indent=2), encoding="utf-8")
     print(json.dumps(result, indent=2) if args.json else bench_agent.format_table(result))
+    if args.output is not None:
+        try:
+            args.output.write_text(json.dumps(result, indent=2), encoding="utf-8")
+        except OSError as exc:
+            raise CliError(f"could not write --output {args.output}: {exc.strerror or exc}") from None
     return 0
 
 
