@@ -80,6 +80,13 @@ class HttpServer:
         self._thread.join(timeout=10)
 
 
+def _run(server: uvicorn.Server) -> None:
+    try:
+        server.run()
+    except SystemExit:  # uvicorn ends its thread this way when it cannot listen; listen() says so in words
+        pass
+
+
 def listen(settings: ServerSettings, current, *, log_level: str = "info") -> HttpServer:
     """Serve the engine `current()` returns (None: no model, 503) with `settings`; returns once the port is
     open, RuntimeError saying so when it does not open."""
@@ -87,7 +94,7 @@ def listen(settings: ServerSettings, current, *, log_level: str = "info") -> Htt
     config = uvicorn.Config(app, host=settings.host, port=settings.port, log_level=log_level, access_log=False,
                             lifespan="off", timeout_graceful_shutdown=2)
     server = uvicorn.Server(config)
-    thread = threading.Thread(target=server.run, name="http-server", daemon=True)
+    thread = threading.Thread(target=_run, args=(server,), name="http-server", daemon=True)
     thread.start()
     deadline = time.monotonic() + START_SECONDS
     while not server.started:
