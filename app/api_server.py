@@ -55,6 +55,7 @@ class ApiServer(QObject):
         self._current = current
         self._http = None
         self._lock = threading.Lock()  # start/stop on this thread against shutdown() from the GUI's
+        self._shut = False  # the app is closing: a start still opening its port closes it again
 
     @Slot(dict)
     def start(self, options: dict) -> None:
@@ -78,7 +79,12 @@ class ApiServer(QObject):
             self.failed.emit(message)
             return
         with self._lock:
-            self._http = http
+            closing = self._shut
+            if not closing:
+                self._http = http
+        if closing:
+            http.stop()
+            return
         where = "this machine and the network" if lan else "this machine only"
         self.log.emit("info", f"local API serving at {base_url(http.port)} for {where}"
                               f"{', key required' if key else ''}")
@@ -92,7 +98,9 @@ class ApiServer(QObject):
         self.stopped.emit()
 
     def shutdown(self) -> None:
-        """stop() for the app's exit, from any thread."""
+        """stop() for the app's exit, from any thread; no start after it serves."""
+        with self._lock:
+            self._shut = True
         self._close()
 
     def _close(self) -> bool:

@@ -252,3 +252,20 @@ def test_a_saved_switch_serves_at_startup(qtbot, tmp_path, settings, port):
     qtbot.waitUntil(lambda: window.api_indicator.text() == f"API :{port}", timeout=10_000)
     assert window.settings_page.server_section.enable_check.isChecked()
     window.close()
+
+
+def test_a_request_waiting_when_the_model_is_unloaded_gets_503_in_words(qtbot, window, port):
+    switch_api(qtbot, window, True)
+    queue, url, replies = window.worker.queue, f"http://127.0.0.1:{port}/v1", []
+    release = hold_engine(queue, [])
+    waiting = threading.Thread(target=lambda: replies.append(chat(url)))
+    waiting.start()
+    qtbot.waitUntil(lambda: queue.queued == 1, timeout=10_000)
+    window.models_page.unload_button.click()
+    qtbot.waitUntil(lambda: bool(replies), timeout=10_000)  # answered while the held job still runs
+    release.set()
+    waiting.join(10)
+    qtbot.waitUntil(lambda: window.model_info is None, timeout=10_000)
+    assert replies[0].status_code == 503
+    assert replies[0].json()["error"]["message"] == ("the model was unloaded (or the server stopped) before this "
+                                                     "request was answered; send it again once a model is loaded")

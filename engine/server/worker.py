@@ -56,6 +56,7 @@ class Job:
             deliver = _to_loop(asyncio.get_running_loop(), self.events)
         self._put = deliver
         self.cancelled = threading.Event()
+        self.dropped = False  # ended by the worker's stop() (the model going away), not by its client
         self.cancel_requested_at: float | None = None  # the worker's clock, when cancel() was called
         self.cancel_seen_at: float | None = None  # when the worker had stopped the run
 
@@ -129,6 +130,7 @@ class EngineWorker:
             jobs = [*self._waiting, *([self._running] if self._running else [])]
             self._lock.notify()
         for job in jobs:
+            job.dropped = True
             job.cancel()
         self._thread.join(timeout=10)
 
