@@ -78,6 +78,7 @@ class _WindowTurn:
     def __init__(self, worker: "EngineWorker", history: list, text: str, options: dict):
         self.worker, self.history, self.text, self.options = worker, history, text, options
         self.pending = DeltaBuffer(worker.reasoningDelta, worker.answerDelta)
+        self.session = None  # the queue's, once the turn runs (the worker's may be gone by an unload meanwhile)
         self.started_at: float | None = None
         self.new_tokens = 0
         self.finished = False
@@ -85,7 +86,7 @@ class _WindowTurn:
     def run(self, session):
         """Start the turn: the page learns it has begun (it may have waited behind API requests)."""
         worker = self.worker
-        self.started_at = time.perf_counter()
+        self.session, self.started_at = session, time.perf_counter()
         worker.replyStarted.emit()
         sampling = worker._sampling(session, self.options)
         sampling.validate()
@@ -94,22 +95,25 @@ class _WindowTurn:
 
     def deliver(self, event) -> None:
         """One event of the turn, an exception that ended it, or None at its end (also when it never ran)."""
+        try:
+            self._take(event)
+        except Exception as exc:  # reading the engine's measures failed, say: the reply ends, the queue lives on
+            self._fail(exc)
+        if event is None:
+            self.worker.busyChanged.emit(False)  # the window may send again
+
+    def _take(self, event) -> None:
         from engine.runtime.events import ReasoningDelta, TurnFinished
 
         worker = self.worker
         if event is None:
             if not self.finished:  # stopped while it waited, or the model went away
                 self._finish({"answer": "", "reasoning": "", "stats": _cancelled_stats()})
-            worker.busyChanged.emit(False)  # the window may send again
         elif isinstance(event, Exception):  # out of memory or a bug: the reply ends with a reason, the app lives on
-            self.pending.flush()
-            worker.log.emit("error", "".join(traceback.format_exception(event)))
-            self._finish({"answer": "", "reasoning": "", "stats": {
-                "stop_reason": "error", "error": f"The reply failed: {event}. Try a shorter prompt or a larger "
-                                                 f"preset; the log page has the details."}})
+            self._fail(event)
         elif isinstance(event, TurnFinished):
             self.pending.flush()
-            measures = worker._runtime_measures()
+            measures = worker._runtime_measures(self.session)
             self._finish({"answer": event.answer, "reasoning": event.reasoning,
                           "stats": {**event.stats.to_dict(), **measures}})
             worker._log_trial_choice(measures)
@@ -118,10 +122,19 @@ class _WindowTurn:
             self.new_tokens += 1
             if self.pending.add("reasoning" if isinstance(event, ReasoningDelta) else "answer", event.text):
                 self.pending.flush()
-                session = worker.session
+                session = self.session
                 worker.progress.emit({"new_tokens": self.new_tokens, "decode_tokens_per_s": self.new_tokens / max(
                     time.perf_counter() - self.started_at, 1e-9), "context_used": session.context_used,
-                    "context_tokens": session.context_tokens, **worker._runtime_measures()})
+                    "context_tokens": session.context_tokens, **worker._runtime_measures(session)})
+
+    def _fail(self, exc: Exception) -> None:
+        """Log `exc` with its traceback and end the reply with it, unless it has already ended."""
+        self.pending.flush()
+        self.worker.log.emit("error", "".join(traceback.format_exception(exc)))
+        if not self.finished:
+            self._finish({"answer": "", "reasoning": "", "stats": {
+                "stop_reason": "error", "error": f"The reply failed: {exc}. Try a shorter prompt or a larger "
+                                                 f"preset; the log page has the details."}})
 
     def _finish(self, result: dict) -> None:
         self.finished = True
@@ -373,9 +386,11 @@ class EngineWorker(QObject):
             self.log.emit("warning", f"GPU memory peaked at {peak / 2**30:.2f} GiB, over the plan's "
                                      f"{plan['budget_bytes'] / 2**30:.2f} GiB budget; please report this")
 
-    def _runtime_measures(self) -> dict:
-        measures = self.session.model.expert_executor.stats()
-        if self.session.model.device.type == "cuda":
+    @staticmethod
+    def _runtime_measures(session) -> dict:
+        """The expert executor's counters and, on a GPU, the VRAM in use: read on the thread running `session`."""
+        measures = session.model.expert_executor.stats()
+        if session.model.device.type == "cuda":
             from engine.runtime.vram import process_usage_bytes
             measures["vram_used_bytes"] = process_usage_bytes()
         return measures

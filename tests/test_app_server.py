@@ -258,9 +258,10 @@ def test_a_request_waiting_when_the_model_is_unloaded_gets_503_in_words(qtbot, w
     switch_api(qtbot, window, True)
     queue, url, replies = window.worker.queue, f"http://127.0.0.1:{port}/v1", []
     release = hold_engine(queue, [])
+    qtbot.waitUntil(lambda: queue.busy_with_api, timeout=10_000)
     waiting = threading.Thread(target=lambda: replies.append(chat(url)))
     waiting.start()
-    qtbot.waitUntil(lambda: queue.queued == 1, timeout=10_000)
+    qtbot.waitUntil(lambda: queue.queued == 1, timeout=10_000)  # the request waits behind the held one
     window.models_page.unload_button.click()
     qtbot.waitUntil(lambda: bool(replies), timeout=10_000)  # answered while the held job still runs
     release.set()
@@ -269,3 +270,40 @@ def test_a_request_waiting_when_the_model_is_unloaded_gets_503_in_words(qtbot, w
     assert replies[0].status_code == 503
     assert replies[0].json()["error"]["message"] == ("the model was unloaded (or the server stopped) before this "
                                                      "request was answered; send it again once a model is loaded")
+
+
+def send_and_wait(qtbot, page, text: str) -> None:
+    page.input.setPlainText(text)
+    with qtbot.waitSignal(page.worker.replyFinished, timeout=REPLY_MS):
+        page.send_current()
+    qtbot.waitUntil(page.send_button.isEnabled, timeout=REPLY_MS)
+
+
+def test_a_chat_goes_on_after_an_api_request_used_the_engine(qtbot, window, port):
+    from app.storage import chat_history
+
+    page = window.chat_page
+    send_and_wait(qtbot, page, "What is 2 + 3?")
+    switch_api(qtbot, window, True)
+    assert chat(f"http://127.0.0.1:{port}/v1").status_code == 200  # the session's state now holds its prompt
+    send_and_wait(qtbot, page, "And 4 + 4?")
+    saved = window.store.messages(page.current_conversation_id())
+    assert [m["role"] for m in saved] == ["user", "assistant"] * 2 and saved[3]["stats"]["stop_reason"] == "length"
+    assert chat_history(saved) == window.worker.session.messages  # the chat's history was read again, whole
+
+
+def test_a_failure_in_a_window_turn_ends_that_reply_and_the_queue_lives_on(qtbot, window, monkeypatch):
+    from app.engine_worker import EngineWorker
+
+    def broken(session):
+        raise RuntimeError("the counters could not be read")
+    monkeypatch.setattr(EngineWorker, "_runtime_measures", staticmethod(broken))
+    page = window.chat_page
+    send_and_wait(qtbot, page, "What is 2 + 3?")
+    stats = window.store.messages(page.current_conversation_id())[-1]["stats"]
+    assert stats["stop_reason"] == "error" and "the counters could not be read" in stats["error"]
+    assert "RuntimeError: the counters could not be read" in window.logs_page.last_error
+
+    monkeypatch.undo()
+    send_and_wait(qtbot, page, "What is 2 + 3?")
+    assert window.store.messages(page.current_conversation_id())[-1]["stats"]["stop_reason"] == "length"

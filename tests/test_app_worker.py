@@ -160,7 +160,7 @@ def test_a_cpu_only_run_logs_no_backend(settings, folder, cpu_only):
     seen = recorded(worker)
     worker.load(str(folder), load_options(settings))
     assert len(seen["loaded"]) == 1 and backend_lines(seen) == []
-    assert "expert_backend" not in worker._runtime_measures()
+    assert "expert_backend" not in worker._runtime_measures(worker.session)
 
 
 def collectable(obj) -> bool:
