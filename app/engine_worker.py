@@ -346,6 +346,8 @@ class EngineWorker(QObject):
         """Answer `text` after `history` (the chat's earlier user/assistant messages) once the engine queue gets
         to it. Regenerate and edit-and-resend are the same call with a shorter history: the session rolls back to
         that turn's snapshot when it has one, and otherwise prefills the history again."""
+        from engine.server.worker import Stopped
+
         queue = self.queue
         if queue is None:
             self.replyFinished.emit({"answer": "", "reasoning": "", "stats": {
@@ -353,7 +355,10 @@ class EngineWorker(QObject):
             return
         self.busyChanged.emit(True)
         turn = _WindowTurn(self, history, text, options)
-        self._job = queue.submit(turn.run, turn.deliver, from_api=False)
+        try:
+            self._job = queue.submit(turn.run, turn.deliver, from_api=False)
+        except Stopped:  # the app is closing (unloads run on this thread, so none is under way)
+            turn.deliver(None)
 
     def _on_queue_change(self, queue) -> None:
         """(queue thread) Say what the engine is doing, for the API-busy note and the server's stats."""

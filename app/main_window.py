@@ -260,12 +260,12 @@ class MainWindow(QMainWindow):
         self.sidebar.setCurrentRow(PAGES.index(name))
 
     def closeEvent(self, event) -> None:
-        self.api_server.shutdown()  # the port closes before the model it serves goes
-        self.api_thread.quit()
         for worker, thread in ((self.worker, self.worker_thread), (self.remote_worker, self.remote_thread)):
             worker.stop()
             thread.quit()
-        self.worker.shutdown()
+        self.worker.shutdown()  # requests still waiting get 503 now, so closing the port has no grace to wait out
+        self.api_server.shutdown()
+        self.api_thread.quit()
         for thread in (self.api_thread, self.worker_thread, self.remote_thread):
             thread.wait(WORKER_SHUTDOWN_MS)
         gc.unfreeze()  # what the worker froze at load is finalised at exit like the rest (bindings report leaks)

@@ -307,3 +307,11 @@ def test_a_failure_in_a_window_turn_ends_that_reply_and_the_queue_lives_on(qtbot
     monkeypatch.undo()
     send_and_wait(qtbot, page, "What is 2 + 3?")
     assert window.store.messages(page.current_conversation_id())[-1]["stats"]["stop_reason"] == "length"
+
+
+def test_a_request_reaching_a_stopped_queue_gets_503_at_once(qtbot, window, port):
+    """An unload between a route reading the model and queueing its job: the job is refused, never left waiting."""
+    switch_api(qtbot, window, True)
+    window.worker.queue.stop()  # as _release_model does, before server_context is cleared
+    reply = chat(f"http://127.0.0.1:{port}/v1")
+    assert reply.status_code == 503 and reply.json()["error"]["message"].startswith("the model was unloaded")

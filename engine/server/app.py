@@ -18,7 +18,7 @@ from engine.runtime.session import chat_prompt
 from engine.server import anthropic_api, openai_api
 from engine.server.fields import BadRequest
 from engine.server.http import ServerContext, error_response, json_body
-from engine.server.worker import QueueFull
+from engine.server.worker import QueueFull, Stopped
 
 DEFAULT_MAX_BODY_BYTES = 16 * 2**20  # an agent's 60K-token conversation with its tools is well under 1 MiB
 NO_MODEL_MESSAGE = "no model is loaded: open one in MoE Desk (its Models page), then send the request again"
@@ -105,6 +105,10 @@ def create_app(current: Callable[[], ServerContext | None], *, api_key: str | No
     async def template_refused(request: Request, exc: CheckpointError):
         return error_response(request.url.path, 400, f"the model's chat template cannot render these messages: "
                                                      f"{exc}", "messages")
+
+    @app.exception_handler(Stopped)
+    async def stopped(request: Request, exc: Stopped):
+        return error_response(request.url.path, 503, str(exc))
 
     @app.exception_handler(QueueFull)
     async def queue_full(request: Request, exc: QueueFull):

@@ -12,10 +12,9 @@ from dataclasses import dataclass, field
 
 from engine.runtime import tool_calls as tc
 from engine.runtime.events import AnswerDelta, ReasoningDelta, TurnFinished
+from engine.server.worker import STOPPED_MESSAGE
 
 log = logging.getLogger("engine.server")
-DROPPED_MESSAGE = ("the model was unloaded (or the server stopped) before this request was answered; send it again "
-                   "once a model is loaded")
 
 
 @dataclass(frozen=True)
@@ -84,7 +83,7 @@ async def reply_events(job, parser, reply: Reply) -> AsyncIterator:
             if event.stats.error:
                 raise EngineFailed(event.stats.error)
             if job.dropped:
-                raise EngineFailed(DROPPED_MESSAGE, 503)
+                raise EngineFailed(STOPPED_MESSAGE, 503)
             reply.final = event
             yield event
             return
@@ -94,7 +93,7 @@ async def reply_events(job, parser, reply: Reply) -> AsyncIterator:
             _keep(reply, item)
             yield item
     if job.dropped:
-        raise EngineFailed(DROPPED_MESSAGE, 503)
+        raise EngineFailed(STOPPED_MESSAGE, 503)
 
 
 def _keep(reply: Reply, item) -> None:

@@ -20,8 +20,16 @@ from engine.runtime.prefix_cache import PrefixCache
 from engine.runtime.session import ChatSession
 
 
+STOPPED_MESSAGE = ("the model was unloaded (or the server stopped) before this request was answered; send it again "
+                   "once a model is loaded")
+
+
 class QueueFull(Exception):
     """The queue holds as many waiting requests as it may."""
+
+
+class Stopped(Exception):
+    """The worker has stopped (its model unloaded, or the server shutting down): it runs nothing more."""
 
 
 @dataclass
@@ -112,9 +120,12 @@ class EngineWorker:
     def submit(self, run: Callable[[ChatSession], Iterator], deliver: Callable[[object], None] | None = None, *,
                from_api: bool = True) -> Job:
         """Queue a job (see Job for `deliver` and `from_api`); an HTTP request is refused with QueueFull when
-        max_queue jobs already wait, the app's own turns never are (its window sends one at a time)."""
+        max_queue jobs already wait, the app's own turns never are (its window sends one at a time). Stopped
+        once stop() has been called."""
         job = Job(self, run, deliver, from_api=from_api)
         with self._lock:
+            if self._stopping:  # its thread has ended or is ending: the job would wait forever
+                raise Stopped(STOPPED_MESSAGE)
             if from_api and len(self._waiting) >= self.max_queue and self._running is not None:
                 self.requests_refused += 1
                 raise QueueFull(f"the engine is busy: {len(self._waiting)} requests are already waiting (the limit "
