@@ -139,6 +139,7 @@ class MainWindow(QMainWindow):
         self.api_indicator.setToolTip(f"The local API serves the loaded model at {info['base_url']}")
         self.api_indicator.setStyleSheet("")
         self.api_indicator.show()
+        self.statusBar().clearMessage()  # an earlier failure's
 
     def _on_api_failed(self, message: str) -> None:
         self.api_indicator.setText("API off: see Settings")
