@@ -1,8 +1,11 @@
-"""The engine's side of the app: a QObject that lives on its own QThread and owns the model.
+"""The engine's side of the app: a QObject that lives on its own QThread and loads the model.
 
 The GUI talks to it only through queued signals carrying plain data (str, list, dict) and
-through `stop()`, which is safe from any thread. Text deltas are batched so the GUI thread
-receives a few updates a second per reply, not one per token.
+through `stop()`, which is safe from any thread. A loaded model is used by one thread only, the
+engine queue's (engine.server.worker.EngineWorker): the chat window's turns and the local API's
+requests wait there in one line and run one at a time, so the window's reply signals are emitted
+from that thread. Text deltas are batched so the GUI thread receives a few updates a second per
+reply, not one per token.
 """
 
 from __future__ import annotations
@@ -18,6 +21,8 @@ from PySide6.QtCore import QObject, QThread, Signal, Slot
 
 DELTA_INTERVAL_S = 0.04  # at most ~25 transcript updates a second: smooth to the eye, cheap for the GUI
 DEFAULT_CONTEXT_TOKENS = 8192
+API_MAX_QUEUE = 16  # API requests that may wait while one runs; past it they get 429 (engine serve's default)
+API_PREFIX_CACHE_BYTES = 2**30  # host RAM for API prompts' states: agents resend their conversation each turn
 
 
 class DeltaBuffer:
@@ -48,6 +53,94 @@ def _same_conversation(a: list[dict], b: list[dict]) -> bool:
     return [(m["role"], m["content"]) for m in a] == [(m["role"], m["content"]) for m in b]
 
 
+def _start_turn(session, history: list, text: str, sampling):
+    """The session's events answering `text` after `history`: a plain send when the session holds that history,
+    an edit when a restore point marks it, else the history prefilled again (another chat, one edited elsewhere,
+    or a state an API request has used since)."""
+    if _same_conversation(session.messages, history):
+        return session.send(text, sampling)
+    if _same_conversation(session.messages[:len(history)], history) and session.can_edit(len(history)):
+        return session.edit(len(history), text, sampling)
+    session.reset(history)
+    return session.send(text, sampling)
+
+
+def _cancelled_stats() -> dict:
+    from engine.runtime.events import TurnStats
+
+    return TurnStats(0, 0, 0, 0.0, 0.0, 0.0, "cancelled", 0).to_dict()
+
+
+class _WindowTurn:
+    """A chat-window turn as a job of the engine's queue: `run` starts it on the queue's thread when its turn
+    comes, `deliver` turns its events into the worker's reply signals there."""
+
+    def __init__(self, worker: "EngineWorker", history: list, text: str, options: dict):
+        self.worker, self.history, self.text, self.options = worker, history, text, options
+        self.pending = DeltaBuffer(worker.reasoningDelta, worker.answerDelta)
+        self.session = None  # the queue's, once the turn runs (the worker's may be gone by an unload meanwhile)
+        self.started_at: float | None = None
+        self.new_tokens = 0
+        self.finished = False
+
+    def run(self, session):
+        """Start the turn: the page learns it has begun (it may have waited behind API requests)."""
+        worker = self.worker
+        self.session, self.started_at = session, time.perf_counter()
+        worker.replyStarted.emit()
+        sampling = worker._sampling(session, self.options)
+        sampling.validate()
+        worker._apply(session, self.options)
+        return _start_turn(session, self.history, self.text, sampling)
+
+    def deliver(self, event) -> None:
+        """One event of the turn, an exception that ended it, or None at its end (also when it never ran)."""
+        try:
+            self._take(event)
+        except Exception as exc:  # reading the engine's measures failed, say: the reply ends, the queue lives on
+            self._fail(exc)
+        if event is None:
+            self.worker.busyChanged.emit(False)  # the window may send again
+
+    def _take(self, event) -> None:
+        from engine.runtime.events import ReasoningDelta, TurnFinished
+
+        worker = self.worker
+        if event is None:
+            if not self.finished:  # stopped while it waited, or the model went away
+                self._finish({"answer": "", "reasoning": "", "stats": _cancelled_stats()})
+        elif isinstance(event, Exception):  # out of memory or a bug: the reply ends with a reason, the app lives on
+            self._fail(event)
+        elif isinstance(event, TurnFinished):
+            self.pending.flush()
+            measures = worker._runtime_measures(self.session)
+            self._finish({"answer": event.answer, "reasoning": event.reasoning,
+                          "stats": {**event.stats.to_dict(), **measures}})
+            worker._log_trial_choice(measures)
+            worker._check_peak()
+        else:
+            self.new_tokens += 1
+            if self.pending.add("reasoning" if isinstance(event, ReasoningDelta) else "answer", event.text):
+                self.pending.flush()
+                session = self.session
+                worker.progress.emit({"new_tokens": self.new_tokens, "decode_tokens_per_s": self.new_tokens / max(
+                    time.perf_counter() - self.started_at, 1e-9), "context_used": session.context_used,
+                    "context_tokens": session.context_tokens, **worker._runtime_measures(session)})
+
+    def _fail(self, exc: Exception) -> None:
+        """Log `exc` with its traceback and end the reply with it, unless it has already ended."""
+        self.pending.flush()
+        self.worker.log.emit("error", "".join(traceback.format_exception(exc)))
+        if not self.finished:
+            self._finish({"answer": "", "reasoning": "", "stats": {
+                "stop_reason": "error", "error": f"The reply failed: {exc}. Try a shorter prompt or a larger "
+                                                 f"preset; the log page has the details."}})
+
+    def _finish(self, result: dict) -> None:
+        self.finished = True
+        self.worker.replyFinished.emit(result)
+
+
 class EngineWorker(QObject):
     loadStarted = Signal(str)  # model folder
     loaded = Signal(dict)  # model info: name, path, model_type, layers, experts, context_tokens, ...
@@ -62,20 +155,33 @@ class EngineWorker(QObject):
     log = Signal(str, str)  # level ("info" | "warning" | "error"), message
     # RuntimeReserve.to_dict() plus gpu_usable and gpu_status (the GPU's name, or why none is usable)
     reserveMeasured = Signal(dict)
+    # the engine queue after a job starts or ends: api_busy (an API request runs), requests_served (API requests
+    # answered since the model loaded), last_request (engine.server.worker.LastRequest's fields)
+    activity = Signal(dict)
 
     def __init__(self):
         super().__init__()
         self.session = None
+        self.queue = None  # engine.server.worker.EngineWorker: the one thread that runs the loaded model
+        # what the local API serves (engine.server.http.ServerContext); None while no model is loaded
+        self.server_context = None
         self.model_info: dict = {}
         self._trial_logged = False  # auto's choice is logged once per model
+        self._job = None  # the window's turn on the queue, waiting or running
 
     # ---- any thread -----------------------------------------------------------------------------
 
     def stop(self) -> None:
-        """Cancel the reply or prefill in progress; takes effect between layers or tokens."""
-        session = self.session
-        if session is not None:
-            session.cancel()
+        """Cancel the window's reply, running (between layers or tokens) or still waiting behind API requests."""
+        job = self._job
+        if job is not None:
+            job.cancel()
+
+    def shutdown(self) -> None:
+        """End the engine queue's thread (the app is closing): what runs is cancelled, what waits is dropped."""
+        queue = self.queue
+        if queue is not None:
+            queue.stop()
 
     # ---- worker thread (called through queued connections) --------------------------------------
 
@@ -101,8 +207,11 @@ class EngineWorker(QObject):
         from engine.errors import CheckpointError
         from engine.runtime.placement import load_placed
         from engine.runtime.planner import footprint_from_checkpoint
+        from engine.runtime.prefix_cache import PrefixCache
         from engine.runtime.session import DEFAULT_MAX_SNAPSHOTS, ChatSession
         from engine.runtime.tokenizer import ChatTokenizer
+        from engine.server.http import ServerContext, unix_now
+        from engine.server.worker import EngineWorker as EngineQueue
 
         self.loadStarted.emit(path)
         self.busyChanged.emit(True)
@@ -134,8 +243,8 @@ class EngineWorker(QObject):
                 context = min(context, placement.plan.kv_tokens)
                 session_options["prefill_chunk_tokens"] = placement.plan.prefill_chunk_tokens
             snapshots = int(options.get("turn_snapshots") or DEFAULT_MAX_SNAPSHOTS)
-            self.session = ChatSession(model, tokenizer, context_tokens=context, max_snapshots=snapshots,
-                                       **session_options)
+            self.session = session = ChatSession(model, tokenizer, context_tokens=context, max_snapshots=snapshots,
+                                                 **session_options)
             self.model_info = {
                 "name": Path(path).name, "path": str(path), "model_type": config.model_type,
                 "layers": config.num_hidden_layers, "experts": config.num_experts,
@@ -154,6 +263,10 @@ class EngineWorker(QObject):
                               f"pageable" + (" (over the pin budget: those copies run 3-4x slower; raise the pin "
                                              "budget in Settings if RAM allows)" if pageable else ""))
             self._log_backend(model.expert_executor.stats(), backend)
+            self.queue = EngineQueue(session, PrefixCache(API_PREFIX_CACHE_BYTES), max_queue=API_MAX_QUEUE,
+                                     on_change=self._on_queue_change)
+            self.server_context = ServerContext(self.queue, self.model_info["name"], tokenizer, session.sampling,
+                                                context, unix_now())
             _freeze_long_lived()
             self.log.emit("info", f"loaded {path} in {time.perf_counter() - started:.1f} s")
             self.loaded.emit(dict(self.model_info))
@@ -169,7 +282,12 @@ class EngineWorker(QObject):
             self.busyChanged.emit(False)
 
     def _release_model(self) -> None:
-        """Drop the session and collect it, cycles included, with everything frozen at the last load."""
+        """Stop the engine queue (a turn running ends cancelled, those waiting are dropped), drop the session and
+        collect it, cycles included, with everything frozen at the last load."""
+        self.server_context = None  # the API answers 503 from here on
+        queue, self.queue = self.queue, None
+        if queue is not None:
+            queue.stop()
         self.session = None
         self.model_info = {}
         self._trial_logged = False
@@ -225,80 +343,41 @@ class EngineWorker(QObject):
 
     @Slot(list, str, dict)
     def send(self, history: list, text: str, options: dict) -> None:
-        """Answer `text` after `history` (the chat's earlier user/assistant messages). Regenerate and
-        edit-and-resend are the same call with a shorter history: the session rolls back to that turn's
-        snapshot when it has one, and otherwise prefills the history again."""
-        if not self._ready():
-            return
-        self._apply(options)
-        session = self.session
-        if _same_conversation(session.messages, history):
-            self._stream(lambda sampling: session.send(text, sampling), options)
-            return
-        if _same_conversation(session.messages[:len(history)], history) and session.can_edit(len(history)):
-            self._stream(lambda sampling: session.edit(len(history), text, sampling), options)
-            return
-        session.reset(history)  # another chat, or one edited elsewhere: its history is prefilled
-        self._stream(lambda sampling: session.send(text, sampling), options)
+        """Answer `text` after `history` (the chat's earlier user/assistant messages) once the engine queue gets
+        to it. Regenerate and edit-and-resend are the same call with a shorter history: the session rolls back to
+        that turn's snapshot when it has one, and otherwise prefills the history again."""
+        from engine.server.worker import Stopped
 
-    def _ready(self) -> bool:
-        if self.session is None:
+        queue = self.queue
+        if queue is None:
             self.replyFinished.emit({"answer": "", "reasoning": "", "stats": {
                 "stop_reason": "error", "error": "No model is loaded. Open one on the Models page."}})
-            return False
-        return True
+            return
+        self.busyChanged.emit(True)
+        turn = _WindowTurn(self, history, text, options)
+        try:
+            self._job = queue.submit(turn.run, turn.deliver, from_api=False)
+        except Stopped:  # the app is closing (unloads run on this thread, so none is under way)
+            turn.deliver(None)
 
-    def _apply(self, options: dict) -> None:
-        session = self.session
+    def _on_queue_change(self, queue) -> None:
+        """(queue thread) Say what the engine is doing, for the API-busy note and the server's stats."""
+        self.activity.emit({"api_busy": queue.busy_with_api, "requests_served": queue.requests_served,
+                            "last_request": dict(vars(queue.last))})
+
+    def _apply(self, session, options: dict) -> None:
         session.enable_thinking = bool(options.get("enable_thinking", True))
         system = options.get("system_prompt") or None
         if system != session.system_prompt:
             session.set_system_prompt(system)
 
-    def _sampling(self, options: dict):
+    def _sampling(self, session, options: dict):
         from engine.runtime.sampling import SamplingParams
 
         overrides = dict(options.get("sampling") or {})
         if "stop" in overrides:
             overrides["stop"] = tuple(overrides["stop"])
-        return SamplingParams.from_generation_config(self.session.tokenizer.generation_defaults, **overrides)
-
-    def _stream(self, start_turn, options: dict) -> None:
-        from engine.runtime.events import ReasoningDelta, TurnFinished
-
-        self.busyChanged.emit(True)
-        self.replyStarted.emit()
-        pending = DeltaBuffer(self.reasoningDelta, self.answerDelta)
-        started = time.perf_counter()
-        new_tokens = 0
-        try:
-            sampling = self._sampling(options)
-            sampling.validate()
-            for event in start_turn(sampling):
-                if isinstance(event, TurnFinished):
-                    pending.flush()
-                    measures = self._runtime_measures()
-                    self.replyFinished.emit({"answer": event.answer, "reasoning": event.reasoning,
-                                             "stats": {**event.stats.to_dict(), **measures}})
-                    self._log_trial_choice(measures)
-                    self._check_peak()
-                    return
-                new_tokens += 1
-                if pending.add("reasoning" if isinstance(event, ReasoningDelta) else "answer", event.text):
-                    pending.flush()
-                    self.progress.emit({"new_tokens": new_tokens,
-                                        "decode_tokens_per_s": new_tokens / max(time.perf_counter() - started, 1e-9),
-                                        "context_used": self.session.context_used,
-                                        "context_tokens": self.session.context_tokens,
-                                        **self._runtime_measures()})
-        except Exception as exc:  # out of memory or a bug: the reply ends with a reason, the app lives on
-            pending.flush()
-            self.log.emit("error", traceback.format_exc())
-            self.replyFinished.emit({"answer": "", "reasoning": "", "stats": {
-                "stop_reason": "error", "error": f"The reply failed: {exc}. Try a shorter prompt or a larger "
-                                                 f"preset; the log page has the details."}})
-        finally:
-            self.busyChanged.emit(False)
+        return SamplingParams.from_generation_config(session.tokenizer.generation_defaults, **overrides)
 
     def _check_peak(self) -> None:
         """The plan is a promise: say so in the log when the measured peak broke it."""
@@ -312,9 +391,11 @@ class EngineWorker(QObject):
             self.log.emit("warning", f"GPU memory peaked at {peak / 2**30:.2f} GiB, over the plan's "
                                      f"{plan['budget_bytes'] / 2**30:.2f} GiB budget; please report this")
 
-    def _runtime_measures(self) -> dict:
-        measures = self.session.model.expert_executor.stats()
-        if self.session.model.device.type == "cuda":
+    @staticmethod
+    def _runtime_measures(session) -> dict:
+        """The expert executor's counters and, on a GPU, the VRAM in use: read on the thread running `session`."""
+        measures = session.model.expert_executor.stats()
+        if session.model.device.type == "cuda":
             from engine.runtime.vram import process_usage_bytes
             measures["vram_used_bytes"] = process_usage_bytes()
         return measures

@@ -1,5 +1,6 @@
 """The main window: a sidebar of pages (Chat, Models, Engine, Logs, Settings), the system footer,
-the one engine worker every page talks to, and the remote worker the chat uses when a remote engine answers."""
+the one engine worker every page talks to, the remote worker the chat uses when a remote engine answers, and
+the local API server (its state in the status bar) answering with the engine worker's model."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ from PySide6.QtWidgets import (QApplication, QFrame, QHBoxLayout, QLabel, QListW
                                QStackedWidget, QVBoxLayout, QWidget)
 
 from app.about import AboutDialog, acknowledge_cpu_notice, cpu_notice
+from app.api_server import start_api_server
 from app.engine_worker import start_worker
 from app.pages.chat import ChatPage
 from app.pages.engine_page import EnginePage
@@ -49,6 +51,8 @@ class MainWindow(QMainWindow):
         self.remote_worker, self.remote_thread = start_remote_worker()
         self.remoteEndpointChosen.connect(self.remote_worker.use_endpoint)
         self.remotes = RemoteStore(settings.remote_engines_path())
+        worker = self.worker  # read by the server's thread at each request: the model loaded at that moment
+        self.api_server, self.api_thread = start_api_server(lambda: worker.server_context)
 
         self.chat_page = ChatPage(store, self.worker, settings)
         self.models_page = ModelsPage(self.worker, settings, remotes=self.remotes)
@@ -59,6 +63,12 @@ class MainWindow(QMainWindow):
         for message in self.remotes.warnings:
             self.logs_page.add_record("warning", message)
         self.settings_page = SettingsPage(settings)
+        self.api_indicator = QLabel()
+        self.api_indicator.setTextFormat(Qt.TextFormat.PlainText)
+        self.api_indicator.hide()
+        self.statusBar().addPermanentWidget(self.api_indicator)
+        self._api_busy = False
+        self._wire_api_server()
         self.pages = QStackedWidget()
         for page in (self.chat_page, self.models_page, self.engine_page, self.logs_page, self.settings_page):
             self.pages.addWidget(page)
@@ -107,6 +117,44 @@ class MainWindow(QMainWindow):
         self.use_engine(self.models_page.chosen_remote_id())
         self.reserveRequested.emit()  # measured on a clean GPU, before any model takes its memory
         self.load_model(model_folder or self._startup_model())
+
+    def _wire_api_server(self) -> None:
+        """The Settings page's Local API section drives the server; its state shows there and in the status bar."""
+        section = self.settings_page.server_section
+        section.startRequested.connect(self.api_server.start)
+        section.stopRequested.connect(self.api_server.stop)
+        self.api_server.started.connect(section.show_running)
+        self.api_server.started.connect(self._on_api_started)
+        self.api_server.failed.connect(section.show_failed)
+        self.api_server.failed.connect(self._on_api_failed)
+        self.api_server.stopped.connect(section.show_stopped)
+        self.api_server.stopped.connect(self.api_indicator.hide)
+        self.api_server.log.connect(self.logs_page.add_record)
+        self.worker.activity.connect(section.show_activity)
+        self.worker.activity.connect(self._on_engine_activity)
+        section.start_if_enabled()
+
+    def _on_api_started(self, info: dict) -> None:
+        self.api_indicator.setText(f"API :{info['port']}")
+        self.api_indicator.setToolTip(f"The local API serves the loaded model at {info['base_url']}")
+        self.api_indicator.setStyleSheet("")
+        self.api_indicator.show()
+        self.statusBar().clearMessage()  # an earlier failure's
+
+    def _on_api_failed(self, message: str) -> None:
+        self.api_indicator.setText("API off: see Settings")
+        self.api_indicator.setToolTip(message)
+        self.api_indicator.setStyleSheet("color: #d14343;")
+        self.api_indicator.show()
+        self.statusBar().showMessage(message)
+
+    def _on_engine_activity(self, activity: dict) -> None:
+        self._api_busy = activity["api_busy"]
+        self._show_api_busy()
+
+    def _show_api_busy(self) -> None:
+        """The chat says the local engine is busy with an API request, when the local engine answers it."""
+        self.chat_page.set_api_busy(self._api_busy and self.chat_page.worker is self.worker)
 
     def _with_cpu_notice(self, pages: QWidget) -> QVBoxLayout:
         """The pages under a banner saying why the app runs on the CPU, shown until acknowledged (once per reason)."""
@@ -159,6 +207,7 @@ class MainWindow(QMainWindow):
             self.chat_page.set_engine(self.remote_worker, f"remote: {endpoint.label()}")
         else:
             self.chat_page.set_engine(self.worker, self._local_engine_text())
+        self._show_api_busy()
 
     def _local_engine_text(self) -> str:
         return f"local: {self.model_info['name']}" if self.model_info else "local (no model loaded)"
@@ -215,7 +264,10 @@ class MainWindow(QMainWindow):
         for worker, thread in ((self.worker, self.worker_thread), (self.remote_worker, self.remote_thread)):
             worker.stop()
             thread.quit()
-        for thread in (self.worker_thread, self.remote_thread):
+        self.worker.shutdown()  # requests still waiting get 503 now, so closing the port has no grace to wait out
+        self.api_server.shutdown()
+        self.api_thread.quit()
+        for thread in (self.api_thread, self.worker_thread, self.remote_thread):
             thread.wait(WORKER_SHUTDOWN_MS)
         gc.unfreeze()  # what the worker froze at load is finalised at exit like the rest (bindings report leaks)
         super().closeEvent(event)

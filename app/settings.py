@@ -39,7 +39,12 @@ DEFAULTS = {
     "cpu_notice_seen": "",  # the CPU-mode reason the user last acknowledged; a different one is shown again
     "download_folder": "",  # where Download… puts models; "" means engine.hub.default_models_dir()
     "chat_engine": "",  # which engine answers chats: "" the local one, else a remote engine's id (app.remote_store)
+    "api_server": False,  # serve the loaded model over HTTP (app.api_server) while the app runs
+    "api_port": 1919,
+    "api_key": "",  # "" means no key (loopback only); kept here, never logged (SECRET_SETTINGS)
+    "api_allow_lan": False,  # listen on every interface (needs a key) instead of 127.0.0.1
 }
+SECRET_SETTINGS = frozenset({"api_key"})  # a refused value of these is not quoted in the warning
 
 
 REMOTE_ENGINES_FILE = "remote-engines.json"
@@ -102,6 +107,10 @@ CHECKS = {
     "cpu_notice_seen": (lambda v: isinstance(v, str), "text"),
     "download_folder": (lambda v: isinstance(v, str), "a folder"),
     "chat_engine": (lambda v: isinstance(v, str), "a remote engine's id, or empty for the local engine"),
+    "api_server": (lambda v: isinstance(v, bool), "true or false"),
+    "api_port": (lambda v: _whole(v, 1, 65535), "a port from 1 to 65535"),
+    "api_key": (lambda v: isinstance(v, str), "text"),
+    "api_allow_lan": (lambda v: isinstance(v, bool), "true or false"),
 }
 
 
@@ -152,7 +161,8 @@ class AppSettings:
         if (key, str(raw)) in self._warned:  # once per bad value, however often it is read
             return
         self._warned.add((key, str(raw)))
-        message = (f"setting {key} in {self._store.fileName()} is {raw!r:.80}, not {allowed}; using the default "
+        found = "unreadable" if key in SECRET_SETTINGS else f"{raw!r:.80}"
+        message = (f"setting {key} in {self._store.fileName()} is {found}, not {allowed}; using the default "
                    f"{json.dumps(DEFAULTS[key])} (change it on the Settings page to store a valid one)")
         log.warning(message)
         self.warnings.append(message)

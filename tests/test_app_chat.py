@@ -440,6 +440,7 @@ def real_worker(qtbot, tiny_checkpoint):
         loader.loadRequested.emit(str(tiny_checkpoint("qwen3_5_moe", "bf16")), {"cpu_threads": 1})
     yield worker
     worker.stop()
+    worker.shutdown()
     thread.quit()
     thread.wait()
     torch.set_num_threads(threads)

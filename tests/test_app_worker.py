@@ -57,6 +57,13 @@ def recorded(worker: EngineWorker) -> dict:
     return seen
 
 
+def send_and_wait(qtbot, worker: EngineWorker, history: list, text: str, options: dict) -> None:
+    """worker.send, which queues the turn for the engine's thread; returns once that turn has ended (its signals
+    reach this thread through its event loop, which the wait runs)."""
+    with qtbot.waitSignal(worker.busyChanged, check_params_cb=lambda busy: not busy, timeout=60_000):
+        worker.send(history, text, options)
+
+
 def backend_lines(seen: dict) -> list[str]:
     return [text for _, text in seen["log"] if text.startswith("expert backend")]
 
@@ -122,7 +129,7 @@ def test_the_measured_bandwidths_are_logged_once(settings, folder, loads, monkey
                                    "CPU 31.3 GB/s with 8 threads"]
 
 
-def test_auto_s_trial_is_said_at_load_and_its_choice_once(settings, folder, loads, monkeypatch):
+def test_auto_s_trial_is_said_at_load_and_its_choice_once(qtbot, settings, folder, loads, monkeypatch):
     load_cached = placement.load_placed
 
     def load_on_trial(*args, **kwargs):  # a GPU machine where the calibration favours the CPU: auto times both
@@ -138,12 +145,12 @@ def test_auto_s_trial_is_said_at_load_and_its_choice_once(settings, folder, load
     assert backend_lines(seen) == ["expert backend: auto: whichever of cpu, hybrid, offload decodes fastest over "
                                    "the first tokens; measured PCIe 12.5 GB/s, CPU 31.3 GB/s with 8 threads"]
     options = {"sampling": {"max_new_tokens": 2, "seed": 1}}
-    worker.send([], "Hi", options)
+    send_and_wait(qtbot, worker, [], "Hi", options)
     assert len(backend_lines(seen)) == 1  # still timing: nothing chosen to say
     trial = worker.session.model.expert_executor.backend_trial
     trial.seconds, trial.chosen = {"hybrid": [0.0084], "cpu": [0.0071], "offload": [0.0076]}, "cpu"
     for text in ("Hi again", "And again"):
-        worker.send(worker.session.messages, text, options)
+        send_and_wait(qtbot, worker, worker.session.messages, text, options)
     assert backend_lines(seen)[1:] == ["expert backend: auto chose cpu by the median decode step (cpu 7.1 ms, "
                                        "hybrid 8.4 ms, offload 7.6 ms)"]
 
@@ -153,7 +160,7 @@ def test_a_cpu_only_run_logs_no_backend(settings, folder, cpu_only):
     seen = recorded(worker)
     worker.load(str(folder), load_options(settings))
     assert len(seen["loaded"]) == 1 and backend_lines(seen) == []
-    assert "expert_backend" not in worker._runtime_measures()
+    assert "expert_backend" not in worker._runtime_measures(worker.session)
 
 
 def collectable(obj) -> bool:

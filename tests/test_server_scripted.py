@@ -1,8 +1,9 @@
 """`engine serve` on a scripted model (the demo tokenizer and template, replies fixed token by token): tool calls
-through the openai and anthropic packages with a full round trip, 429 past the queue, and a client's
-disconnect cancelling its request."""
+through the openai and anthropic packages with a full round trip, 429 past the queue, a client's
+disconnect cancelling its request, and the desktop app's turns in the same queue."""
 
 import json
+import threading
 import time
 
 import anthropic
@@ -11,7 +12,10 @@ import openai
 import pytest
 
 from engine.resources import DEMO_MODEL
+from engine.runtime.events import TurnFinished
+from engine.runtime.session import ChatSession, text_prompt
 from engine.runtime.tokenizer import ChatTokenizer
+from engine.server.worker import EngineWorker, QueueFull, Stopped
 from scripted_model import ScriptedModel
 from server_fixtures import API_KEY, live_server
 
@@ -157,3 +161,39 @@ def test_a_client_that_gives_up_on_a_whole_reply_cancels_it(slow_server):
     _wait(lambda: worker.last_cancel is not None)
     assert worker.last_cancel[1] - closed_at < 0.1
     assert worker.last.stop_reason == "cancelled" and not worker.busy
+
+
+def test_the_apps_turns_share_the_queue_but_not_its_limit_or_its_stats(tokenizer):
+    session = ChatSession(scripted(tokenizer, "Hi."), tokenizer, context_tokens=256, enable_thinking=False)
+    changes = []
+    worker = EngineWorker(session, None, max_queue=0, on_change=lambda w: changes.append(w.busy_with_api))
+    running, release, turn_ended, first, turn = threading.Event(), threading.Event(), threading.Event(), [], []
+
+    def held(session):
+        running.set()
+        release.wait(10)
+        return session.complete(text_prompt(tokenizer, "Hey"))
+
+    def window_turn(event):
+        turn.append(event)
+        if event is None:
+            turn_ended.set()
+    try:
+        worker.submit(held, first.append)  # an API request holding the engine
+        assert running.wait(10)
+        with pytest.raises(QueueFull):  # a second request is past the limit of 0 waiting
+            worker.submit(lambda session: iter(()), lambda event: None)
+        worker.submit(lambda session: session.send("Hello"), window_turn, from_api=False)  # the window's: queued
+        assert worker.queued == 1 and worker.busy_with_api
+        release.set()
+        assert turn_ended.wait(10)
+        assert isinstance(first[-2], TurnFinished) and first[-1] is None
+        assert isinstance(turn[-2], TurnFinished) and turn[-1] is None
+        assert turn[-2].answer == "Hi."
+        assert worker.requests_served == 1 and worker.requests_refused == 1  # the held request's reply only
+        assert worker.last.prompt_tokens == len(text_prompt(tokenizer, "Hey").ids)
+        assert changes == [True, False, False, False]  # start and end of each: only the first was the API's
+    finally:
+        worker.stop()
+    with pytest.raises(Stopped):  # a stopped worker refuses work rather than leave it waiting forever
+        worker.submit(lambda session: iter(()), lambda event: None)

@@ -5,7 +5,8 @@ the worker's `send` slot, queued onto the worker's thread) and follows the worke
 Everything the user types or the model streams reaches the ConversationStore as it happens: the
 draft a moment after typing stops, a reply every REPLY_SAVE_MS while it grows and in full at its end.
 The worker is the local EngineWorker or a RemoteWorker (app/remote_worker.py), which emit the same reply
-signals; `set_engine` switches between them and the header says which engine answers.
+signals; `set_engine` switches between them and the header says which engine answers. While the local API
+answers a request the page says so (`set_api_busy`): a message sent meanwhile waits for the engine.
 """
 
 from __future__ import annotations
@@ -102,6 +103,7 @@ class ChatPage(QWidget):
         self._reply: _Reply | None = None
         self._worker_busy = False
         self._next_engine: tuple[QObject, str] | None = None  # set_engine's choice, waiting for a reply to end
+        self._api_busy = False
 
         self.conversation_list = ConversationList(store)
         self.title_label = QLabel()
@@ -118,6 +120,9 @@ class ChatPage(QWidget):
         self.send_button = QPushButton("Send")
         self.send_button.setDefault(True)
         self.stop_button = QPushButton("Stop")
+        self.api_note = QLabel()
+        self.api_note.setProperty("role", "muted")
+        self.api_note.hide()
         self._draft_timer = QTimer(self, singleShot=True, interval=DRAFT_SAVE_MS)
         self._reply_save_timer = QTimer(self, singleShot=True, interval=REPLY_SAVE_MS)
 
@@ -137,6 +142,7 @@ class ChatPage(QWidget):
         chat_layout = QVBoxLayout(chat)
         chat_layout.addLayout(header)
         chat_layout.addWidget(self.transcript, 1)
+        chat_layout.addWidget(self.api_note)
         chat_layout.addLayout(input_row)
         splitter = QSplitter(Qt.Orientation.Horizontal)
         splitter.addWidget(self.conversation_list)
@@ -195,6 +201,11 @@ class ChatPage(QWidget):
             self._follow(worker, True)
             self.worker, self._worker_busy = worker, False
         self.engine_label.setText(f"Answering: {engine}")
+        self._update_controls()
+
+    def set_api_busy(self, busy: bool) -> None:
+        """Say whether the engine answering this chat is busy with a local API request."""
+        self._api_busy = busy
         self._update_controls()
 
     def engine_text(self) -> str:
@@ -462,3 +473,7 @@ class ChatPage(QWidget):
         self.send_button.setEnabled(not busy)
         self.stop_button.setEnabled(self._reply is not None)
         self.transcript.set_busy(busy)
+        waiting = self._reply is not None and self._reply.message_id is None
+        self.api_note.setText("Answering an API request… your message is next." if waiting
+                              else "Answering an API request…")
+        self.api_note.setVisible(self._api_busy)

@@ -1,5 +1,5 @@
 """The Settings page: sampling defaults, thinking, context size, restore points, CPU threads, pinned RAM, expert
-backend and theme.
+backend, theme and the local API (app/pages/server_section.py).
 
 Sampling fields are free text, blank meaning "the model's own default" (its generation_config.json),
 so only what the user typed is stored and a model's recommended values win otherwise. They are
@@ -11,10 +11,11 @@ from __future__ import annotations
 
 
 from PySide6.QtCore import Qt, Signal
-from PySide6.QtWidgets import (QCheckBox, QComboBox, QDoubleSpinBox, QFormLayout, QGroupBox, QHBoxLayout, QLabel,
-                               QLineEdit, QPushButton, QSpinBox, QVBoxLayout, QWidget)
+from PySide6.QtWidgets import (QCheckBox, QComboBox, QDoubleSpinBox, QFormLayout, QFrame, QGroupBox, QHBoxLayout,
+                               QLabel, QLineEdit, QPushButton, QScrollArea, QSpinBox, QVBoxLayout, QWidget)
 
 from app import system_info
+from app.pages.server_section import ServerSection
 from app.settings import MAX_CONTEXT_TOKENS, MAX_TURN_SNAPSHOTS, MIN_CONTEXT_TOKENS, max_cpu_threads
 from engine.runtime.sampling import MAX_SEED, SamplingParams
 
@@ -184,11 +185,15 @@ class SettingsPage(QWidget):
         chat_form.addRow(self.thinking_check)
         chat_form.addRow("Theme", self.theme_combo)
 
-        layout = QVBoxLayout(self)
+        self.server_section = ServerSection(settings)
+
+        content = QWidget()
+        layout = QVBoxLayout(content)
         layout.addWidget(QLabel("<h2>Settings</h2>"))
         layout.addWidget(sampling_box)
         layout.addWidget(engine_box)
         layout.addWidget(chat_box)
+        layout.addWidget(self.server_section)
         self.about_button = QPushButton("About MoE Desk…")
         self.about_button.clicked.connect(self.aboutRequested)
         about_row = QHBoxLayout()
@@ -196,6 +201,13 @@ class SettingsPage(QWidget):
         about_row.addStretch(1)
         layout.addLayout(about_row)
         layout.addStretch(1)
+        scroll = QScrollArea()  # the sections outgrow a small window: they scroll rather than squeeze
+        scroll.setWidgetResizable(True)
+        scroll.setFrameShape(QFrame.Shape.NoFrame)
+        scroll.setWidget(content)
+        outer = QVBoxLayout(self)
+        outer.setContentsMargins(0, 0, 0, 0)
+        outer.addWidget(scroll)
 
     def set_model(self, info: dict | None) -> None:
         """Show what restore points cost for the loaded model (`info` from the worker), or in general for None."""

@@ -167,7 +167,7 @@ async def messages(request: Request, body: dict, context):
         try:
             await drain(request, job, events)
         except EngineFailed as exc:
-            return error_response(request.url.path, 500, exc.message)
+            return error_response(request.url.path, exc.status, exc.message)
         if reply.final is None:
             return JSONResponse({}, status_code=499)
         content = []

@@ -1,11 +1,14 @@
 """The HTTP application: key check and body limit in front, then the OpenAI and Anthropic routes, health and stats.
 
-No route reads or writes a file: requests carry text, the engine answers with text.
+No route reads or writes a file: requests carry text, the engine answers with text. The model a route uses is
+the one served at that moment: `engine serve` always has one, the desktop app none while no model is loaded
+(every route then answers 503).
 """
 
 from __future__ import annotations
 
 import hmac
+from collections.abc import Callable
 
 from fastapi import FastAPI, Request
 from starlette.concurrency import run_in_threadpool
@@ -15,9 +18,14 @@ from engine.runtime.session import chat_prompt
 from engine.server import anthropic_api, openai_api
 from engine.server.fields import BadRequest
 from engine.server.http import ServerContext, error_response, json_body
-from engine.server.worker import QueueFull
+from engine.server.worker import QueueFull, Stopped
 
 DEFAULT_MAX_BODY_BYTES = 16 * 2**20  # an agent's 60K-token conversation with its tools is well under 1 MiB
+NO_MODEL_MESSAGE = "no model is loaded: open one in MoE Desk (its Models page), then send the request again"
+
+
+class NoModel(Exception):
+    """The server is up but holds no model to answer with."""
 
 
 class Guard:
@@ -73,12 +81,21 @@ class Guard:
         await response(scope, receive, send)
 
 
-def create_app(context: ServerContext, *, api_key: str | None = None,
+def create_app(current: Callable[[], ServerContext | None], *, api_key: str | None = None,
                max_body_bytes: int = DEFAULT_MAX_BODY_BYTES) -> FastAPI:
-    """The FastAPI application serving `context`'s engine."""
+    """The FastAPI application serving the engine that `current()` returns at each request (None: no model)."""
     app = FastAPI(title="MoE Desk engine", docs_url=None, redoc_url=None, openapi_url=None)
-    app.state.context = context
     app.add_middleware(Guard, api_key=api_key, max_body_bytes=max_body_bytes)
+
+    def served() -> ServerContext:
+        context = current()
+        if context is None:
+            raise NoModel()
+        return context
+
+    @app.exception_handler(NoModel)
+    async def no_model(request: Request, exc: NoModel):
+        return error_response(request.url.path, 503, NO_MODEL_MESSAGE)
 
     @app.exception_handler(BadRequest)
     async def bad_request(request: Request, exc: BadRequest):
@@ -88,6 +105,10 @@ def create_app(context: ServerContext, *, api_key: str | None = None,
     async def template_refused(request: Request, exc: CheckpointError):
         return error_response(request.url.path, 400, f"the model's chat template cannot render these messages: "
                                                      f"{exc}", "messages")
+
+    @app.exception_handler(Stopped)
+    async def stopped(request: Request, exc: Stopped):
+        return error_response(request.url.path, 503, str(exc))
 
     @app.exception_handler(QueueFull)
     async def queue_full(request: Request, exc: QueueFull):
@@ -105,11 +126,13 @@ def create_app(context: ServerContext, *, api_key: str | None = None,
 
     @app.get("/health")
     async def health():
+        context = served()
         w = context.worker
         return {"status": "ok", "model": context.model_name, "busy": w.busy, "queued": w.queued}
 
     @app.get("/v1/stats")
     async def stats():
+        context = served()
         w = context.worker
         cache = w.prefix_cache
         return {"model": context.model_name, "requests_served": w.requests_served,
@@ -120,24 +143,25 @@ def create_app(context: ServerContext, *, api_key: str | None = None,
 
     @app.get("/v1/models")
     async def models():
+        context = served()
         return {"object": "list", "data": [{"id": context.model_name, "object": "model", "created": context.started,
                                             "owned_by": "moedesk"}]}
 
     @app.post("/v1/chat/completions")
     async def chat_completions(request: Request):
-        return await openai_api.chat_completions(request, await json_body(request), context)
+        return await openai_api.chat_completions(request, await json_body(request), served())
 
     @app.post("/v1/completions")
     async def completions(request: Request):
-        return await openai_api.completions(request, await json_body(request), context)
+        return await openai_api.completions(request, await json_body(request), served())
 
     @app.post("/v1/messages")
     async def messages(request: Request):
-        return await anthropic_api.messages(request, await json_body(request), context)
+        return await anthropic_api.messages(request, await json_body(request), served())
 
     @app.post("/v1/messages/count_tokens")
     async def count_tokens(request: Request):
-        body = await json_body(request)
+        context, body = served(), await json_body(request)
         chat = anthropic_api.read_chat(body, require_max_tokens=False)
         prompt = await run_in_threadpool(lambda: chat_prompt(context.tokenizer, chat.messages, tools=chat.tools,
                                                              enable_thinking=chat.enable_thinking))

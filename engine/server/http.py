@@ -83,13 +83,15 @@ async def prepare(context: ServerContext, build) -> Prompt:
 
 
 async def drain(request: Request, job, events) -> None:
-    """Run `events` (a reply_events stream) to its end, cancelling the job if the client leaves meanwhile."""
+    """Run `events` (a reply_events stream) to its end, cancelling the job if the client leaves meanwhile or the
+    server shuts down (its task cancelled)."""
     watcher = asyncio.create_task(until_disconnect(request, job))
     try:
         async for _ in events:
             pass
     finally:
         watcher.cancel()
+        job.cancel()  # after the end this does nothing
 
 
 def unix_now() -> int:

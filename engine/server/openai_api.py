@@ -288,4 +288,4 @@ async def completions(request: Request, body: dict, context):
 
 def _failure(request: Request, exc: EngineFailed):
 
-    return error_response(request.url.path, 500, exc.message)
+    return error_response(request.url.path, exc.status, exc.message)

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 
 from engine.runtime import tool_calls as tc
 from engine.runtime.events import AnswerDelta, ReasoningDelta, TurnFinished
+from engine.server.worker import STOPPED_MESSAGE
 
 log = logging.getLogger("engine.server")
 
@@ -34,11 +35,11 @@ class Reply:
 
 
 class EngineFailed(Exception):
-    """The engine could not answer: `message` says why."""
+    """The engine could not answer: `message` says why, `status` is the HTTP status to answer with."""
 
-    def __init__(self, message: str):
+    def __init__(self, message: str, status: int = 500):
         super().__init__(message)
-        self.message = message
+        self.message, self.status = message, status
 
 
 def tool_parser(template_source: str | None, tools: list[dict] | None, seed: int | None):
@@ -68,7 +69,8 @@ def _from_parser(parsed: list) -> list:
 async def reply_events(job, parser, reply: Reply) -> AsyncIterator:
     """ReasoningDelta, AnswerDelta and the tool-call parser's ToolCallStarted/ArgumentsDelta/Finished events,
     filling `reply`; ends with the
-    TurnFinished. Raises EngineFailed when the engine reports an error, and ends early when it is cancelled."""
+    TurnFinished. Raises EngineFailed when the engine reports an error or its worker stopped (503), and ends
+    early when its client cancelled it."""
     async for event in job.stream():
         if isinstance(event, Exception):
             log.error("request failed", exc_info=event)
@@ -80,6 +82,8 @@ async def reply_events(job, parser, reply: Reply) -> AsyncIterator:
                 yield item
             if event.stats.error:
                 raise EngineFailed(event.stats.error)
+            if job.dropped:
+                raise EngineFailed(STOPPED_MESSAGE, 503)
             reply.final = event
             yield event
             return
@@ -88,6 +92,8 @@ async def reply_events(job, parser, reply: Reply) -> AsyncIterator:
         for item in items:
             _keep(reply, item)
             yield item
+    if job.dropped:
+        raise EngineFailed(STOPPED_MESSAGE, 503)
 
 
 def _keep(reply: Reply, item) -> None:

@@ -55,11 +55,11 @@ def check_settings(*, host: str, port: int, api_key: str | None, max_queue: int,
     return ServerSettings(host, port, api_key, max_queue, prefix_cache_mib * 2**20, int(max_body_mib * 2**20))
 
 
-class RunningServer:
-    """uvicorn serving on a daemon thread; stop() ends it and the engine's worker."""
+class HttpServer:
+    """uvicorn serving an application on a daemon thread with an event loop of its own."""
 
-    def __init__(self, server: uvicorn.Server, thread: threading.Thread, worker: EngineWorker, host: str):
-        self._server, self._thread, self.worker, self.host = server, thread, worker, host
+    def __init__(self, server: uvicorn.Server, thread: threading.Thread, host: str):
+        self._server, self._thread, self.host = server, thread, host
 
     @property
     def port(self) -> int:
@@ -75,9 +75,57 @@ class RunningServer:
             self._thread.join(0.5)
 
     def stop(self) -> None:
+        """Close the port and end the thread; requests still running are cancelled after a short grace."""
         self._server.should_exit = True
-        self.worker.stop()
         self._thread.join(timeout=10)
+
+
+def _run(server: uvicorn.Server) -> None:
+    try:
+        server.run()
+    except SystemExit:  # uvicorn ends its thread this way when it cannot listen; listen() says so in words
+        pass
+
+
+def listen(settings: ServerSettings, current, *, log_level: str = "info") -> HttpServer:
+    """Serve the engine `current()` returns (None: no model, 503) with `settings`; returns once the port is
+    open, RuntimeError saying so when it does not open."""
+    app = create_app(current, api_key=settings.api_key, max_body_bytes=settings.max_body_bytes)
+    config = uvicorn.Config(app, host=settings.host, port=settings.port, log_level=log_level, access_log=False,
+                            lifespan="off", timeout_graceful_shutdown=2)
+    server = uvicorn.Server(config)
+    thread = threading.Thread(target=_run, args=(server,), name="http-server", daemon=True)
+    thread.start()
+    deadline = time.monotonic() + START_SECONDS
+    while not server.started:
+        if not thread.is_alive() or time.monotonic() > deadline:
+            server.should_exit = True
+            raise RuntimeError(f"the server could not listen on {settings.host}:{settings.port} (is the port in use? "
+                               f"try another --port)")
+        time.sleep(0.02)
+    return HttpServer(server, thread, settings.host)
+
+
+class RunningServer:
+    """`engine serve`: the HTTP server and the engine's worker it answers with; stop() ends both."""
+
+    def __init__(self, http: HttpServer, worker: EngineWorker):
+        self.http, self.worker = http, worker
+
+    @property
+    def port(self) -> int:
+        return self.http.port
+
+    @property
+    def base_url(self) -> str:
+        return self.http.base_url
+
+    def wait(self) -> None:
+        self.http.wait()
+
+    def stop(self) -> None:
+        self.worker.stop()  # what runs and waits ends first, so the server's grace is not spent on it
+        self.http.stop()
 
 
 def start(settings: ServerSettings, model, tokenizer, *, context_tokens: int, model_name: str,
@@ -87,17 +135,9 @@ def start(settings: ServerSettings, model, tokenizer, *, context_tokens: int, mo
     cache = PrefixCache(settings.prefix_cache_bytes) if settings.prefix_cache_bytes else None
     worker = EngineWorker(session, cache, max_queue=settings.max_queue)
     context = ServerContext(worker, model_name, tokenizer, session.sampling, context_tokens, unix_now())
-    app = create_app(context, api_key=settings.api_key, max_body_bytes=settings.max_body_bytes)
-    config = uvicorn.Config(app, host=settings.host, port=settings.port, log_level=log_level, access_log=False,
-                            lifespan="off", timeout_graceful_shutdown=2)
-    server = uvicorn.Server(config)
-    thread = threading.Thread(target=server.run, name="http-server", daemon=True)
-    thread.start()
-    deadline = time.monotonic() + START_SECONDS
-    while not server.started:
-        if not thread.is_alive() or time.monotonic() > deadline:
-            worker.stop()
-            raise RuntimeError(f"the server could not listen on {settings.host}:{settings.port} (is the port in use? "
-                               f"try another --port)")
-        time.sleep(0.02)
-    return RunningServer(server, thread, worker, settings.host)
+    try:
+        http = listen(settings, lambda: context, log_level=log_level)
+    except RuntimeError:
+        worker.stop()
+        raise
+    return RunningServer(http, worker)
