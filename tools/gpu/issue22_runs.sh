@@ -1,0 +1,95 @@
+#!/bin/bash
+# Issue 22's side by side on one machine: llama.cpp (built by tools/gpu/build_llama_cpp.sh, on the GGUF of
+# tools/gguf_random.py --like-nvidia) against MoE Desk's bench, preset by preset, in parts that each fit one
+# 10-minute device call:
+#   llama4gb|llama8gb|llama12gb   llama.cpp at that VRAM budget. It cannot be capped, so it is measured: a probe
+#             with every layer's experts on the CPU (--n-cpu-moe 40, the 16,384-token prompt, memory.used sampled
+#             by nvidia-smi every 100 ms) gives what does not depend on N; tools/gpu/llama_vram.py picks the
+#             fewest CPU layers that fit (a GPU layer adds its 432 MiB of Q4_K experts); the measured runs check
+#             it and, if their peak is over the budget, are run once more with the N that peak implies. Then
+#             prefill of 512, 4,096 and 16,384 tokens (depth 0) and decode of 128 tokens after a 4,096-token
+#             prompt (-d 4096), flash attention on, -ub/-b $UB, all layers on the GPU but the N layers' experts,
+#             16 threads (4gb: 16 and 8, the laptop row's).
+#   llamaub   the prefill batch llama.cpp runs best at: -ub/-b 512, 1024, 2048, 4096 on the 4,096-token prompt,
+#             every expert on the CPU, with the peak of each (to choose UB for the preset parts)
+#   ours4gb|ours8gb|ours12gb|ourslaptop   MoE Desk's bench, as tools/gpu/issue19_runs.sh 4gb|8gb|12gb|laptop run it
+#             (same prompts, decode 128 after 4,096, 16 threads; laptop: 6.5 GB/s link, 8 threads). ours4gb and
+#             ourslaptop need the GPU's own step from a 12gb or 8gb run: GPU_STEP_MS=... (ms) or one in $OUT.
+# Results go to $OUT (default ./gpu-results): llama_<part>_{probe,prefill,decode}.json (llama-bench's JSON),
+# .err (its stderr), .vram (peak bytes above the idle GPU), llama_<preset>_fit.json (the N and the budget);
+# bench_<preset>.json as issue19_runs.sh writes them. `python3 tools/gpu/side_by_side.py $OUT` prints the table.
+# Run from the repository root, e.g. `bash tools/gpu/issue22_runs.sh llama4gb`. TTFT is llama-bench's time for a
+# prompt-only test (avg_ns: the whole prompt through the model to the first token's logits), ours the bench's.
+set -u
+OUT=${OUT:-gpu-results}
+mkdir -p "$OUT"
+export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD
+LLAMA_BENCH=${LLAMA_BENCH:-.llama-build/bin/llama-bench}
+GGUF=${GGUF:-.llama-build/q36.gguf}
+UB=${UB:-2048}      # llama.cpp's prefill batch (-ub and -b); llamaub measures the choice
+REPS=${REPS:-2}     # llama-bench repetitions, after its own warm-up run of each test
+PROBE_N=40          # every layer's experts on the CPU
+nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | tee -a "$OUT/gpu.txt"
+[ -x "$LLAMA_BENCH" ] && [ -s "$GGUF" ] || { echo "issue22_runs: need $LLAMA_BENCH and $GGUF (build_llama_cpp.sh, gguf_random.py)"; exit 1; }
+
+idle_mib() {  # the GPU's memory.used now (MiB), with nothing of ours on it
+    nvidia-smi --query-gpu=memory.used --format=csv,noheader,nounits -i 0 | head -1
+}
+
+measured() {  # name, time limit, llama-bench options: runs it while sampling memory.used; its peak to .vram
+    local name=$1 limit=$2 idle sampler rc started=$SECONDS
+    shift 2
+    idle=$(idle_mib)
+    nvidia-smi --query-gpu=memory.used --format=csv,noheader,nounits -i 0 -lms 100 > "$OUT/llama_$name.samples" &
+    sampler=$!
+    timeout "$limit" "$LLAMA_BENCH" -m "$GGUF" -ngl 99 -fa on -o json "$@" \
+        > "$OUT/llama_$name.json" 2> "$OUT/llama_$name.err"
+    rc=$?
+    sleep 0.3; kill "$sampler"; wait "$sampler" 2> /dev/null
+    python3 tools/gpu/llama_vram.py peak "$OUT/llama_$name.samples" "$idle" > "$OUT/llama_$name.vram"
+    echo "llama-bench $name rc=$rc in $((SECONDS - started)) s, peak $(python3 -c \
+        'import sys; print(f"{int(sys.argv[1]) / 2**30:.2f}")' "$(cat "$OUT/llama_$name.vram")") GiB: $*"
+    grep -iE "error|failed" "$OUT/llama_$name.err" | head -3
+    return $rc
+}
+
+over() {  # name, budget GiB: true if that run's measured peak is over the budget
+    python3 -c 'import sys; sys.exit(int(sys.argv[1]) <= float(sys.argv[2]) * 2**30)' \
+        "$(cat "$OUT/llama_$1.vram")" "$2"
+}
+
+llama_preset() {  # preset, budget GiB, thread counts (comma-separated)
+    local preset=$1 gib=$2 threads=$3 n attempt
+    measured "${preset}_probe" "${PROBE_LIMIT:-150}" -ncmoe "$PROBE_N" -t 16 -ub "$UB" -b "$UB" -p 16384 -n 0 \
+        -r 1 --no-warmup -v
+    n=$(python3 tools/gpu/llama_vram.py choose "$gib" "$(cat "$OUT/llama_${preset}_probe.vram")" "$PROBE_N")
+    echo "$preset: --n-cpu-moe $n (probe: $(python3 tools/gpu/llama_vram.py buffers "$OUT/llama_${preset}_probe.err") MiB)"
+    for attempt in 1 2; do
+        measured "${preset}_prefill" "${LIMIT:-240}" -ncmoe "$n" -t "$threads" -ub "$UB" -b "$UB" \
+            -p 512,4096,16384 -n 0 -r "$REPS"
+        if [ "$attempt" = 1 ] && over "${preset}_prefill" "$gib"; then
+            n=$(python3 tools/gpu/llama_vram.py choose "$gib" "$(cat "$OUT/llama_${preset}_prefill.vram")" "$n")
+            echo "$preset: over the budget; again with --n-cpu-moe $n"
+            continue
+        fi
+        break
+    done
+    measured "${preset}_decode" "${LIMIT:-150}" -ncmoe "$n" -t "$threads" -ub "$UB" -b "$UB" -p 0 -n 128 -d 4096 \
+        -r "$REPS"
+    printf '{"preset": "%s", "budget_bytes": %d, "n_cpu_moe": %d, "ubatch": %d, "probe_n_cpu_moe": %d, "attempts": %d}\n' \
+        "$preset" "$((gib * 2**30))" "$n" "$UB" "$PROBE_N" "$attempt" > "$OUT/llama_${preset}_fit.json"
+}
+
+for part in "$@"; do
+    case "$part" in
+        llama4gb) llama_preset 4gb 4 16,8 ;;
+        llama8gb) llama_preset 8gb 8 16 ;;
+        llama12gb) llama_preset 12gb 12 16 ;;
+        llamaub)
+            for ub in 512 1024 2048 4096; do
+                measured "ub$ub" "${LIMIT:-120}" -ncmoe "$PROBE_N" -t 16 -ub "$ub" -b "$ub" -p 4096 -n 0 -r 1
+            done ;;
+        ours4gb|ours8gb|ours12gb|ourslaptop) bash tools/gpu/issue19_runs.sh "${part#ours}" ;;
+        *) echo "unknown part $part (llama4gb llama8gb llama12gb llamaub ours4gb ours8gb ours12gb ourslaptop)" ;;
+    esac
+done
