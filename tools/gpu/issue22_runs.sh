@@ -30,7 +30,9 @@ UB=${UB:-2048}      # llama.cpp's prefill batch (-ub and -b); llamaub measures t
 REPS=${REPS:-2}     # llama-bench repetitions, after its own warm-up run of each test
 PROBE_N=40          # every layer's experts on the CPU
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | tee -a "$OUT/gpu.txt"
-[ -x "$LLAMA_BENCH" ] && [ -s "$GGUF" ] || { echo "issue22_runs: need $LLAMA_BENCH and $GGUF (build_llama_cpp.sh, gguf_random.py)"; exit 1; }
+if [ ! -x "$LLAMA_BENCH" ] || [ ! -s "$GGUF" ]; then
+    echo "issue22_runs: need $LLAMA_BENCH and $GGUF (tools/gpu/build_llama_cpp.sh, tools/gguf_random.py)"; exit 1
+fi
 
 idle_mib() {  # the GPU's memory.used now (MiB), with nothing of ours on it
     nvidia-smi --query-gpu=memory.used --format=csv,noheader,nounits -i 0 | head -1
@@ -63,7 +65,8 @@ llama_preset() {  # preset, budget GiB, thread counts (comma-separated)
     measured "${preset}_probe" "${PROBE_LIMIT:-150}" -ncmoe "$PROBE_N" -t 16 -ub "$UB" -b "$UB" -p 16384 -n 0 \
         -r 1 --no-warmup -v
     n=$(python3 tools/gpu/llama_vram.py choose "$gib" "$(cat "$OUT/llama_${preset}_probe.vram")" "$PROBE_N")
-    echo "$preset: --n-cpu-moe $n (probe: $(python3 tools/gpu/llama_vram.py buffers "$OUT/llama_${preset}_probe.err") MiB)"
+    echo "$preset: --n-cpu-moe $n; the probe's GPU buffers (MiB):" \
+        "$(python3 tools/gpu/llama_vram.py buffers "$OUT/llama_${preset}_probe.err")"
     for attempt in 1 2; do
         measured "${preset}_prefill" "${LIMIT:-240}" -ncmoe "$n" -t "$threads" -ub "$UB" -b "$UB" \
             -p 512,4096,16384 -n 0 -r "$REPS"
@@ -76,8 +79,8 @@ llama_preset() {  # preset, budget GiB, thread counts (comma-separated)
     done
     measured "${preset}_decode" "${LIMIT:-150}" -ncmoe "$n" -t "$threads" -ub "$UB" -b "$UB" -p 0 -n 128 -d 4096 \
         -r "$REPS"
-    printf '{"preset": "%s", "budget_bytes": %d, "n_cpu_moe": %d, "ubatch": %d, "probe_n_cpu_moe": %d, "attempts": %d}\n' \
-        "$preset" "$((gib * 2**30))" "$n" "$UB" "$PROBE_N" "$attempt" > "$OUT/llama_${preset}_fit.json"
+    printf '{"preset": "%s", "budget_bytes": %d, "n_cpu_moe": %d, "ubatch": %d, "probe_n_cpu_moe": %d, %s}\n' \
+        "$preset" "$((gib * 2**30))" "$n" "$UB" "$PROBE_N" "\"attempts\": $attempt" > "$OUT/llama_${preset}_fit.json"
 }
 
 for part in "$@"; do
