@@ -42,10 +42,12 @@ def results(tmp_path):
     decodes = {"offload": {"decode_tokens_per_s": 60.0}, "hybrid": {"decode_tokens_per_s": 80.0},
                "auto": {"decode_tokens_per_s": 79.0, "decode_auto_trial": {"chosen": "hybrid"}}}
     (tmp_path / "bench_4gb.json").write_text(json.dumps(bench_result(decodes)))
-    prefill = [llama_test(p, 0, t, rate) for t in (16, 8) for p, rate in ((512, 400.0), (4096, 500.0), (16384, 450.0))]
+    prefill = [llama_test(p, 0, 16, rate) for p, rate in ((512, 400.0), (4096, 500.0), (16384, 450.0))]
     (tmp_path / "llama_4gb_prefill.json").write_text(json.dumps(prefill, indent=2))
-    decode = [llama_test(0, 128, 16, 40.0, n_depth=4096), llama_test(0, 128, 8, 30.0, n_depth=4096)]
+    decode = [llama_test(0, 128, 16, 40.0, n_depth=4096)]
     (tmp_path / "llama_4gb_decode.json").write_text(json.dumps(decode, indent=2))
+    (tmp_path / "llama_laptop_prefill.json").write_text(json.dumps([llama_test(4096, 0, 8, 300.0)]))
+    (tmp_path / "llama_laptop_decode.json").write_text(json.dumps([llama_test(0, 128, 8, 30.0, n_depth=4096)]))
     (tmp_path / "llama_4gb_prefill.vram").write_text(f"{int(3.9 * GIB)}\n")
     (tmp_path / "llama_4gb_decode.vram").write_text(f"{int(3.5 * GIB)}\n")
     (tmp_path / "llama_4gb_fit.json").write_text(json.dumps({"preset": "4gb", "budget_bytes": 4 * GIB,
@@ -70,7 +72,8 @@ def test_llama_row_takes_its_thread_count_its_peak_and_ttft_from_avg_ns(results)
     assert row.ttft[4096] == pytest.approx(4096 / 500.0, rel=1e-6)
     assert row.peak_bytes == int(3.9 * GIB)  # the larger of the two runs
     assert "--n-cpu-moe 38" in row.engine and "16 threads" in row.engine
-    assert side_by_side.llama_row(results, "4gb", 8).decode == 30.0
+    assert side_by_side.llama_row(results, "4gb", 8) is None  # the 8-thread runs are the laptop's
+    assert side_by_side.llama_row(results, "laptop", 8).decode == 30.0
     assert side_by_side.llama_row(results, "8gb", 16) is None
 
 
@@ -129,3 +132,15 @@ def test_buffers_sums_the_gpu_buffers_only():
            "sched_reserve:      CUDA0 compute buffer size =   700.50 MiB\n"
            "sched_reserve:  CUDA_Host compute buffer size =    70.50 MiB\n")
     assert llama_vram.buffers(log) == {"model": 1500.0, "KV": 330.0, "compute": 700.5}
+
+
+def test_the_laptop_rows_compare_the_held_link_with_llama_cpp_at_8_threads(results):
+    decodes = {"cpu": {"decode_tokens_per_s": 36.0},
+               "auto": {"decode_tokens_per_s": 37.0, "decode_auto_trial": {"chosen": "cpu"}}}
+    (results / "bench_laptop_pageable.json").write_text(json.dumps(bench_result(decodes)))
+    labels = [label for label, _, _ in side_by_side.sections(results, "uniform")]
+    assert labels == ["4gb", "4gb laptop, 6.5 GB/s, 8 threads, pageable"]
+    laptop = side_by_side.sections(results, "uniform")[1]
+    assert "link not held" in laptop[2].engine and laptop[2].prefill == {4096: 300.0}
+    auto = next(line for line in side_by_side.table([laptop]).splitlines() if "auto (chose cpu)" in line)
+    assert "| 1.23x short of 1.5x |" in auto  # 37 / 30

@@ -9,14 +9,17 @@
 #             it and, if their peak is over the budget, are run once more with the N that peak implies. Then
 #             prefill of 512, 4,096 and 16,384 tokens (depth 0) and decode of 128 tokens after a 4,096-token
 #             prompt (-d 4096), flash attention on, -ub/-b $UB, all layers on the GPU but the N layers' experts,
-#             16 threads (4gb: 16 and 8, the laptop row's).
+#             16 threads.
+#   llamalaptop   the laptop row's llama.cpp: the 4gb fit (llama_4gb_fit.json of an earlier call, or N=$N),
+#             8 threads, prefill of 4,096 and decode of 128 after 4,096. Its link is not held: the throttle of
+#             MoE Desk's bench (--link-gbps) lives in MoE Desk's copy path, and llama.cpp issues its own copies.
 #   llamaub   the prefill batch llama.cpp runs best at: -ub/-b 512, 1024, 2048, 4096 on the 4,096-token prompt,
 #             every expert on the CPU, with the peak of each (to choose UB for the preset parts)
 #   ours4gb|ours8gb|ours12gb|ourslaptop   MoE Desk's bench, as tools/gpu/issue19_runs.sh 4gb|8gb|12gb|laptop run it
 #             (same prompts, decode 128 after 4,096, 16 threads; laptop: 6.5 GB/s link, 8 threads). ours4gb and
 #             ourslaptop need the GPU's own step from a 12gb or 8gb run: GPU_STEP_MS=... (ms) or one in $OUT.
 # Results go to $OUT (default ./gpu-results): llama_<part>_{probe,prefill,decode}.json (llama-bench's JSON),
-# .err (its stderr), .vram (peak bytes above the idle GPU), llama_<preset>_fit.json (the N and the budget);
+# .err (its stderr), .vram (peak bytes above the idle GPU), llama_<preset|laptop>_fit.json (the N, the budget);
 # bench_<preset>.json as issue19_runs.sh writes them. `python3 tools/gpu/side_by_side.py $OUT` prints the table.
 # Run from the repository root, e.g. `bash tools/gpu/issue22_runs.sh llama4gb`. TTFT is llama-bench's time for a
 # prompt-only test (avg_ns: the whole prompt through the model to the first token's logits), ours the bench's.
@@ -27,7 +30,7 @@ export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD
 LLAMA_BENCH=${LLAMA_BENCH:-.llama-build/bin/llama-bench}
 GGUF=${GGUF:-.llama-build/q36.gguf}
 UB=${UB:-2048}      # llama.cpp's prefill batch (-ub and -b); llamaub measures the choice
-REPS=${REPS:-2}     # llama-bench repetitions, after its own warm-up run of each test
+REPS=${REPS:-1}     # llama-bench repetitions, after its own untimed warm-up run of each test
 PROBE_N=40          # every layer's experts on the CPU
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | tee -a "$OUT/gpu.txt"
 if [ ! -x "$LLAMA_BENCH" ] || [ ! -s "$GGUF" ]; then
@@ -62,13 +65,13 @@ over() {  # name, budget GiB: true if that run's measured peak is over the budge
 
 llama_preset() {  # preset, budget GiB, thread counts (comma-separated)
     local preset=$1 gib=$2 threads=$3 n attempt
-    measured "${preset}_probe" "${PROBE_LIMIT:-150}" -ncmoe "$PROBE_N" -t 16 -ub "$UB" -b "$UB" -p 16384 -n 0 \
+    measured "${preset}_probe" "${PROBE_LIMIT:-120}" -ncmoe "$PROBE_N" -t 16 -ub "$UB" -b "$UB" -p 16384 -n 0 \
         -r 1 --no-warmup -v
     n=$(python3 tools/gpu/llama_vram.py choose "$gib" "$(cat "$OUT/llama_${preset}_probe.vram")" "$PROBE_N")
     echo "$preset: --n-cpu-moe $n; the probe's GPU buffers (MiB):" \
         "$(python3 tools/gpu/llama_vram.py buffers "$OUT/llama_${preset}_probe.err")"
     for attempt in 1 2; do
-        measured "${preset}_prefill" "${LIMIT:-240}" -ncmoe "$n" -t "$threads" -ub "$UB" -b "$UB" \
+        measured "${preset}_prefill" "${LIMIT:-200}" -ncmoe "$n" -t "$threads" -ub "$UB" -b "$UB" \
             -p 512,4096,16384 -n 0 -r "$REPS"
         if [ "$attempt" = 1 ] && over "${preset}_prefill" "$gib"; then
             n=$(python3 tools/gpu/llama_vram.py choose "$gib" "$(cat "$OUT/llama_${preset}_prefill.vram")" "$n")
@@ -77,7 +80,7 @@ llama_preset() {  # preset, budget GiB, thread counts (comma-separated)
         fi
         break
     done
-    measured "${preset}_decode" "${LIMIT:-150}" -ncmoe "$n" -t "$threads" -ub "$UB" -b "$UB" -p 0 -n 128 -d 4096 \
+    measured "${preset}_decode" "${LIMIT:-120}" -ncmoe "$n" -t "$threads" -ub "$UB" -b "$UB" -p 0 -n 128 -d 4096 \
         -r "$REPS"
     printf '{"preset": "%s", "budget_bytes": %d, "n_cpu_moe": %d, "ubatch": %d, "probe_n_cpu_moe": %d, %s}\n' \
         "$preset" "$((gib * 2**30))" "$n" "$UB" "$PROBE_N" "\"attempts\": $attempt" > "$OUT/llama_${preset}_fit.json"
@@ -85,14 +88,25 @@ llama_preset() {  # preset, budget GiB, thread counts (comma-separated)
 
 for part in "$@"; do
     case "$part" in
-        llama4gb) llama_preset 4gb 4 16,8 ;;
+        llama4gb) llama_preset 4gb 4 16 ;;
         llama8gb) llama_preset 8gb 8 16 ;;
         llama12gb) llama_preset 12gb 12 16 ;;
+        llamalaptop)
+            n=${N:-$(python3 -c 'import json, sys; print(json.load(open(sys.argv[1]))["n_cpu_moe"])' \
+                "$OUT/llama_4gb_fit.json" 2> /dev/null)}
+            if [ -z "$n" ]; then
+                echo "llamalaptop: run llama4gb first in this call, or give N=<its --n-cpu-moe>"; continue
+            fi
+            measured laptop_prefill "${LIMIT:-200}" -ncmoe "$n" -t 8 -ub "$UB" -b "$UB" -p 4096 -n 0 -r "$REPS"
+            measured laptop_decode "${LIMIT:-150}" -ncmoe "$n" -t 8 -ub "$UB" -b "$UB" -p 0 -n 128 -d 4096 -r "$REPS"
+            printf '{"preset": "4gb", "budget_bytes": %d, "n_cpu_moe": %d, "ubatch": %d}\n' "$((4 * 2**30))" "$n" \
+                "$UB" > "$OUT/llama_laptop_fit.json" ;;
         llamaub)
             for ub in 512 1024 2048 4096; do
                 measured "ub$ub" "${LIMIT:-120}" -ncmoe "$PROBE_N" -t 16 -ub "$ub" -b "$ub" -p 4096 -n 0 -r 1
             done ;;
         ours4gb|ours8gb|ours12gb|ourslaptop) bash tools/gpu/issue19_runs.sh "${part#ours}" ;;
-        *) echo "unknown part $part (llama4gb llama8gb llama12gb llamaub ours4gb ours8gb ours12gb ourslaptop)" ;;
+        *) echo "unknown part $part (llama4gb llama8gb llama12gb llamalaptop llamaub ours4gb ours8gb ours12gb" \
+                "ourslaptop)" ;;
     esac
 done

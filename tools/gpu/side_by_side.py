@@ -3,7 +3,8 @@
 
 It reads MoE Desk's `engine bench --json` results (bench_<preset>.json, bench_laptop_<pinned|pageable>.json, as
 tools/gpu/issue19_runs.sh writes them) and llama.cpp's (llama_<preset>_{prefill,decode}.json: llama-bench -o
-json; .vram: the measured peak; _fit.json: the --n-cpu-moe chosen, as tools/gpu/issue22_runs.sh writes them).
+json; .vram: the measured peak; _fit.json: the --n-cpu-moe chosen; llama_laptop_*: the 4gb fit at 8 threads, as
+tools/gpu/issue22_runs.sh writes them).
 Per preset: MoE Desk's best backend and `auto` against llama.cpp, decode tok/s (128 tokens after a 4,096-token
 prompt), prefill tok/s and TTFT at 512, 4,096 and 16,384 tokens, peak VRAM, and the ratios the goal asks for
 (decode >= 1.5x, prefill >= 3x llama.cpp's).
@@ -162,7 +163,7 @@ def sections(folder: Path, routing: str) -> list[tuple[str, list[Row], Row | Non
             found.append((preset, ours, theirs))
         if baseline is not None:
             found.append((preset, [baseline], theirs))
-    laptop_llama = llama_row(folder, "4gb", LAPTOP_THREADS)
+    laptop_llama = llama_row(folder, "laptop", LAPTOP_THREADS)
     if laptop_llama is not None:
         laptop_llama.engine += ", link not held (llama.cpp has no such throttle)"
     for records in ("pinned", "pageable"):
