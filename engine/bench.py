@@ -17,7 +17,7 @@ from pathlib import Path
 import torch
 
 from engine.bench_hf import hf_offload_row
-from engine.bench_projection import backend_used, missed_share, projection, transfer_seconds
+from engine.bench_projection import CHECK_PROMPT, backend_used, missed_share, projection, transfer_seconds
 from engine.checkpoint import Checkpoint, TensorShard
 from engine.experts.link import LinkLimit, LinkLimitError
 from engine.experts.routing import NOTES as ROUTING_NOTES
@@ -398,6 +398,13 @@ def format_result(result: dict) -> str:
         lines.append(f"baseline, {baseline['baseline']}: " + (baseline.get("skipped") or baseline.get("error") or (
             f"{baseline['prompt_tokens']}-token prompt, prefill {baseline['prefill_tokens_per_s']:.1f} tok/s, "
             f"decode {baseline['decode_tokens_per_s']:.2f} tok/s")))
+    for card in (result.get("projection") or {}).get("cards", []):
+        uniform = card["decode_tokens_per_s"].get("uniform", {})
+        decode = ", ".join(f"{backend} {d['scaled_by_measured']:.1f}" for backend, d in uniform.items()
+                           if backend != "auto")
+        prefill = card["prefill_tokens_per_s"][CHECK_PROMPT]
+        lines.append(f"modelled for {card['card']['name']} (not measured): decode tok/s under uniform routing "
+                     f"{decode or '-'}; prefill {prefill['modelled']:.0f} tok/s at {CHECK_PROMPT:,} tokens")
     peaks = [row["peak_process_bytes"] for row in result["runs"] if "peak_process_bytes" in row]
     if peaks:
         lines.append(f"peak GPU memory of the process: {max(peaks) / 2**30:.2f} GiB")

@@ -1,5 +1,5 @@
 """Print the modelled projection onto real cards (engine/bench_projection.py) and its check against the runs:
-`python tools/gpu/projection_table.py BENCH.json [BENCH.json ...]` (results of `engine bench --json`; older
+`python -m tools.gpu.projection_table BENCH.json [BENCH.json ...]` (results of `engine bench --json`; older
 ones without a "projection" key are projected here the same way).
 """
 
