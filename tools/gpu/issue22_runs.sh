@@ -6,11 +6,12 @@
 #             with every layer's experts on the CPU (--n-cpu-moe 40, the 16,384-token prompt, memory.used sampled
 #             by nvidia-smi every 100 ms) gives what does not depend on N; tools/gpu/llama_vram.py picks the
 #             fewest CPU layers that fit (a GPU layer adds its 432 MiB of Q4_K experts); the measured runs check
-#             it and, if their peak is over the budget, are run once more with the N that peak implies. Then
+#             it and, if their peak is over the budget, are run once more with the N that peak implies (where
+#             even N = 40 is over at -ub $UB, the probe is run again at -ub 512, and that batch is used). Then
 #             prefill of 512, 4,096 and 16,384 tokens (depth 0) and decode of 128 tokens after a 4,096-token
 #             prompt (-d 4096), flash attention on, -ub/-b $UB, all layers on the GPU but the N layers' experts,
 #             16 threads.
-#   llamalaptop   the laptop row's llama.cpp: the 4gb fit (llama_4gb_fit.json of an earlier call, or N=$N),
+#   llamalaptop   the laptop row's llama.cpp: the 4gb fit (llama_4gb_fit.json of this call, or N=... UB=...),
 #             8 threads, prefill of 4,096 and decode of 128 after 4,096. Its link is not held: the throttle of
 #             MoE Desk's bench (--link-gbps) lives in MoE Desk's copy path, and llama.cpp issues its own copies.
 #   llamaub   the prefill batch llama.cpp runs best at: -ub/-b 512, 1024, 2048, 4096 on the 4,096-token prompt,
@@ -52,38 +53,46 @@ measured() {  # name, time limit, llama-bench options: runs it while sampling me
     rc=$?
     sleep 0.3; kill "$sampler"; wait "$sampler" 2> /dev/null
     python3 tools/gpu/llama_vram.py peak "$OUT/llama_$name.samples" "$idle" > "$OUT/llama_$name.vram"
-    echo "llama-bench $name rc=$rc in $((SECONDS - started)) s, peak $(python3 -c \
-        'import sys; print(f"{int(sys.argv[1]) / 2**30:.2f}")' "$(cat "$OUT/llama_$name.vram")") GiB: $*"
+    echo "llama-bench $name rc=$rc in $((SECONDS - started)) s, peak" \
+        "$(awk '{printf "%.2f GiB", $1 / 2^30}' "$OUT/llama_$name.vram")" "(above the idle GPU): $*"
     grep -iE "error|failed" "$OUT/llama_$name.err" | head -3
     return $rc
 }
 
-over() {  # name, budget GiB: true if that run's measured peak is over the budget
-    python3 -c 'import sys; sys.exit(int(sys.argv[1]) <= float(sys.argv[2]) * 2**30)' \
-        "$(cat "$OUT/llama_$1.vram")" "$2"
+over() {  # name, budget GiB: true if that run's measured peak is over the budget (false if unmeasured)
+    awk -v budget="$2" 'NR == 1 { over = $1 > budget * 2^30 } END { exit !over }' "$OUT/llama_$1.vram"
 }
 
 llama_preset() {  # preset, budget GiB, thread counts (comma-separated)
-    local preset=$1 gib=$2 threads=$3 n attempt
-    measured "${preset}_probe" "${PROBE_LIMIT:-120}" -ncmoe "$PROBE_N" -t 16 -ub "$UB" -b "$UB" -p 16384 -n 0 \
+    local preset=$1 gib=$2 threads=$3 ub=$UB n fewer attempt
+    measured "${preset}_probe" "${PROBE_LIMIT:-120}" -ncmoe "$PROBE_N" -t 16 -ub "$ub" -b "$ub" -p 16384 -n 0 \
         -r 1 --no-warmup -v
+    if [ "$ub" -gt 512 ] && over "${preset}_probe" "$gib"; then  # a smaller batch's compute buffer may fit
+        ub=512
+        echo "$preset: over the budget with every expert on the CPU at -ub $UB; probing -ub $ub"
+        measured "${preset}_probe" "${PROBE_LIMIT:-120}" -ncmoe "$PROBE_N" -t 16 -ub "$ub" -b "$ub" -p 16384 -n 0 \
+            -r 1 --no-warmup -v
+    fi
     n=$(python3 tools/gpu/llama_vram.py choose "$gib" "$(cat "$OUT/llama_${preset}_probe.vram")" "$PROBE_N")
     echo "$preset: --n-cpu-moe $n; the probe's GPU buffers (MiB):" \
         "$(python3 tools/gpu/llama_vram.py buffers "$OUT/llama_${preset}_probe.err")"
     for attempt in 1 2; do
-        measured "${preset}_prefill" "${LIMIT:-200}" -ncmoe "$n" -t "$threads" -ub "$UB" -b "$UB" \
+        measured "${preset}_prefill" "${LIMIT:-200}" -ncmoe "$n" -t "$threads" -ub "$ub" -b "$ub" \
             -p 512,4096,16384 -n 0 -r "$REPS"
-        if [ "$attempt" = 1 ] && over "${preset}_prefill" "$gib"; then
-            n=$(python3 tools/gpu/llama_vram.py choose "$gib" "$(cat "$OUT/llama_${preset}_prefill.vram")" "$n")
-            echo "$preset: over the budget; again with --n-cpu-moe $n"
-            continue
+        if [ "$attempt" = 2 ] || ! over "${preset}_prefill" "$gib"; then
+            break
         fi
-        break
+        fewer=$(python3 tools/gpu/llama_vram.py choose "$gib" "$(cat "$OUT/llama_${preset}_prefill.vram")" "$n")
+        if [ "$fewer" = "$n" ]; then
+            echo "$preset: over the budget with every expert on the CPU already: llama.cpp cannot fit it"; break
+        fi
+        n=$fewer
+        echo "$preset: over the budget; again with --n-cpu-moe $n"
     done
-    measured "${preset}_decode" "${LIMIT:-120}" -ncmoe "$n" -t "$threads" -ub "$UB" -b "$UB" -p 0 -n 128 -d 4096 \
+    measured "${preset}_decode" "${LIMIT:-120}" -ncmoe "$n" -t "$threads" -ub "$ub" -b "$ub" -p 0 -n 128 -d 4096 \
         -r "$REPS"
     printf '{"preset": "%s", "budget_bytes": %d, "n_cpu_moe": %d, "ubatch": %d, "probe_n_cpu_moe": %d, %s}\n' \
-        "$preset" "$((gib * 2**30))" "$n" "$UB" "$PROBE_N" "\"attempts\": $attempt" > "$OUT/llama_${preset}_fit.json"
+        "$preset" "$((gib * 2**30))" "$n" "$ub" "$PROBE_N" "\"attempts\": $attempt" > "$OUT/llama_${preset}_fit.json"
 }
 
 for part in "$@"; do
@@ -91,16 +100,18 @@ for part in "$@"; do
         llama4gb) llama_preset 4gb 4 16 ;;
         llama8gb) llama_preset 8gb 8 16 ;;
         llama12gb) llama_preset 12gb 12 16 ;;
-        llamalaptop)
-            n=${N:-$(python3 -c 'import json, sys; print(json.load(open(sys.argv[1]))["n_cpu_moe"])' \
-                "$OUT/llama_4gb_fit.json" 2> /dev/null)}
+        llamalaptop)  # the 4gb fit: this call's llama_4gb_fit.json, or N (and UB) from an earlier call's
+            fit=$(python3 -c 'import json, sys; f = json.load(open(sys.argv[1])); print(f["n_cpu_moe"], f["ubatch"])' \
+                "$OUT/llama_4gb_fit.json" 2> /dev/null)
+            n=${N:-${fit% *}} ub=${fit#* }
+            [ -n "${N:-}" ] && ub=$UB
             if [ -z "$n" ]; then
-                echo "llamalaptop: run llama4gb first in this call, or give N=<its --n-cpu-moe>"; continue
+                echo "llamalaptop: run llama4gb first in this call, or give N=<its --n-cpu-moe> (and UB)"; continue
             fi
-            measured laptop_prefill "${LIMIT:-200}" -ncmoe "$n" -t 8 -ub "$UB" -b "$UB" -p 4096 -n 0 -r "$REPS"
-            measured laptop_decode "${LIMIT:-150}" -ncmoe "$n" -t 8 -ub "$UB" -b "$UB" -p 0 -n 128 -d 4096 -r "$REPS"
+            measured laptop_prefill "${LIMIT:-200}" -ncmoe "$n" -t 8 -ub "$ub" -b "$ub" -p 4096 -n 0 -r "$REPS"
+            measured laptop_decode "${LIMIT:-150}" -ncmoe "$n" -t 8 -ub "$ub" -b "$ub" -p 0 -n 128 -d 4096 -r "$REPS"
             printf '{"preset": "4gb", "budget_bytes": %d, "n_cpu_moe": %d, "ubatch": %d}\n' "$((4 * 2**30))" "$n" \
-                "$UB" > "$OUT/llama_laptop_fit.json" ;;
+                "$ub" > "$OUT/llama_laptop_fit.json" ;;
         llamaub)
             for ub in 512 1024 2048 4096; do
                 measured "ub$ub" "${LIMIT:-120}" -ncmoe "$PROBE_N" -t 16 -ub "$ub" -b "$ub" -p 4096 -n 0 -r 1
