@@ -6,11 +6,11 @@ not measured: it is checked against the run it starts from, and prints its error
 Decode, a token: the GPU's own step (measured with every expert a hit: `fixed` routing) plus its missed experts'
 transfer (transfer_seconds). The ceiling (engine/bench.py) takes the larger of the two, as if they overlapped
 fully; the projection adds them, as the measured decodes show they mostly do not (the check says how well).
-On another card the GPU step keeps the H200's fixed cost (launches, synchronisation) and reads its bytes at
+On another card the GPU step keeps the run's fixed cost (launches, synchronisation) and reads its bytes at
 that card's VRAM bandwidth instead: resident weights, the hits' experts and the KV cache.
 
 Prefill, a chunk: every MoE layer's experts cross the link once, and the GPU computes; the run's 4,096-token
-row gives the H200's compute time a token, taken as the floor on another card, which may instead be bound by
+row gives the run's GPU compute time a token, taken as the floor on another card, which may instead be bound by
 its tensor throughput (2 x the weights a token multiplies, at TENSOR_EFFICIENCY of its dense bf16 peak).
 Plans with prefill overlap take the larger of transfer and compute, the others their sum.
 """
@@ -22,7 +22,7 @@ from dataclasses import asdict, dataclass
 
 from engine.runtime.planner import ModelFootprint
 
-H200_VRAM_BYTES_PER_S = 4.8e12  # NVIDIA's figure for the H200 the runs were measured on
+RUN_GPU_VRAM_BYTES_PER_S = {"H200": 4.8e12, "H100": 3.35e12}  # NVIDIA's figures (SXM) for the runs' GPUs
 DRAM_EFFICIENCY = 0.7  # of a host's peak DRAM bandwidth, what streaming reads reach (STREAM-like)
 TENSOR_EFFICIENCY = 0.5  # of a card's dense bf16 tensor peak (FP32 accumulate), what grouped GEMMs reach
 CHECK_PROMPT = 4096  # the prompt whose prefill row gives the compute time a token, and whose decode is projected
@@ -105,9 +105,10 @@ def matmul_weights_per_token(footprint: ModelFootprint) -> int:
     return c.num_attention_layers * full + c.num_linear_attention_layers * linear + footprint.moe_layers * mlp
 
 
-def card_gpu_step(h200_step: float, h200_bytes: float, card_bytes: float, card: Card) -> float:
-    """The GPU's own step on `card`: the H200's, its bytes read at the card's bandwidth instead."""
-    return max(0.0, h200_step - h200_bytes / H200_VRAM_BYTES_PER_S) + card_bytes / card.vram_bytes_per_s
+def card_gpu_step(run_step: float, run_bytes: float, run_vram_bytes_per_s: float, card_bytes: float,
+                  card: Card) -> float:
+    """The GPU's own step on `card`: the run's, its bytes read at the card's bandwidth instead."""
+    return max(0.0, run_step - run_bytes / run_vram_bytes_per_s) + card_bytes / card.vram_bytes_per_s
 
 
 def card_cpu_rate(card: Card, per_thread_bytes_per_s: float) -> float:
@@ -147,13 +148,25 @@ def _decodes(result: dict):
                 yield row, backend, decode
 
 
-def link_rate(result: dict) -> float:
-    """The rate the run's expert copies crossed at: pageable records at the executor's calibrated pageable
-    copy (staged through a bounce buffer: far below the bare link), else the measured or held link."""
+def copy_rate(result: dict, link_bytes_per_s: float) -> float:
+    """The rate expert copies cross a link at in the run's setting: with pageable records no faster than the
+    executor's calibrated pageable copy (staged through a bounce buffer by the host: far below the bare link)."""
     calibration = result.get("calibration") or {}
     if result.get("pageable_experts") and calibration.get("pageable_bytes_per_s"):
-        return min(calibration["pageable_bytes_per_s"], result["expert_link_bytes_per_s"])
-    return result["expert_link_bytes_per_s"]
+        return min(calibration["pageable_bytes_per_s"], link_bytes_per_s)
+    return link_bytes_per_s
+
+
+def link_rate(result: dict) -> float:
+    """The rate the run's own expert copies crossed at (its measured or held link)."""
+    return copy_rate(result, result["expert_link_bytes_per_s"])
+
+
+def run_vram_bytes_per_s(result: dict) -> float:
+    """The VRAM bandwidth of the GPU the run was measured on, where known (else infinite: its whole step is then
+    taken as fixed cost, which no card's bandwidth changes)."""
+    name = result.get("device_name", "")
+    return next((rate for model, rate in RUN_GPU_VRAM_BYTES_PER_S.items() if model in name), float("inf"))
 
 
 def _prefill_compute(result: dict, chunk_bytes: float) -> float | None:
@@ -172,6 +185,7 @@ def _prefill_compute(result: dict, chunk_bytes: float) -> float | None:
 
 
 def _model_decode(decode: dict, backend: str, result: dict, footprint: ModelFootprint, rates: Rates) -> float:
+    """The formula's decode (tokens/s) for one measured decode's misses, at `rates`."""
     record = footprint.expert_layer_bytes / footprint.experts_per_layer
     miss_bytes = missed_share(decode) * footprint.moe_layers * footprint.config.num_experts_per_tok * record
     used = backend_used(decode, backend, result["expert_backend"])
@@ -179,6 +193,7 @@ def _model_decode(decode: dict, backend: str, result: dict, footprint: ModelFoot
 
 
 def _error_summary(errors: list[float]) -> dict:
+    """How many rows, their median and largest error in size, and the mean error with its sign."""
     magnitudes = [abs(e) for e in errors]
     return {"rows": len(errors), "median_abs_error": statistics.median(magnitudes) if errors else None,
             "max_abs_error": max(magnitudes) if errors else None,
@@ -224,34 +239,32 @@ def project_card(result: dict, footprint: ModelFootprint, card: Card, checked: d
     calibration = result.get("calibration") or {}
     chunk_bytes = footprint.moe_layers * footprint.expert_layer_bytes
     context = CHECK_PROMPT + max((r.get("decode_tokens", 0) for r in result["runs"]), default=0) // 2
-    h200_fixed_bytes = gpu_bytes_per_token(footprint, 1.0, context)  # the fixed step: every expert a hit
+    run_fixed_bytes = gpu_bytes_per_token(footprint, 1.0, context)  # the fixed step: every expert a hit
     per_thread = (calibration["cpu_bytes_per_s"] / calibration["cpu_threads"]
                   if calibration.get("cpu_bytes_per_s") and calibration.get("cpu_threads") else None)
     cpu = card_cpu_rate(card, per_thread) if per_thread else None
     compute = max(checked["prefill_compute_seconds_per_token"],
                   2 * matmul_weights_per_token(footprint) / (TENSOR_EFFICIENCY * card.tensor_flops))
-    link = card.pcie_bytes_per_s
-    if result.get("pageable_experts") and calibration.get("pageable_bytes_per_s"):
-        link = min(link, calibration["pageable_bytes_per_s"])  # the staged copy is the host's, not the link's
+    link = copy_rate(result, card.pcie_bytes_per_s)
     measured = {(d["routing"], d["backend"]): d for d in checked["decode"]}
     decode = {}
     for row, backend, d in _decodes(result):
         hits = 1.0 - missed_share(d)
-        step = card_gpu_step(result["gpu_step_seconds"], h200_fixed_bytes,
+        step = card_gpu_step(result["gpu_step_seconds"], run_fixed_bytes, run_vram_bytes_per_s(result),
                              gpu_bytes_per_token(footprint, hits, context), card)
         modelled = _model_decode(d, backend, result, footprint, Rates(step, link, cpu, compute))
-        h200 = measured[(row["routing"], backend)]
+        on_run = measured[(row["routing"], backend)]
         decode.setdefault(row["routing"], {})[backend] = {
-            "modelled": modelled, "scaled_by_measured": modelled * h200["measured"] / h200["modelled"]}
+            "modelled": modelled, "scaled_by_measured": modelled * on_run["measured"] / on_run["modelled"]}
     plan = result["plan"]
     prefill = {}
-    h200_prefill = {p["prompt_tokens"]: p for p in checked["prefill"]}
+    run_prefill = {p["prompt_tokens"]: p for p in checked["prefill"]}
     for tokens in prompts:
         seconds = prefill_seconds(tokens, plan["prefill_chunk_tokens"], chunk_bytes, link, compute,
                                   plan["prefill_overlap"])
         entry = {"modelled": tokens / seconds, "time_to_first_token_s": seconds}
-        if tokens in h200_prefill:
-            entry["scaled_by_measured"] = entry["modelled"] / (1.0 + h200_prefill[tokens]["error"])
+        if tokens in run_prefill:
+            entry["scaled_by_measured"] = entry["modelled"] / (1.0 + run_prefill[tokens]["error"])
         prefill[tokens] = entry
     return {"card": asdict(card), "pageable_experts": bool(result.get("pageable_experts")),
             "link_bytes_per_s": link, "cpu_bytes_per_s": cpu, "prefill_compute_seconds_per_token": compute,

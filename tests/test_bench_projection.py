@@ -44,8 +44,12 @@ def test_prefill_sums_or_overlaps_each_chunk_including_the_last_short_one():
 
 def test_the_gpu_step_keeps_the_fixed_cost_and_reads_at_the_cards_bandwidth():
     card = bp.Card("test", "4gb", 100e9, 1e9, 8, 50e9, 1e12, "")
-    h200_bytes = 2.4e9  # 0.5 ms at 4.8 TB/s
-    assert bp.card_gpu_step(0.006, h200_bytes, 1e9, card) == pytest.approx(0.0055 + 0.010)
+    run_bytes = 2.4e9  # 0.5 ms at 4.8 TB/s
+    assert bp.card_gpu_step(0.006, run_bytes, 4.8e12, 1e9, card) == pytest.approx(0.0055 + 0.010)
+    assert bp.run_vram_bytes_per_s({"device_name": "NVIDIA H200"}) == 4.8e12
+    # an unknown GPU: its whole step counts as fixed cost
+    assert bp.card_gpu_step(0.006, run_bytes, bp.run_vram_bytes_per_s({"device_name": "?"}), 1e9, card) == \
+        pytest.approx(0.006 + 0.010)
 
 
 def test_cpu_rate_is_the_threads_until_the_dram_runs_out():
@@ -84,7 +88,7 @@ def run_result(preset="4gb", slow=1.0, pageable=False):
                             "decode_cpu_expert_share": share}
     chunk_bytes = 40 * footprint.expert_layer_bytes
     prefill_4096 = 4096 / (4 * chunk_bytes / pcie + 4096 * 0.0002)  # 0.2 ms a token beside the link
-    return {"model": MODEL, "expert_backend": "hybrid", "pageable_experts": pageable, "gpu_step_seconds": gpu_step,
+    return {"model": MODEL, "device_name": "NVIDIA H200", "expert_backend": "hybrid", "pageable_experts": pageable, "gpu_step_seconds": gpu_step,
             "expert_link_bytes_per_s": pcie,
             "calibration": {"cpu_bytes_per_s": cpu, "cpu_threads": 16, "pageable_bytes_per_s": 5e9},
             "plan": {"preset": preset, "prefill_chunk_tokens": 1024, "prefill_overlap": False},
