@@ -144,3 +144,14 @@ def test_the_laptop_rows_compare_the_held_link_with_llama_cpp_at_8_threads(resul
     assert "link not held" in laptop[2].engine and laptop[2].prefill == {4096: 300.0}
     auto = next(line for line in side_by_side.table([laptop]).splitlines() if "auto (chose cpu)" in line)
     assert "| 1.23x short of 1.5x |" in auto  # 37 / 30
+
+
+def test_the_batch_sweep_lists_each_size_in_order_with_its_peak(tmp_path, capsys):
+    for ub, rate in ((2048, 900.0), (512, 600.0)):
+        test = dict(llama_test(4096, 0, 16, rate, n_cpu_moe=40), n_ubatch=ub, n_batch=ub)
+        (tmp_path / f"llama_ub{ub}.json").write_text(json.dumps([test]))
+    (tmp_path / "llama_ub2048.vram").write_text(str(3 * GIB))
+    assert side_by_side.main([str(tmp_path)]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0].startswith("llama.cpp -ub/-b 512: prefill 600 tok/s") and lines[0].endswith("peak unmeasured")
+    assert lines[1].startswith("llama.cpp -ub/-b 2048: prefill 900 tok/s") and lines[1].endswith("peak 3.00 GiB")

@@ -173,6 +173,19 @@ def sections(folder: Path, routing: str) -> list[tuple[str, list[Row], Row | Non
     return found
 
 
+def ubatch_lines(folder: Path) -> list[str]:
+    """llama.cpp's prefill at each batch size the `llamaub` part measured, with its peak VRAM."""
+    lines = []
+    for path in sorted(folder.glob("llama_ub*.json"), key=lambda p: int(p.stem.removeprefix("llama_ub") or 0)):
+        rows = load_llama_bench(path)
+        peak = _read(path.with_suffix(".vram")).strip()
+        peak_text = f"{int(peak) / GIB:.2f} GiB" if peak.isdigit() else "unmeasured"
+        if rows:
+            lines.append(f"llama.cpp -ub/-b {rows[0]['n_ubatch']}: prefill {rows[0]['avg_ts']:,.0f} tok/s at "
+                         f"{rows[0]['n_prompt']:,} tokens, every expert on the CPU, peak {peak_text}")
+    return lines
+
+
 def main(argv: list[str]) -> int:
     """Print the table for a results folder; say what is missing rather than fail."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -180,11 +193,12 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--routing", default="uniform", help="MoE Desk's forced routing to compare (default uniform)")
     args = parser.parse_args(argv)
     found = sections(args.folder, args.routing)
-    if not found:
+    batches = ubatch_lines(args.folder)
+    if not found and not batches:
         print(f"side_by_side: no bench_<preset>.json or llama_<preset>_*.json in {args.folder}; run "
               f"tools/gpu/issue22_runs.sh there first", file=sys.stderr)
         return 1
-    print(table(found))
+    print("\n\n".join(part for part in (table(found) if found else "", "\n".join(batches)) if part))
     print(f"\nMoE Desk: routing {args.routing}, decode {DECODE_AFTER:,}-token prompt first; llama.cpp: llama-bench "
           f"decode after -d {DECODE_AFTER}, TTFT = its prompt-only test's mean time (avg_ns), peak VRAM = "
           f"nvidia-smi memory.used above the idle GPU, sampled every 100 ms.")
