@@ -88,8 +88,8 @@ def run_result(preset="4gb", slow=1.0, pageable=False):
                             "decode_cpu_expert_share": share}
     chunk_bytes = 40 * footprint.expert_layer_bytes
     prefill_4096 = 4096 / (4 * chunk_bytes / pcie + 4096 * 0.0002)  # 0.2 ms a token beside the link
-    return {"model": MODEL, "device_name": "NVIDIA H200", "expert_backend": "hybrid", "pageable_experts": pageable, "gpu_step_seconds": gpu_step,
-            "expert_link_bytes_per_s": pcie,
+    return {"model": MODEL, "device_name": "NVIDIA H200", "expert_backend": "hybrid", "pageable_experts": pageable,
+            "gpu_step_seconds": gpu_step, "expert_link_bytes_per_s": pcie,
             "calibration": {"cpu_bytes_per_s": cpu, "cpu_threads": 16, "pageable_bytes_per_s": 5e9},
             "plan": {"preset": preset, "prefill_chunk_tokens": 1024, "prefill_overlap": False},
             "runs": [{"prompt_tokens": 4096, "routing": "uniform", "decode_tokens": 128,
