@@ -17,6 +17,7 @@ from pathlib import Path
 import torch
 
 from engine.bench_hf import hf_offload_row
+from engine.bench_projection import CHECK_PROMPT, backend_used, missed_share, projection, transfer_seconds
 from engine.checkpoint import Checkpoint, TensorShard
 from engine.experts.link import LinkLimit, LinkLimitError
 from engine.experts.routing import NOTES as ROUTING_NOTES
@@ -204,10 +205,7 @@ def decode_ceiling(miss_bytes_per_token: float, gpu_step_seconds: float, pcie_by
     """The fastest decode (tokens/s) the hardware allows a backend: a token's missed expert bytes cross PCIe
     (offload), are read by the CPU (cpu) or both at once (hybrid), beside the GPU's own step; whichever of the
     two takes longer sets the pace (an upper bound: they could at best overlap fully)."""
-    rates = {"offload": pcie_bytes_per_s, "cpu": cpu_bytes_per_s or 0.0,
-             "hybrid": pcie_bytes_per_s + (cpu_bytes_per_s or 0.0)}
-    rate = rates.get(backend, pcie_bytes_per_s)
-    transfer = miss_bytes_per_token / rate if rate else float("inf")
+    transfer = transfer_seconds(miss_bytes_per_token, pcie_bytes_per_s, cpu_bytes_per_s, backend)
     return 1.0 / max(gpu_step_seconds, transfer)
 
 
@@ -229,13 +227,8 @@ def _add_ceilings(result: dict, record_bytes: int, moe_layers: int, top_k: int,
         for backend, decode in (row.get("decode_by_backend") or {None: row}).items():
             if "decode_expert_cache_hit_rate" not in decode:
                 continue
-            # the cpu backend counts the experts it computes as hits of the GPU cache; they are still read from
-            # host memory, so what the CPU computed counts as missed bytes too
-            missed = max(1.0 - decode["decode_expert_cache_hit_rate"], decode.get("decode_cpu_expert_share", 0.0))
-            misses = missed * moe_layers * top_k * record_bytes
-            used = backend or result["expert_backend"]
-            if used == "auto":  # paced by the backend its trial chose
-                used = decode.get("decode_auto_trial", {}).get("chosen", used)
+            misses = missed_share(decode) * moe_layers * top_k * record_bytes
+            used = backend_used(decode, backend, result["expert_backend"])
             ceiling = decode_ceiling(misses, gpu_step, pcie, cpu, used)
             decode["decode_ceiling_tokens_per_s"] = ceiling
             decode["decode_vs_ceiling"] = decode["decode_tokens_per_s"] / ceiling
@@ -315,6 +308,9 @@ def run_bench(name: str, device: str, prompt_lengths: list[int], decode_tokens: 
     if packed and "expert_link_bytes_per_s" in result:
         _add_ceilings(result, next(iter(packed.values())).layout.record_bytes, len(packed),
                       model.config.num_experts_per_tok, gpu_step_seconds)
+        projected = projection(result, footprint_from_synthetic(name)) if plan is not None else None
+        if projected is not None:
+            result["projection"] = projected
     if hf_baseline:
         del model, routing  # its expert records and weights make room for the other model
         gc.collect()
@@ -402,6 +398,13 @@ def format_result(result: dict) -> str:
         lines.append(f"baseline, {baseline['baseline']}: " + (baseline.get("skipped") or baseline.get("error") or (
             f"{baseline['prompt_tokens']}-token prompt, prefill {baseline['prefill_tokens_per_s']:.1f} tok/s, "
             f"decode {baseline['decode_tokens_per_s']:.2f} tok/s")))
+    for card in (result.get("projection") or {}).get("cards", []):
+        uniform = card["decode_tokens_per_s"].get("uniform", {})
+        decode = ", ".join(f"{backend} {d['scaled_by_measured']:.1f}" for backend, d in uniform.items()
+                           if backend != "auto")
+        prefill = card["prefill_tokens_per_s"][CHECK_PROMPT]
+        lines.append(f"modelled for {card['card']['name']} (not measured): decode tok/s under uniform routing "
+                     f"{decode or '-'}; prefill {prefill['modelled']:.0f} tok/s at {CHECK_PROMPT:,} tokens")
     peaks = [row["peak_process_bytes"] for row in result["runs"] if "peak_process_bytes" in row]
     if peaks:
         lines.append(f"peak GPU memory of the process: {max(peaks) / 2**30:.2f} GiB")

@@ -9,7 +9,7 @@
 #   4gb|8gb|12gb  one preset: prompts 4,096 (then decode 128), 512, 16,384 and the preset's guarantee,
 #             routings uniform, locality and fixed (the GPU's own step, for the combined ceiling), every
 #             backend. 4gb's cache cannot hold a fixed step's 320 experts: it takes the GPU step from an
-#             earlier part of the same call (12gb or 8gb)
+#             earlier part of the same call (12gb or 8gb), or GPU_STEP_MS from an earlier call
 #   pageable  the field report's case at 4gb: records pageable, 8 CPU threads, every backend and auto
 #   laptop    the field report's laptop emulated (issue 22): 4gb, expert copies held to 6.5 GB/s (PCIe 4.0 x4),
 #             8 CPU threads, records pinned then pageable, every backend and auto, decode 64 after 4,096
@@ -27,7 +27,8 @@ guarantee() {  # the preset's guaranteed prompt on this GPU (measured reserve)
         | python3 -c 'import json, sys; print(json.load(sys.stdin)["max_prompt_tokens"])'
 }
 
-gpu_step_ms() {  # the GPU's own step an earlier part of this call measured, if any
+gpu_step_ms() {  # the GPU's own step: GPU_STEP_MS (ms, from an earlier call), or one an earlier part measured
+    [ -n "${GPU_STEP_MS:-}" ] && echo "--gpu-step-ms $GPU_STEP_MS" && return
     for f in "$OUT"/bench_12gb.json "$OUT"/bench_8gb.json; do
         [ -s "$f" ] && python3 -c 'import json, sys; r = json.load(open(sys.argv[1]))
 if "gpu_step_seconds" in r: print("--gpu-step-ms", 1e3 * r["gpu_step_seconds"])' "$f" && return
