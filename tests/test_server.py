@@ -221,3 +221,63 @@ def test_concurrent_clients_are_answered_or_refused_with_429(server):
         time.sleep(0.01)
     assert server.worker.queued == 0 and not server.worker.busy
     assert httpx.get(f"{server.base_url}/health", headers={"x-api-key": API_KEY}).status_code == 200
+
+
+MULTIPLY = {"type": "function", "function": {
+    "name": "multiply", "description": "Multiply two whole numbers and return their product.",
+    "parameters": {"type": "object", "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}},
+                   "required": ["a", "b"]}}}
+PRODUCT = [{"role": "user", "content": "What is 23 times 47?"}]
+
+
+def test_openai_tool_round_trip_streams_the_call_then_answers_from_the_result(client):
+    """The demo model calls the multiply tool (streamed arguments), then answers from the tool's result."""
+    chunks = list(client.chat.completions.create(model="demo", messages=PRODUCT, tools=[MULTIPLY], temperature=0,
+                                                  max_tokens=200, stream=True))
+    deltas = [c.choices[0].delta for c in chunks if c.choices]
+    calls = [call for d in deltas for call in (d.tool_calls or [])]
+    assert calls[0].function.name == "multiply" and calls[0].id
+    arguments = json.loads("".join(call.function.arguments or "" for call in calls))
+    assert arguments == {"a": 23, "b": 47}
+    assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] == "tool_calls"
+    assert "multiply tool" in "".join(getattr(d, "reasoning_content", None) or "" for d in deltas)
+    history = PRODUCT + [
+        {"role": "assistant", "content": None, "tool_calls": [{"id": calls[0].id, "type": "function", "function": {
+            "name": "multiply", "arguments": json.dumps(arguments)}}]},
+        {"role": "tool", "tool_call_id": calls[0].id, "content": str(23 * 47)}]
+    answer = client.chat.completions.create(model="demo", messages=history, tools=[MULTIPLY], temperature=0,
+                                            max_tokens=120)
+    assert answer.choices[0].finish_reason == "stop" and not answer.choices[0].message.tool_calls
+    assert "1081" in answer.choices[0].message.content
+
+
+def test_anthropic_tool_round_trip_uses_tool_use_and_tool_result_blocks(claude):
+    tool = {"name": "multiply", "description": MULTIPLY["function"]["description"],
+            "input_schema": MULTIPLY["function"]["parameters"]}
+    with claude.messages.stream(model="demo", max_tokens=200, messages=PRODUCT, tools=[tool],
+                                extra_body={"temperature": 0}) as stream:
+        kinds = [event.type for event in stream]
+        call = stream.get_final_message()
+    assert "input_json" in kinds  # the arguments arrive as input_json_delta events
+    assert call.stop_reason == "tool_use"
+    use = [block for block in call.content if block.type == "tool_use"]
+    assert len(use) == 1 and use[0].name == "multiply" and use[0].input == {"a": 23, "b": 47}
+    answer = claude.messages.create(model="demo", max_tokens=120, tools=[tool], extra_body={"temperature": 0},
+                                    messages=PRODUCT + [
+                                        {"role": "assistant", "content": call.content},
+                                        {"role": "user", "content": [{"type": "tool_result", "tool_use_id": use[0].id,
+                                                                      "content": "1081"}]}])
+    assert answer.stop_reason == "end_turn" and "1081" in answer.content[-1].text
+
+
+def test_the_fifth_turn_of_a_chat_is_answered_as_in_a_fresh_one(client):
+    """The field report's chat: four sums answered, then 345 + 678 in the fifth turn, the model's own replies
+    as history."""
+    messages = []
+    for question in ["What is 12 + 30?", "What is 250 - 75?", "What is 99 + 1?", "What is 500 - 499?",
+                     "What is 345 + 678?"]:
+        messages.append({"role": "user", "content": question})
+        reply = client.chat.completions.create(model="demo", messages=messages, temperature=0, max_tokens=200)
+        messages.append({"role": "assistant", "content": reply.choices[0].message.content})
+    assert [m["content"] for m in messages[1::2]] == [
+        "12 + 30 = 42.", "250 - 75 = 175.", "99 + 1 = 100.", "500 - 499 = 1.", "345 + 678 = 1023."]
