@@ -281,3 +281,49 @@ def test_the_fifth_turn_of_a_chat_is_answered_as_in_a_fresh_one(client):
         messages.append({"role": "assistant", "content": reply.choices[0].message.content})
     assert [m["content"] for m in messages[1::2]] == [
         "12 + 30 = 42.", "250 - 75 = 175.", "99 + 1 = 100.", "500 - 499 = 1.", "345 + 678 = 1023."]
+
+
+def test_tool_choice_required_makes_the_model_call_a_tool(client, claude):
+    """A sum needs no tool, so the demo model answers it; tool_choice required (OpenAI) and any (Anthropic)
+    open the answer with <tool_call>, and the model writes the call from there."""
+    sum_question = [{"role": "user", "content": "What is 12 + 30?"}]
+    free = client.chat.completions.create(model="demo", messages=sum_question, tools=[MULTIPLY], temperature=0,
+                                          max_tokens=120)
+    assert free.choices[0].finish_reason == "stop" and free.choices[0].message.content == "12 + 30 = 42."
+    forced = client.chat.completions.create(model="demo", messages=sum_question, tools=[MULTIPLY], temperature=0,
+                                            max_tokens=120, tool_choice="required")
+    assert forced.choices[0].finish_reason == "tool_calls"
+    assert [(c.function.name, json.loads(c.function.arguments)) for c in forced.choices[0].message.tool_calls] \
+        == [("multiply", {"a": 12, "b": 30})]
+    tool = {"name": "multiply", "input_schema": MULTIPLY["function"]["parameters"]}
+    reply = claude.messages.create(model="demo", max_tokens=120, messages=sum_question, tools=[tool],
+                                   tool_choice={"type": "any"}, extra_body={"temperature": 0})
+    assert reply.stop_reason == "tool_use"
+    assert [(b.name, b.input) for b in reply.content if b.type == "tool_use"] == [("multiply", {"a": 12, "b": 30})]
+
+
+def test_a_named_tool_choice_calls_that_tool(client, claude):
+    """Asked for a product, the demo model calls multiply by itself; naming the tool with thinking off (the
+    call forced from the answer's first token) gives the same call."""
+    for thinking in (True, False):
+        reply = client.chat.completions.create(
+            model="demo", messages=PRODUCT, tools=[MULTIPLY], temperature=0, max_tokens=160,
+            tool_choice={"type": "function", "function": {"name": "multiply"}},
+            extra_body={"chat_template_kwargs": {"enable_thinking": thinking}})
+        calls = reply.choices[0].message.tool_calls
+        assert [(c.function.name, json.loads(c.function.arguments)) for c in calls] == [("multiply", {"a": 23, "b": 47})]
+    tool = {"name": "multiply", "input_schema": MULTIPLY["function"]["parameters"]}
+    message = claude.messages.create(model="demo", max_tokens=160, messages=PRODUCT, tools=[tool],
+                                     tool_choice={"type": "tool", "name": "multiply"}, extra_body={"temperature": 0})
+    assert [(b.name, b.input) for b in message.content if b.type == "tool_use"] == [("multiply", {"a": 23, "b": 47})]
+
+
+@pytest.mark.parametrize("choice, tools, param", [
+    ({"type": "function", "function": {"name": "add"}}, [MULTIPLY], "tool_choice.function.name"),
+    ("required", [], "tool_choice"),
+    ({"type": "function"}, [MULTIPLY], "tool_choice.function")])
+def test_a_tool_choice_that_cannot_be_met_is_a_400_naming_it(server, choice, tools, param):
+    body = {"model": "demo", "messages": PRODUCT, "tools": tools, "tool_choice": choice, "max_tokens": 4}
+    answer = httpx.post(f"{server.base_url}/v1/chat/completions", json=body,
+                        headers={"Authorization": f"Bearer {API_KEY}"})
+    assert answer.status_code == 400 and answer.json()["error"]["param"] == param, answer.text

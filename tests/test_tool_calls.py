@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 
 from engine.runtime.tokenizer import ChatTokenizer, IncrementalDetokenizer
-from engine.runtime.tool_calls import (TextDelta, ToolCallArgumentsDelta, ToolCallFinished, ToolCallParser,
-                                       ToolCallStarted, ToolCallWarning, tool_call_style)
+from engine.runtime.tool_calls import (CALL_OPEN, TextDelta, ToolCallArgumentsDelta, ToolCallFinished, ToolCallParser,
+                                       ToolCallStarted, ToolCallWarning, call_opening, tool_call_style)
 
 REAL_TOKENIZERS = Path(__file__).parent / "fixtures" / "real-tokenizers"
 
@@ -460,3 +460,16 @@ def test_arbitrary_text_never_breaks_the_parser_and_is_never_lost(style):
         cuts = sorted(rng.sample(range(len(answer) + 1), min(len(answer) + 1, 6)))
         chunks = [answer[a:b] for a, b in zip([0] + cuts, cuts + [len(answer)])]
         assert joined(parse(style, chunks)) == events, chunks
+
+
+def test_a_call_opening_parses_as_the_start_of_that_call():
+    """The opening a required call is forced to, followed by arguments, reads as a call of that tool, in both
+    styles; a name with quotes stays one JSON string."""
+    # with no tool specs to read types from, qwen_xml's values stay strings
+    for style, rest, arguments in [("qwen_xml", "<parameter=a>\n2\n</parameter>\n</function>\n</tool_call>", {"a": "2"}),
+                                   ("qwen_json", '{"a": 2}}\n</tool_call>', {"a": 2})]:
+        for name in ("multiply", 'say "hi"'):
+            parser = ToolCallParser(style)
+            events = parser.feed(CALL_OPEN + call_opening(style, name) + rest) + parser.finish()
+            finished = [e for e in events if isinstance(e, ToolCallFinished)]
+            assert [(f.name, f.arguments) for f in finished] == [(name, arguments)], (style, name, events)

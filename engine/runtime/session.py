@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, replace
 
 import torch
@@ -162,15 +162,17 @@ class ChatSession:
     # ---- whole requests (an HTTP API: every request carries its conversation) --------------------
 
     def complete(self, prompt: Prompt, *, sampling: SamplingParams | None = None,
-                 prefix_cache: PrefixCache | None = None) -> Iterator:
+                 prefix_cache: PrefixCache | None = None, answer_start: Sequence[int] = ()) -> Iterator:
         """Stream the reply to a whole prompt (chat_prompt or text_prompt) as send() does, starting from the
         longest prefix of its tokens that `prefix_cache` holds; the states at the prompt's save points and at
-        the end of the reply go into it for the requests that follow. The session's own conversation is
-        cleared; a cancel() from now on stops the reply."""
+        the end of the reply go into it for the requests that follow. `answer_start`: tokens the answer is made
+        to begin with (fed and shown as if sampled, after the reasoning), e.g. the opening of a required tool
+        call. The session's own conversation is cleared; a cancel() from now on stops the reply."""
         self._cancel.clear()
-        return self._complete(prompt, sampling, prefix_cache)
+        return self._complete(prompt, sampling, prefix_cache, tuple(answer_start))
 
-    def _complete(self, prompt: Prompt, sampling: SamplingParams | None, prefix_cache: PrefixCache | None) -> Iterator:
+    def _complete(self, prompt: Prompt, sampling: SamplingParams | None, prefix_cache: PrefixCache | None,
+                  answer_start: tuple[int, ...]) -> Iterator:
         params = sampling or self.sampling
         sampler = Sampler(replace(params, stop=tuple(params.stop)))
         self.messages, self._synced, self._boundaries, self._pending = [], 0, [], ()
@@ -194,7 +196,7 @@ class ChatSession:
         self._boundaries = [_Boundary(0, self._state.snapshot(), len(self._fed), ())]
         reply = _Reply(self, sampler, ids[len(self._fed):], prompt.rendered,
                        start_logits=hit.logits if hit else None, prefix_cache=prefix_cache, restored=hit,
-                       save_at={*prompt.save_at, len(ids)}, started=started)
+                       save_at={*prompt.save_at, len(ids)}, started=started, answer_start=answer_start)
         yield from reply.run()
         self.messages, self._synced = [], 0  # the reply is not a turn of the session's own conversation
 
@@ -278,11 +280,12 @@ class _Reply:
     def __init__(self, session: ChatSession, sampler: Sampler, prompt_ids: list[int], rendered: str, *,
                  start_logits: torch.Tensor | None = None, prefix_cache: PrefixCache | None = None,
                  restored: CachedPrefix | None = None, save_at: frozenset[int] = frozenset(),
-                 started: float | None = None):
+                 started: float | None = None, answer_start: tuple[int, ...] = ()):
         """prompt_ids: what the state still needs; start_logits: the state's last token's logits, for when that
         is nothing; the states once `save_at` tokens are in (counted from the sequence's start), and the state
         at the end of the reply, go into prefix_cache, sharing the KV blocks of `restored` (the entry the state
-        was loaded from) and of each other. `started`: when the request began (default: when run() does)."""
+        was loaded from) and of each other. `started`: when the request began (default: when run() does);
+        `answer_start`: tokens forced where the answer begins."""
         self.session, self.sampler, self.prompt_ids = session, sampler, prompt_ids
         self.logits, self.prefix_cache, self.save_at = start_logits, prefix_cache, save_at
         self.cached, self.started = restored, started  # cached: the latest entry of this state's sequence
@@ -297,6 +300,11 @@ class _Reply:
         self.thoughts: list[str] = []
         self.segment_started = False  # leading newlines of a segment are template layout, not text
         self.prompt_tokens = session.context_used  # until the prefill has run
+        # forced tokens waiting to be fed: the answer's start now, or once the model closes its reasoning, after
+        # the blank line the templates put between reasoning and answer
+        self.forced: list[int] = [] if self.reasoning or not answer_start else list(answer_start)
+        self.forced_after_reasoning = tuple(tok.encode("\n\n")) + answer_start if self.reasoning and answer_start \
+            else ()
 
     def run(self) -> Iterator:
         s = self.session
@@ -340,10 +348,12 @@ class _Reply:
         while len(generated) < budget:
             if s._cancel.is_set():
                 return "cancelled"
-            token = self.sampler(logits, s._fed, generated)
+            token = self.forced.pop(0) if self.forced else self.sampler(logits, s._fed, generated)
             generated.append(token)
             if token in s.tokenizer.eos_token_ids:
                 return "eos"
+            if token == self.think_end and self.forced_after_reasoning:
+                self.forced, self.forced_after_reasoning = list(self.forced_after_reasoning), ()
             events, stopped = self._emit(token)
             yield from events
             if stopped:

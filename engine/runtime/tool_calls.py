@@ -89,6 +89,15 @@ class ToolCallWarning:
     index: int | None = None
 
 
+def call_opening(style: str, name: str) -> str:
+    """The text that follows <tool_call> in a call of `name` in `style`, up to its arguments."""
+    if style not in STYLES:
+        raise ValueError(f"unknown tool-call style {style!r}; use one of {', '.join(STYLES)}")
+    if style == "qwen_xml":
+        return f"\n{FUNCTION_OPEN}{name}>\n"
+    return f'\n{{"name": {json.dumps(name, ensure_ascii=False)}, "arguments": '
+
+
 def tool_call_style(template_source: str | None) -> str | None:
     """Name the tool-call format a chat template renders ("qwen_xml" or "qwen_json"), or None for another."""
     if not template_source:

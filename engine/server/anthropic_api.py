@@ -17,7 +17,8 @@ from engine.server import fields
 from engine.server.fields import BadRequest, get
 from engine.server.http import drain, error_response, prepare
 from engine.server.openai_api import read_sampling
-from engine.server.replies import EngineFailed, Reply, ToolAbandoned, reply_events, tool_parser
+from engine.server.replies import (EngineFailed, Reply, RequiredCall, ToolAbandoned, reply_events,
+                                   required_call_ids, tool_parser)
 
 _STOP_REASONS = {"eos": "end_turn", "stop": "stop_sequence", "length": "max_tokens"}
 
@@ -26,6 +27,7 @@ _STOP_REASONS = {"eos": "end_turn", "stop": "stop_sequence", "length": "max_toke
 class Chat:
     messages: list[dict]
     tools: list[dict] | None
+    required_call: RequiredCall | None
     enable_thinking: bool
 
 
@@ -124,6 +126,24 @@ def read_tools(body: dict) -> list[dict] | None:
     return tools or None if not (choice and choice.get("type") == "none") else None
 
 
+def read_tool_choice(body: dict, tools: list[dict] | None) -> RequiredCall | None:
+    """The call tool_choice requires: {"type": "any"} (any of the tools) or {"type": "tool", "name": ...} (that
+    one); None for auto and none."""
+    choice = get(body, "tool_choice", dict)
+    if choice is None or choice.get("type") in ("auto", "none"):
+        return None
+    names = [tool["function"]["name"] for tool in tools or ()]
+    required = RequiredCall(get(choice, "name", str, where="tool_choice.", required=True)
+                            if choice["type"] == "tool" else None)
+    if required.name is not None and required.name not in names:
+        raise BadRequest(f"'tool_choice.name' is {required.name!r}, which is not one of the request's tools "
+                         f"({', '.join(map(repr, names)) or 'none'})", "tool_choice.name")
+    if not names:
+        raise BadRequest("'tool_choice' requires a tool call but 'tools' is empty: send the tools, or tool_choice "
+                         "auto", "tool_choice")
+    return required
+
+
 def read_chat(body: dict, *, require_max_tokens: bool = True) -> Chat:
     if require_max_tokens:
         get(body, "max_tokens", int, required=True)
@@ -131,7 +151,8 @@ def read_chat(body: dict, *, require_max_tokens: bool = True) -> Chat:
     if thinking is not None and thinking.get("type") not in ("enabled", "disabled", "adaptive"):
         raise BadRequest("'thinking.type' must be enabled, disabled or adaptive", "thinking.type")
     enable = thinking is None or thinking.get("type") != "disabled"  # absent: the model's own default, on
-    return Chat(read_messages(body), read_tools(body), enable)
+    tools = read_tools(body)
+    return Chat(read_messages(body), tools, read_tool_choice(body, tools), enable)
 
 
 def _usage(final: TurnFinished) -> dict:
@@ -158,8 +179,10 @@ async def messages(request: Request, body: dict, context):
     prompt = await prepare(context, lambda: chat_prompt(context.tokenizer, chat.messages, tools=chat.tools,
                                                         enable_thinking=chat.enable_thinking))
     parser = tool_parser(context.tokenizer.template_source, chat.tools, sampling.seed)
+    opening = required_call_ids(context.tokenizer, chat.required_call)
     job = context.worker.submit(lambda session: session.complete(prompt, sampling=sampling,
-                                                                 prefix_cache=context.worker.prefix_cache))
+                                                                 prefix_cache=context.worker.prefix_cache,
+                                                                 answer_start=opening))
     ident = f"msg_{uuid.uuid4().hex[:24]}"
     reply = Reply()
     events = reply_events(job, parser, reply)

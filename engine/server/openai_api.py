@@ -17,7 +17,8 @@ from engine.runtime.tool_calls import ToolCallArgumentsDelta, ToolCallFinished, 
 from engine.server import fields
 from engine.server.fields import BadRequest, get
 from engine.server.http import drain, error_response, prepare, unix_now
-from engine.server.replies import EngineFailed, Reply, reply_events, tool_parser
+from engine.server.replies import (EngineFailed, Reply, RequiredCall, reply_events, required_call_ids,
+                                   tool_parser)
 
 _THINKING_EFFORTS = {"none": False, "minimal": False, "low": True, "medium": True, "high": True, "xhigh": True}
 
@@ -28,6 +29,7 @@ class Chat:
 
     messages: list[dict]
     tools: list[dict] | None
+    required_call: RequiredCall | None
     enable_thinking: bool
     sampling: SamplingParams
     stream: bool
@@ -110,6 +112,27 @@ def read_tools(body: dict) -> list[dict] | None:
     return tools or None if choice != "none" else None
 
 
+def read_tool_choice(body: dict, tools: list[dict] | None) -> RequiredCall | None:
+    """The call tool_choice requires: "required" (any of the tools) or {"type": "function", "function":
+    {"name": ...}} (that one); None for auto and none."""
+    choice = body.get("tool_choice")
+    if choice in (None, "none", "auto"):
+        return None
+    names = [tool["function"]["name"] for tool in tools or ()]
+    if choice == "required":
+        required = RequiredCall()
+    else:
+        function = get(choice, "function", dict, where="tool_choice.", required=True)
+        required = RequiredCall(get(function, "name", str, where="tool_choice.function.", required=True))
+        if required.name not in names:
+            raise BadRequest(f"'tool_choice.function.name' is {required.name!r}, which is not one of the request's "
+                             f"tools ({', '.join(map(repr, names)) or 'none'})", "tool_choice.function.name")
+    if not names:
+        raise BadRequest("'tool_choice' requires a tool call but 'tools' is empty: send the tools, or tool_choice "
+                         "auto", "tool_choice")
+    return required
+
+
 def read_thinking(body: dict) -> bool:
     """chat_template_kwargs.enable_thinking, else reasoning_effort (none/minimal: off), else on."""
     kwargs = get(body, "chat_template_kwargs", dict, {})
@@ -152,7 +175,8 @@ def read_chat(body: dict, context) -> Chat:
                          "output); describe the format in the prompt instead", "response_format")
     options = get(body, "stream_options", dict, {})
     # no limit given: the reply may fill the context, as other OpenAI-compatible servers allow
-    return Chat(read_messages(body), read_tools(body), read_thinking(body),
+    tools = read_tools(body)
+    return Chat(read_messages(body), tools, read_tool_choice(body, tools), read_thinking(body),
                 read_sampling(body, context, default_max=context.context_tokens),
                 bool(get(body, "stream", bool, False)), bool(get(options, "include_usage", bool, False,
                                                                   where="stream_options.")))
@@ -180,8 +204,10 @@ async def chat_completions(request: Request, body: dict, context):
     prompt = await prepare(context, lambda: chat_prompt(context.tokenizer, chat.messages, tools=chat.tools,
                                                         enable_thinking=chat.enable_thinking))
     parser = tool_parser(context.tokenizer.template_source, chat.tools, chat.sampling.seed)
+    opening = required_call_ids(context.tokenizer, chat.required_call)
     job = context.worker.submit(lambda session: session.complete(prompt, sampling=chat.sampling,
-                                                                 prefix_cache=context.worker.prefix_cache))
+                                                                 prefix_cache=context.worker.prefix_cache,
+                                                                 answer_start=opening))
     ident, created = f"chatcmpl-{uuid.uuid4().hex}", unix_now()
     reply = Reply()
     events = reply_events(job, parser, reply)

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 
 from engine.runtime import tool_calls as tc
 from engine.runtime.events import AnswerDelta, ReasoningDelta, TurnFinished
+from engine.server.fields import BadRequest
 from engine.server.worker import STOPPED_MESSAGE
 
 log = logging.getLogger("engine.server")
@@ -40,6 +41,29 @@ class EngineFailed(Exception):
     def __init__(self, message: str, status: int = 500):
         super().__init__(message)
         self.message, self.status = message, status
+
+
+@dataclass(frozen=True)
+class RequiredCall:
+    """A tool call the request requires (tool_choice required/any, or a named tool): `name` None lets the model
+    choose which of the request's tools."""
+
+    name: str | None = None
+
+
+def required_call_ids(tokenizer, required: RequiredCall | None) -> tuple[int, ...]:
+    """Token ids that open the required call in the template's call format, for ChatSession.complete's
+    answer_start: <tool_call> alone when the model chooses the tool (it writes the rest as it was trained to),
+    else up to the named tool's arguments, read as plain text (a tool's name is data); none when nothing is
+    required."""
+    if required is None:
+        return ()
+    style = tc.tool_call_style(tokenizer.template_source)
+    if style is None or tokenizer.token_id(tc.CALL_OPEN) is None:
+        raise BadRequest("this model's chat template has no tool-call format, so a tool call cannot be required; "
+                         "send tool_choice auto or none", "tool_choice")
+    opening = tc.call_opening(style, required.name) if required.name is not None else ""
+    return (tokenizer.token_id(tc.CALL_OPEN), *tokenizer.encode_text(opening))
 
 
 def tool_parser(template_source: str | None, tools: list[dict] | None, seed: int | None):
