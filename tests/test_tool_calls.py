@@ -86,6 +86,7 @@ JSON_SAMPLES = {
     "missing_outer_brace": '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}\n</tool_call>',
     "arguments_not_object": '<tool_call>\n{"name": "get_weather", "arguments": [1, 2]}\n</tool_call>',
     "no_name": '<tool_call>\n{"arguments": {}}\n</tool_call>',
+    "bad_name": '<tool_call>\n{"name": "get\\x", "arguments": {"city": "Paris"}}\n</tool_call>',
     "no_function": "Mention of <tool_call> in prose, then </tool_call> more.",
 }
 
@@ -309,6 +310,7 @@ def test_a_call_cut_off_by_the_end_of_generation_comes_back_as_text(style):
     ("qwen_json", "missing_outer_brace", "does not parse", True),
     ("qwen_json", "arguments_not_object", "not a JSON object", True),
     ("qwen_json", "no_name", '"name" string', False),
+    ("qwen_json", "bad_name", "does not parse", False),
     ("qwen_json", "no_function", "does not parse", False),
 ])
 def test_a_malformed_call_comes_back_as_text_with_a_warning(style, key, reason, started):
@@ -322,6 +324,13 @@ def test_a_malformed_call_comes_back_as_text_with_a_warning(style, key, reason, 
         and warning.raw_text.endswith("</tool_call>")
     assert text_of(events) == answer
     assert not calls_of(events)
+
+
+def test_json_that_nests_too_deeply_to_read_comes_back_as_text():
+    answer = '<tool_call>\n{"name": "search", "arguments": {"a": ' + "[" * 100_000 + "]" * 100_000 + "}}\n</tool_call>"
+    events = joined(parse("qwen_json", [answer]))
+    assert "nests too deeply" in events[2].message and events[2].index == 0
+    assert events[3] == TextDelta(answer) and not calls_of(events)
 
 
 def test_a_good_call_after_a_malformed_one_is_still_read():
@@ -349,7 +358,8 @@ def test_json_calls_in_other_layouts_are_read_whole(key, arguments):
     ("limit", "true", "true"), ("ratio", "1e3", 1000.0), ("ratio", "7", 7), ("ratio", "NaN", "NaN"),
     ("exact", "True", True), ("exact", "false", False), ("exact", "yes", "yes"),
     ("filters", '{"a": [1]}', {"a": [1]}), ("filters", "[1]", "[1]"), ("filters", "{bad", "{bad"),
-    ("sites", "[]", []), ("sites", '{"a": 1}', '{"a": 1}'),
+    ("sites", "[]", []), ("sites", '{"a": 1}', '{"a": 1}'), ("sites", "[" * 100_000, "[" * 100_000),
+    ("sites", "[" * 100_000 + "]" * 100_000, "[" * 100_000 + "]" * 100_000),
     ("before", "null", None), ("before", "12", 12), ("before", "soon", "soon"),
     ("note", "null", None), ("note", "3", "3"), ("query", "42", "42"), ("query", "null", "null"),
     ("undeclared", "7", "7"),
@@ -413,11 +423,24 @@ ROUND_TRIP_CALLS = [
 ]
 
 
+@pytest.fixture(scope="module")
+def real_tokenizer(real_tokenizer_folder):
+    """real_tokenizer(name) -> that checkpoint's ChatTokenizer, read once for the module."""
+    made = {}
+
+    def get(name):
+        if name not in made:
+            made[name] = ChatTokenizer.from_folder(real_tokenizer_folder(name))
+        return made[name]
+
+    return get
+
+
 @pytest.mark.parametrize("name, style", [("qwen3.6", "qwen_xml"), ("qwen3", "qwen_json")])
 @pytest.mark.parametrize("content", ["Let me look these up.", ""], ids=["with_text", "calls_only"])
-def test_calls_rendered_by_the_real_template_parse_back(real_tokenizer_folder, name, style, content):
+def test_calls_rendered_by_the_real_template_parse_back(real_tokenizer_folder, real_tokenizer, name, style, content):
     folder = real_tokenizer_folder(name)
-    tokenizer = ChatTokenizer.from_folder(folder)
+    tokenizer = real_tokenizer(name)
     template = (folder / "chat_template.jinja").read_text(encoding="utf-8") if name == "qwen3.6" \
         else json.loads((folder / "tokenizer_config.json").read_text(encoding="utf-8"))["chat_template"]
     assert tool_call_style(template) == style
@@ -444,8 +467,8 @@ def test_calls_rendered_by_the_real_template_parse_back(real_tokenizer_folder, n
 
 FRAGMENTS = ["<tool_call>", "</tool_call>", "<function=search>", "<function=", "</function>", "<parameter=limit>",
              "<parameter=query>", "</parameter>", '{"name": "search", "arguments": ', "{", "}", "[", "]", '"', "\\",
-             ":", ",", "\n", " ", "a", "7", "é", "<", ">", "=", XML_SAMPLES["one_call"], XML_SAMPLES["nested"],
-             JSON_SAMPLES["one_call"], JSON_SAMPLES["nested"]]
+             ":", ",", "\n", " ", "a", "7", "é", "<", ">", "=", '{"name": "', '", "arguments": ', "\\x", "\t",
+             XML_SAMPLES["one_call"], XML_SAMPLES["nested"], JSON_SAMPLES["one_call"], JSON_SAMPLES["nested"]]
 
 
 @pytest.mark.parametrize("style", ["qwen_xml", "qwen_json"])

@@ -169,6 +169,18 @@ def _declared_types(schema: dict | None) -> list[str]:
         if isinstance(options, list) else []
 
 
+def _json(value) -> str:
+    return json.dumps(value, ensure_ascii=False)
+
+
+def _json_value(text: str, otherwise=None):
+    """The value text holds as JSON, or `otherwise` when it is not JSON (or nests too deeply to read)."""
+    try:
+        return json.loads(text)
+    except (ValueError, RecursionError):
+        return otherwise
+
+
 _NOT_THAT_TYPE = object()
 
 
@@ -179,10 +191,7 @@ def _as_type(value: str, kind: str):
         return value
     if kind == "boolean":
         return {"true": True, "false": False}.get(text.lower(), _NOT_THAT_TYPE)
-    try:
-        parsed = json.loads(text)
-    except ValueError:
-        return _NOT_THAT_TYPE
+    parsed = _json_value(text, _NOT_THAT_TYPE)
     if isinstance(parsed, float) and not math.isfinite(parsed):  # json.loads reads NaN, which JSON cannot hold
         return _NOT_THAT_TYPE
     is_number = isinstance(parsed, (int, float)) and not isinstance(parsed, bool)
@@ -201,10 +210,6 @@ def _convert(value: str, types: list[str]):
         if converted is not _NOT_THAT_TYPE:
             return converted
     return value
-
-
-def _json(value) -> str:
-    return json.dumps(value, ensure_ascii=False)
 
 
 class _XmlCallBody(_CallBody):
@@ -353,7 +358,11 @@ class _JsonCallBody(_CallBody):
             header = _JSON_HEADER.match(self._text)
             if header is None:
                 return events
-            events.append(self._start(json.loads(header.group(1))))
+            name = _json_value(header.group(1))
+            if not isinstance(name, str) or not name:  # close() says what is wrong with it
+                self._state = "whole"
+                return events
+            events.append(self._start(name))
             self._state, self._scanned = "arguments", header.end()
         if self._state == "arguments":
             piece = self._scan_arguments()
@@ -398,16 +407,15 @@ class _JsonCallBody(_CallBody):
             call = json.loads(self._text)
         except json.JSONDecodeError as exc:
             raise _MalformedCall(f"its JSON does not parse ({exc.msg} at character {exc.pos})") from None
+        except RecursionError:
+            raise _MalformedCall("its JSON nests too deeply to read") from None
         if not isinstance(call, dict) or not isinstance(call.get("name"), str) or not call["name"]:
             raise _MalformedCall('it is not a JSON object with a "name" string')
         if self._state == "rest":  # what was streamed is what the call holds
             return [self._finished(json.loads(self._arguments_text))]
         arguments = call.get("arguments", {})
         if isinstance(arguments, str):  # some models write the arguments object as a JSON string
-            try:
-                arguments = json.loads(arguments)
-            except json.JSONDecodeError:
-                pass
+            arguments = _json_value(arguments, arguments)
         if not isinstance(arguments, dict):
             raise _MalformedCall("its arguments are not a JSON object")
         events = [] if self.started else [self._start(call["name"])]
