@@ -17,8 +17,8 @@ from engine.server import fields
 from engine.server.fields import BadRequest, get
 from engine.server.http import drain, error_response, prepare
 from engine.server.openai_api import read_sampling
-from engine.server.replies import (EngineFailed, Reply, RequiredCall, ToolAbandoned, reply_events,
-                                   required_call_ids, tool_parser)
+from engine.server.replies import (EngineFailed, Reply, RequiredCall, ToolAbandoned, check_required_call,
+                                   reply_events, required_call_ids, tool_parser)
 
 _STOP_REASONS = {"eos": "end_turn", "stop": "stop_sequence", "length": "max_tokens"}
 
@@ -132,16 +132,8 @@ def read_tool_choice(body: dict, tools: list[dict] | None) -> RequiredCall | Non
     choice = get(body, "tool_choice", dict)
     if choice is None or choice.get("type") in ("auto", "none"):
         return None
-    names = [tool["function"]["name"] for tool in tools or ()]
-    required = RequiredCall(get(choice, "name", str, where="tool_choice.", required=True)
-                            if choice["type"] == "tool" else None)
-    if required.name is not None and required.name not in names:
-        raise BadRequest(f"'tool_choice.name' is {required.name!r}, which is not one of the request's tools "
-                         f"({', '.join(map(repr, names)) or 'none'})", "tool_choice.name")
-    if not names:
-        raise BadRequest("'tool_choice' requires a tool call but 'tools' is empty: send the tools, or tool_choice "
-                         "auto", "tool_choice")
-    return required
+    name = get(choice, "name", str, where="tool_choice.", required=True) if choice["type"] == "tool" else None
+    return check_required_call(RequiredCall(name), tools, "tool_choice.name")
 
 
 def read_chat(body: dict, *, require_max_tokens: bool = True) -> Chat:

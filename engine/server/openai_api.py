@@ -17,8 +17,8 @@ from engine.runtime.tool_calls import ToolCallArgumentsDelta, ToolCallFinished, 
 from engine.server import fields
 from engine.server.fields import BadRequest, get
 from engine.server.http import drain, error_response, prepare, unix_now
-from engine.server.replies import (EngineFailed, Reply, RequiredCall, reply_events, required_call_ids,
-                                   tool_parser)
+from engine.server.replies import (EngineFailed, Reply, RequiredCall, check_required_call, reply_events,
+                                   required_call_ids, tool_parser)
 
 _THINKING_EFFORTS = {"none": False, "minimal": False, "low": True, "medium": True, "high": True, "xhigh": True}
 
@@ -118,19 +118,11 @@ def read_tool_choice(body: dict, tools: list[dict] | None) -> RequiredCall | Non
     choice = body.get("tool_choice")
     if choice in (None, "none", "auto"):
         return None
-    names = [tool["function"]["name"] for tool in tools or ()]
-    if choice == "required":
-        required = RequiredCall()
-    else:
+    name = None
+    if choice != "required":
         function = get(choice, "function", dict, where="tool_choice.", required=True)
-        required = RequiredCall(get(function, "name", str, where="tool_choice.function.", required=True))
-        if required.name not in names:
-            raise BadRequest(f"'tool_choice.function.name' is {required.name!r}, which is not one of the request's "
-                             f"tools ({', '.join(map(repr, names)) or 'none'})", "tool_choice.function.name")
-    if not names:
-        raise BadRequest("'tool_choice' requires a tool call but 'tools' is empty: send the tools, or tool_choice "
-                         "auto", "tool_choice")
-    return required
+        name = get(function, "name", str, where="tool_choice.function.", required=True)
+    return check_required_call(RequiredCall(name), tools, "tool_choice.function.name")
 
 
 def read_thinking(body: dict) -> bool:

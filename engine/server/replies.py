@@ -51,6 +51,18 @@ class RequiredCall:
     name: str | None = None
 
 
+def check_required_call(required: RequiredCall, tools: list[dict] | None, name_field: str) -> RequiredCall:
+    """Return `required` once the request's tools can meet it; else raise BadRequest naming the field."""
+    names = [tool["function"]["name"] for tool in tools or ()]
+    if required.name is not None and required.name not in names:
+        raise BadRequest(f"'{name_field}' is {required.name!r}, which is not one of the request's tools "
+                         f"({', '.join(map(repr, names)) or 'none'})", name_field)
+    if not names:
+        raise BadRequest("'tool_choice' requires a tool call but 'tools' is empty: send the tools, or tool_choice "
+                         "auto", "tool_choice")
+    return required
+
+
 def required_call_ids(tokenizer, required: RequiredCall | None) -> tuple[int, ...]:
     """Token ids that open the required call in the template's call format, for ChatSession.complete's
     answer_start: <tool_call> alone when the model chooses the tool (it writes the rest as it was trained to),
