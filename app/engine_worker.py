@@ -65,6 +65,17 @@ def _start_turn(session, history: list, text: str, sampling):
     return session.send(text, sampling)
 
 
+def _resume_turn(session, history: list, sampling):
+    """The session's events continuing the cut reply that ends `history`, when its state still ends there."""
+    from engine.runtime.events import TurnFinished, TurnStats
+
+    if _same_conversation(session.messages, history) and session.can_resume():
+        return session.resume(sampling)
+    error = ("This reply can no longer be continued: the engine has answered other messages since it was cut (or "
+             "the model was reloaded). Regenerate it, or send “go on” to ask the model to carry on.")
+    return iter([TurnFinished("", "", TurnStats(0, 0, 0, 0.0, 0.0, 0.0, "error", 0, error))])
+
+
 def _cancelled_stats() -> dict:
     from engine.runtime.events import TurnStats
 
@@ -75,7 +86,8 @@ class _WindowTurn:
     """A chat-window turn as a job of the engine's queue: `run` starts it on the queue's thread when its turn
     comes, `deliver` turns its events into the worker's reply signals there."""
 
-    def __init__(self, worker: "EngineWorker", history: list, text: str, options: dict):
+    def __init__(self, worker: "EngineWorker", history: list, text: str | None, options: dict):
+        """text None: continue the last reply of `history` (cut by its length limit or Stop)."""
         self.worker, self.history, self.text, self.options = worker, history, text, options
         self.pending = DeltaBuffer(worker.reasoningDelta, worker.answerDelta)
         self.session = None  # the queue's, once the turn runs (the worker's may be gone by an unload meanwhile)
@@ -91,6 +103,8 @@ class _WindowTurn:
         sampling = worker._sampling(session, self.options)
         sampling.validate()
         worker._apply(session, self.options)
+        if self.text is None:
+            return _resume_turn(session, self.history, sampling)
         return _start_turn(session, self.history, self.text, sampling)
 
     def deliver(self, event) -> None:
@@ -342,7 +356,7 @@ class EngineWorker(QObject):
         self.unloaded.emit()
 
     @Slot(list, str, dict)
-    def send(self, history: list, text: str, options: dict) -> None:
+    def send(self, history: list, text: str | None, options: dict) -> None:
         """Answer `text` after `history` (the chat's earlier user/assistant messages) once the engine queue gets
         to it. Regenerate and edit-and-resend are the same call with a shorter history: the session rolls back to
         that turn's snapshot when it has one, and otherwise prefills the history again."""
@@ -359,6 +373,12 @@ class EngineWorker(QObject):
             self._job = queue.submit(turn.run, turn.deliver, from_api=False)
         except Stopped:  # the app is closing (unloads run on this thread, so none is under way)
             turn.deliver(None)
+
+    @Slot(list, dict)
+    def continue_reply(self, history: list, options: dict) -> None:
+        """Write more of the reply that ends `history` (cut by its length limit or Stop) once the engine queue gets
+        to it; the reply events carry the new text and replyFinished the whole reply."""
+        self.send(history, None, options)
 
     def _on_queue_change(self, queue) -> None:
         """(queue thread) Say what the engine is doing, for the API-busy note and the server's stats."""

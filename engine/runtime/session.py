@@ -128,6 +128,37 @@ class ChatSession:
         self._rewind(turn)
         return self._turn(text, sampling)
 
+    def can_resume(self) -> bool:
+        """Whether the state ends inside the last reply as generated, cut before its end (length limit or Stop)."""
+        return (not self._holds_request and bool(self.messages) and self.messages[-1]["role"] == "assistant"
+                and bool(self._pending) and self._synced == len(self.messages))
+
+    def resume(self, sampling: SamplingParams | None = None) -> Iterator:
+        """Write more of the last reply, cut by its length limit or a Stop: decoding goes on after its last token
+        and the events carry the new text; TurnFinished has the whole reply."""
+        if not self.can_resume():
+            raise ValueError("the last reply was not cut, or the engine's state no longer holds it")
+        self._cancel.clear()
+        return self._run_resume(sampling)
+
+    def _run_resume(self, sampling: SamplingParams | None) -> Iterator:
+        params = sampling or self.sampling
+        sampler = Sampler(replace(params, stop=tuple(params.stop)))
+        if self._state.position + len(self._pending) + 1 > self.context_tokens:
+            yield TurnFinished("", "", TurnStats(self._state.position, 0, 0, 0.0, 0.0, 0.0, "error", sampler.seed, str(
+                ContextOverflowError(self._state.position + len(self._pending) + 1, self.context_tokens))))
+            return
+        cut = self.messages.pop()
+        self._synced = len(self.messages)
+        reply = _Reply(self, sampler, list(self._pending), "")
+        self._pending = ()
+        # the reply goes on where it stopped: in its thinking when no answer had begun
+        reply.reasoning = bool(cut.get("reasoning_content")) and not cut["content"]
+        reply.thoughts = [cut["reasoning_content"]] if cut.get("reasoning_content") else []
+        reply.answer = [cut["content"]] if cut["content"] else []
+        reply.segment_started = True
+        yield from reply.run()
+
     def can_edit(self, message_index: int) -> bool:
         """Whether a snapshot marks that user message, so edit() rolls back instead of recomputing."""
         return self._turn_at(message_index) is not None
