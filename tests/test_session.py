@@ -314,3 +314,28 @@ def test_state_is_the_render_of_the_history_with_its_reasoning(qwen36, thinking)
     list(reloaded.send("Last one."))
     assert reloaded._fed == session._fed
     assert reloaded.model.fed[0] == third_prompt
+
+
+@pytest.mark.parametrize("cut_after", [3, 14])  # in the thinking, and in the answer
+def test_resume_goes_on_with_a_cut_reply_as_if_it_never_stopped(tokenizer, cut_after):
+    _, whole = scripted(tokenizer)
+    uncut_reasoning, uncut_answer, uncut = split(list(whole.send("Hi")))
+    _, session = scripted(tokenizer, sampling=SamplingParams(temperature=0.0, max_new_tokens=cut_after))
+    cut_reasoning, cut_answer, cut = split(list(session.send("Hi")))
+    assert cut.stats.stop_reason == "length" and session.can_resume()
+
+    events = list(session.resume(GREEDY))
+    reasoning, answer, final = split(events)
+    assert final.stats.stop_reason == "eos" and not session.can_resume()
+    assert (final.reasoning, final.answer) == (uncut.reasoning, uncut.answer)
+    # the events carry only the new text, which goes on exactly where the cut reply's text ended
+    assert (cut_reasoning + reasoning, cut_answer + answer) == (uncut_reasoning, uncut_answer)
+    assert session.messages == whole.messages  # one reply, grown in place
+
+
+def test_resume_is_refused_after_a_reply_that_ended(tokenizer):
+    _, session = scripted(tokenizer)
+    list(session.send("Hi"))
+    assert not session.can_resume()
+    with pytest.raises(ValueError):
+        session.resume()

@@ -93,6 +93,7 @@ class ChatSession:
         self._synced = 0  # messages[:_synced] are in the state
         self._boundaries: list[_Boundary] = []
         self._holds_request = False  # set by complete(): the next turn starts from a fresh state
+        self._cut_reply: _CutReply | None = None  # the last reply, when it was cut: what resume() goes on from
 
     def cancel(self) -> None:
         self._cancel.set()
@@ -130,8 +131,9 @@ class ChatSession:
 
     def can_resume(self) -> bool:
         """Whether the state ends inside the last reply as generated, cut before its end (length limit or Stop)."""
-        return (not self._holds_request and bool(self.messages) and self.messages[-1]["role"] == "assistant"
-                and bool(self._pending) and self._synced == len(self.messages))
+        cut = self._cut_reply
+        return (not self._holds_request and bool(self.messages) and bool(self._pending) and cut is not None
+                and cut.message is self.messages[-1] and self._synced == len(self.messages))
 
     def resume(self, sampling: SamplingParams | None = None) -> Iterator:
         """Write more of the last reply, cut by its length limit or a Stop: decoding goes on after its last token
@@ -148,14 +150,13 @@ class ChatSession:
             yield TurnFinished("", "", TurnStats(self._state.position, 0, 0, 0.0, 0.0, 0.0, "error", sampler.seed, str(
                 ContextOverflowError(self._state.position + len(self._pending) + 1, self.context_tokens))))
             return
-        cut = self.messages.pop()
+        cut = self._cut_reply
+        self.messages.pop()
         self._synced = len(self.messages)
         reply = _Reply(self, sampler, list(self._pending), "")
         self._pending = ()
-        # the reply goes on where it stopped: in its thinking when no answer had begun
-        reply.reasoning = bool(cut.get("reasoning_content")) and not cut["content"]
-        reply.thoughts = [cut["reasoning_content"]] if cut.get("reasoning_content") else []
-        reply.answer = [cut["content"]] if cut["content"] else []
+        # the reply goes on where it stopped, its text as generated (the stored message is trimmed)
+        reply.reasoning, reply.thoughts, reply.answer = cut.reasoning, [cut.thoughts], [cut.answer]
         reply.segment_started = True
         yield from reply.run()
 
@@ -264,6 +265,16 @@ class ChatSession:
 
 
 @dataclass(frozen=True)
+class _CutReply:
+    """A reply cut before its end: its message in the conversation, its text untrimmed, whether in its thinking."""
+
+    message: dict
+    thoughts: str
+    answer: str
+    reasoning: bool
+
+
+@dataclass(frozen=True)
 class Prompt:
     """A whole request's prompt: its token ids, the text they encode, and where a prefix cache should keep the
     state (token counts at message boundaries; the prompt's end is always one)."""
@@ -353,8 +364,11 @@ class _Reply:
         yield from self._drain(reason)
         # the last sampled token is not in the state yet; eos is written by the next turn's template text
         s._pending = () if reason == "eos" or not generated else (generated[-1],)
-        s.messages.append(self._assistant_message())
+        message = self._assistant_message()
+        s.messages.append(message)
         s._synced = len(s.messages)
+        s._cut_reply = _CutReply(message, "".join(self.thoughts), "".join(self.answer), self.reasoning) \
+            if s._pending else None
         yield self._finish(reason, start, first_token_at, len(generated), prefilled=len(self.prompt_ids))
 
     def _save(self) -> None:
