@@ -180,6 +180,14 @@ class ConversationStore:
         """Undo delete()."""
         self._write("UPDATE conversations SET hidden = 0 WHERE id = ?", (conversation_id,))
 
+    def purge_conversation(self, conversation_id: int) -> None:
+        """Remove a deleted conversation for good."""
+        self._write("DELETE FROM conversations WHERE id = ? AND hidden = 1", (conversation_id,))
+
+    def purge_message(self, message_id: int) -> None:
+        """Remove a deleted message and the turns after it for good."""
+        self._write("DELETE FROM messages WHERE id = ? AND hidden = 1", (message_id,))
+
     def purge_deleted(self) -> None:
         """Remove deleted conversations and messages (with the branches under them) for good."""
         with self._db:

@@ -374,7 +374,7 @@ class ChatPage(QWidget):
             self.store.undelete_message(conversation_id, message_id, leaf)
             if conversation_id == self._conversation_id:
                 self._show_transcript()
-        self._offer_undo("Message deleted.", undo)
+        self._offer_undo("Message deleted.", undo, lambda: self.store.purge_message(message_id))
 
     @Slot(str)
     def export_chat(self, kind: str) -> None:
@@ -476,19 +476,20 @@ class ChatPage(QWidget):
             self.conversation_list.clear_search()
             self.conversation_list.refresh()
             self.open_conversation(conversation_id)
-        self._offer_undo("Chat deleted.", undo, lambda: self._discard_reply_of(conversation_id))
+        self._offer_undo("Chat deleted.", undo, lambda: self._purge_conversation(conversation_id))
 
-    def _discard_reply_of(self, conversation_id: int) -> None:
+    def _purge_conversation(self, conversation_id: int) -> None:
         """The chat is gone for good: a reply still finishing writes nothing more."""
         if self._reply is not None and self._reply.conversation_id == conversation_id:
             self._reply.discarded = True
+        self.store.purge_conversation(conversation_id)
 
     # ---- undo -----------------------------------------------------------------------------------
 
-    def _offer_undo(self, text: str, undo, before_purge=None) -> None:
-        """Show "text [Undo]" for UNDO_MS; a delete before then makes the earlier one final."""
+    def _offer_undo(self, text: str, undo, purge) -> None:
+        """Show "text [Undo]" for UNDO_MS, then `purge`; a delete before then makes the earlier one final."""
         self._finish_undo()
-        self._undo = (undo, before_purge)
+        self._undo = (undo, purge)
         self.undo_label.setText(f"{text} Undo brings it back for a few seconds.")
         self.undo_bar.show()
         self._undo_timer.start()
@@ -511,11 +512,9 @@ class ChatPage(QWidget):
         self.undo_bar.hide()
         if self._undo is None:
             return
-        _, before_purge = self._undo
+        _, purge = self._undo
         self._undo = None
-        if before_purge is not None:
-            before_purge()
-        self.store.purge_deleted()
+        purge()
 
     @Slot(bool)
     def _on_thinking_toggled(self, enabled: bool) -> None:
