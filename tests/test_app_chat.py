@@ -537,3 +537,22 @@ def test_real_engine_stop_regenerate_and_edit(qtbot, store, settings, real_worke
     assert [m["content"] for m in saved] == ["Count to ten", result["answer"]]
     assert chat_history(saved) == real_worker.session.messages  # the engine rolled back to the edit
     assert len(page.transcript.bubbles) == 2
+
+
+def test_real_engine_continues_a_reply_cut_by_its_length_limit(qtbot, store, settings, real_worker):
+    settings.set("enable_thinking", False)
+    settings.set("sampling", {"max_new_tokens": 6, "seed": 6})
+    page = make_page(qtbot, store, real_worker, settings)
+    conversation_id = page.current_conversation_id()
+    stats = wait_for_reply(qtbot, page, real_worker, lambda: type_and_send(qtbot, page, "Count to a million"))["stats"]
+    assert stats["stop_reason"] == "length"
+    cut = store.messages(conversation_id)[-1]
+
+    bubble = last_bubble(page)
+    result = wait_for_reply(qtbot, page, real_worker,
+                            lambda: qtbot.mouseClick(bubble.continue_button, Qt.MouseButton.LeftButton))
+    assert result["stats"]["stop_reason"] != "error" and result["stats"]["prefill_tokens"] == 1  # no re-prefill
+    saved = store.messages(conversation_id)
+    assert len(saved) == 2 and saved[-1]["id"] == cut["id"]
+    assert saved[-1]["content"].startswith(cut["content"]) and len(saved[-1]["content"]) > len(cut["content"])
+    assert chat_history(saved) == real_worker.session.messages  # the engine holds the grown reply

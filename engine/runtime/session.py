@@ -156,7 +156,8 @@ class ChatSession:
         reply = _Reply(self, sampler, list(self._pending), "")
         self._pending = ()
         # the reply goes on where it stopped, its text as generated (the stored message is trimmed)
-        reply.reasoning, reply.thoughts, reply.answer = cut.reasoning, [cut.thoughts], [cut.answer]
+        reply.reasoning = cut.reasoning
+        reply.thoughts, reply.answer = [t for t in (cut.thoughts,) if t], [t for t in (cut.answer,) if t]
         reply.segment_started = True
         yield from reply.run()
 
