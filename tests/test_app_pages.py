@@ -350,6 +350,22 @@ def _cell(page, row, column):
     return page.library.index(row, COLUMNS.index(column)).data()
 
 
+def test_models_page_judges_each_model_against_this_machine(qtbot, worker, settings, tiny_model, monkeypatch):
+    weights = footprint_from_checkpoint(tiny_model)
+    weight_bytes = weights.resident_bytes + weights.embedding_bytes + weights.routed_expert_bytes
+    # a machine whose RAM is smaller than the tiny model's weights: it is too big here, whatever the presets say
+    monkeypatch.setattr(system_info, "ram", lambda: {"total_bytes": weight_bytes // 2, "used_bytes": 0,
+                                                     "available_bytes": weight_bytes // 2})
+    monkeypatch.setattr(system_info, "gpu_memory", lambda: None)
+    page = _models_page(qtbot, worker, settings)
+    with qtbot.waitSignal(page.libraryScanned):
+        page.add_folder(tiny_model)
+    row = page.library.row_of(str(tiny_model))
+    assert _cell(page, row, "This PC") == "✗ too big" and _cell(page, row, "Presets") == "4 GB ✓  8 GB ✓  12 GB ✓"
+    tip = page.library.index(row, COLUMNS.index("This PC")).data(Qt.ItemDataRole.ToolTipRole)
+    assert tip.startswith("Does not fit this machine") and "no GPU" in tip and "CPU mode" in tip
+
+
 def test_models_page_load_emits_load_requested(qtbot, worker, settings, tiny_model):
     page = _models_page(qtbot, worker, settings)
     assert page.library.rowCount() == 0
@@ -357,8 +373,8 @@ def test_models_page_load_emits_load_requested(qtbot, worker, settings, tiny_mod
         page.add_folder(tiny_model)
     assert settings.get("model_folders") == [str(tiny_model)]
     row = page.library.row_of(str(tiny_model))
-    assert [_cell(page, row, c) for c in ("Name", "Architecture", "Format", "Fits", "Status")] == \
-        ["m", "qwen3_5_moe", "nvfp4", "4 GB ✓  8 GB ✓  12 GB ✓", "ready"]
+    assert [_cell(page, row, c) for c in ("Name", "Architecture", "Format", "This PC", "Presets", "Status")] == \
+        ["m", "qwen3_5_moe", "nvfp4", "✓ fits", "4 GB ✓  8 GB ✓  12 GB ✓", "ready"]
     assert page.load_button.isEnabled()
     with qtbot.waitSignal(page.loadRequested) as requested:
         qtbot.mouseClick(page.load_button, Qt.MouseButton.LeftButton)
