@@ -167,18 +167,24 @@ def test_custom_plan_that_does_not_fit_shows_the_reason(qtbot, engine_page, sett
 
 
 def test_auto_needs_a_budget_without_a_gpu_and_uses_free_vram_with_one(engine_page, monkeypatch):
+    monkeypatch.setattr(system_info, "gpu_memory", lambda: None)
     engine_page.set_preset("auto")
     assert engine_page.plan() == {}
-    assert "No NVIDIA GPU" in engine_page.error_label.text() and "VRAM budget" in engine_page.error_label.text()
+    assert not engine_page.error_label.isVisibleTo(engine_page)  # no GPU is CPU mode, a normal state: no red error
+    assert engine_page.mode_label.text().startswith("CPU mode: the plan is not used.")
+    assert "set a VRAM budget" in engine_page.budget_note.text()
     engine_page.budget_spin.setValue(16.0)
     assert engine_page.plan()["policy"] == "12gb" and engine_page.plan()["expert_cache_layers"] > 2
     assert "chose the 12 GB rules" in engine_page.detail_labels["rules"].text()
+
+    assert "what a card of this budget would get" in engine_page.mode_label.text()
 
     gpu = {"name": "RTX 3060", "total_bytes": 12 * GIB, "used_bytes": GIB, "free_bytes": 11 * GIB}
     monkeypatch.setattr(system_info, "gpu_memory", lambda: gpu)
     engine_page.budget_spin.setValue(0.0)
     assert engine_page.plan()["budget_bytes"] == 11 * GIB
     assert "free memory of RTX 3060" in engine_page.budget_note.text()
+    assert not engine_page.mode_label.isVisibleTo(engine_page)  # GPU mode: the plan is the one used
 
 
 def test_the_engine_page_plans_with_the_reserve_measured_on_the_gpu_and_says_so(engine_page, worker):
@@ -210,7 +216,9 @@ def test_in_cpu_mode_the_engine_page_says_the_plan_is_an_estimate_it_does_not_us
     assert engine_page.detail_labels["max_prompt"].text().endswith("· estimate")
     note = engine_page.reserve_note.text()
     assert note.startswith("The guarantee is an estimate") and "reference card, an RTX 2050" in note
-    assert "no CUDA support" in note and "CPU mode" in note and "this plan is not used" in note
+    mode = engine_page.mode_label.text()
+    assert engine_page.mode_label.isVisibleTo(engine_page) and mode.startswith("CPU mode: the plan is not used.")
+    assert "no CUDA support" in mode and not engine_page.error_label.isVisibleTo(engine_page)
 
 
 def test_a_gpu_whose_reserve_could_not_be_measured_shows_the_formula_as_an_estimate(engine_page, worker):
@@ -611,3 +619,14 @@ def test_the_settings_page_and_load_options_survive_bad_stored_values(qtbot, set
         {"context_tokens": 8192, "cpu_threads": 0}
     assert [(level, message.split(" in ")[0]) for level, message in reported] == [
         ("warning", "setting sampling"), ("warning", "setting context_tokens"), ("warning", "setting cpu_threads")]
+
+
+def test_the_engine_page_judges_the_model_against_this_machine(engine_page, monkeypatch):
+    monkeypatch.setattr(system_info, "ram", lambda: {"total_bytes": int(23.5 * GIB), "used_bytes": 0,
+                                                     "available_bytes": int(23.5 * GIB)})
+    monkeypatch.setattr(system_info, "gpu_memory", lambda: None)
+    engine_page.set_model_footprint(footprint_from_synthetic("qwen3.6-35b-a3b"))  # bf16: 64.56 GiB of weights
+    text = engine_page.machine_label.text()
+    assert text.startswith("This machine: Does not fit this machine") and "23.50 GiB RAM, no GPU" in text
+    engine_page.set_model_footprint(footprint_from_synthetic("qwen3.6-35b-a3b-nvfp4"))
+    assert engine_page.machine_label.text().startswith("This machine: Fits")
