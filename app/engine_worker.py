@@ -49,6 +49,18 @@ class DeltaBuffer:
         self._last_emit = self._clock()
 
 
+def context_advice(context: int, asked: int, model_max: int, plan_tokens: int | None) -> str:
+    """What would make a context of `context` tokens larger (for the overflow message): "" when nothing can, at the
+    model's own maximum; the plan's KV cache when the plan caps it; the setting when the setting does."""
+    if context >= model_max:
+        return ""
+    if plan_tokens is not None and context == plan_tokens and plan_tokens < asked:
+        return (f"the VRAM plan's KV cache holds {plan_tokens:,} tokens: a larger VRAM preset on the Engine page "
+                f"holds more (the model allows up to {model_max:,})")
+    return (f"raise the context size in Settings (now {asked:,}; the model allows up to {model_max:,}) and load "
+            f"the model again")
+
+
 def _same_conversation(a: list[dict], b: list[dict]) -> bool:
     return [(m["role"], m["content"]) for m in a] == [(m["role"], m["content"]) for m in b]
 
@@ -251,10 +263,12 @@ class EngineWorker(QObject):
                 return
             tokenizer = ChatTokenizer.from_folder(Path(path))
             config = model.config
-            context = min(int(options.get("context_tokens") or DEFAULT_CONTEXT_TOKENS), config.max_position_embeddings)
-            session_options = {}
+            asked = int(options.get("context_tokens") or DEFAULT_CONTEXT_TOKENS)
+            plan_tokens = placement.plan.kv_tokens if placement.plan is not None else None
+            context = min(asked, config.max_position_embeddings, plan_tokens or asked)
+            session_options = {"context_advice": context_advice(context, asked, config.max_position_embeddings,
+                                                                plan_tokens)}
             if placement.plan is not None:  # the plan fixes the KV cache and the prefill chunk on the GPU
-                context = min(context, placement.plan.kv_tokens)
                 session_options["prefill_chunk_tokens"] = placement.plan.prefill_chunk_tokens
             snapshots = int(options.get("turn_snapshots") or DEFAULT_MAX_SNAPSHOTS)
             self.session = session = ChatSession(model, tokenizer, context_tokens=context, max_snapshots=snapshots,
@@ -264,6 +278,7 @@ class EngineWorker(QObject):
                 "layers": config.num_hidden_layers, "experts": config.num_experts,
                 "experts_per_token": config.num_experts_per_tok, "vocab_size": config.vocab_size,
                 "context_tokens": context, "max_context_tokens": config.max_position_embeddings,
+                "context_asked_tokens": asked, "context_plan_tokens": plan_tokens,
                 "snapshot_bytes": self.session.snapshot_bytes,
                 # read here, off the GUI thread: the Engine page plans with it (an immutable value)
                 "footprint": footprint_from_checkpoint(Path(path)),

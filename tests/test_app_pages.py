@@ -630,3 +630,32 @@ def test_the_engine_page_judges_the_model_against_this_machine(engine_page, monk
     assert text.startswith("This machine: Does not fit this machine") and "23.50 GiB RAM, no GPU" in text
     engine_page.set_model_footprint(footprint_from_synthetic("qwen3.6-35b-a3b-nvfp4"))
     assert engine_page.machine_label.text().startswith("This machine: Fits")
+
+
+def test_the_context_setting_says_what_the_model_and_the_plan_allow(qtbot, settings):
+    from app.engine_worker import context_advice
+    from app.pages.settings_page import context_note
+
+    page = SettingsPage(settings)
+    qtbot.addWidget(page)
+    page.context_spin.setValue(8192)
+    assert "up to the model's own maximum" in page.context_note.text()  # nothing loaded yet
+    # the case: the setting says 8,192, the 4 GB plan's KV cache holds 4,096
+    info = {"name": "Qwen3.6", "context_tokens": 4096, "max_context_tokens": 262144, "context_asked_tokens": 8192,
+            "context_plan_tokens": 4096}
+    page.set_model(info)
+    assert page.context_note.text() == (
+        "Qwen3.6 runs at 4,096 tokens: the model allows 262,144 (max_position_embeddings), the VRAM plan's KV cache "
+        "holds 4,096. This setting asks 8,192, so the plan's KV cache (a larger VRAM preset holds more) decides.")
+    page.context_spin.setValue(2048)
+    assert page.context_note.text().endswith("The new size applies when the model is loaded again.")
+    cpu = {"name": "m", "context_tokens": 4096, "max_context_tokens": 4096, "context_asked_tokens": 8192,
+           "context_plan_tokens": None}
+    assert context_note(8192, cpu) == ("m runs at 4,096 tokens: the model allows 4,096 (max_position_embeddings). "
+                                       "This setting asks 8,192, so the model's maximum decides.")
+
+    # the overflow advice is one that can help: none at the model's maximum, the preset when the plan caps it
+    assert context_advice(4096, 8192, 4096, None) == ""
+    assert "a larger VRAM preset" in context_advice(4096, 8192, 262144, 4096)
+    assert context_advice(2048, 2048, 262144, None).startswith("raise the context size in Settings (now 2,048")
+    assert context_advice(2048, 2048, 262144, 8192).startswith("raise the context size")  # the setting caps it

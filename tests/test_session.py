@@ -339,3 +339,12 @@ def test_resume_is_refused_after_a_reply_that_ended(tokenizer):
     assert not session.can_resume()
     with pytest.raises(ValueError):
         session.resume()
+
+
+def test_the_overflow_message_gives_the_advice_it_was_given_and_no_other(tokenizer):
+    _, plain = scripted(tokenizer, context_tokens=8)
+    message = list(plain.send("a long message " * 8))[-1].stats.error
+    assert message.endswith("start a new chat or shorten the prompt") and "raise" not in message
+    _, advised = scripted(tokenizer, context_tokens=8, context_advice="a larger VRAM preset holds more")
+    message = list(advised.send("a long message " * 8))[-1].stats.error
+    assert message.endswith("start a new chat or shorten the prompt; a larger VRAM preset holds more")

@@ -57,9 +57,11 @@ class ChatSession:
     def __init__(self, model: CausalLM, tokenizer: ChatTokenizer, *, context_tokens: int,
                  sampling: SamplingParams | None = None, system_prompt: str | None = None,
                  enable_thinking: bool = True, prefill_chunk_tokens: int = DEFAULT_PREFILL_CHUNK_TOKENS,
-                 max_snapshots: int = DEFAULT_MAX_SNAPSHOTS):
+                 max_snapshots: int = DEFAULT_MAX_SNAPSHOTS, context_advice: str = ""):
+        """context_advice: what makes the context larger, where something can (the overflow message says it)."""
         self.model, self.tokenizer = model, tokenizer
         self.context_tokens = context_tokens
+        self.context_advice = context_advice
         self.sampling = sampling or SamplingParams.from_generation_config(tokenizer.generation_defaults)
         self.system_prompt = system_prompt
         self.enable_thinking = enable_thinking
@@ -148,7 +150,7 @@ class ChatSession:
         sampler = Sampler(replace(params, stop=tuple(params.stop)))
         if self._state.position + len(self._pending) + 1 > self.context_tokens:
             yield TurnFinished("", "", TurnStats(self._state.position, 0, 0, 0.0, 0.0, 0.0, "error", sampler.seed, str(
-                ContextOverflowError(self._state.position + len(self._pending) + 1, self.context_tokens))))
+                ContextOverflowError(self._state.position + len(self._pending) + 1, self.context_tokens, self.context_advice))))
             return
         cut = self._cut_reply
         self.messages.pop()
@@ -216,7 +218,7 @@ class ChatSession:
             yield refused("error", "the prompt is empty: give it some text")
             return
         if len(ids) + 1 > self.context_tokens:
-            yield refused("error", str(ContextOverflowError(len(ids) + 1, self.context_tokens)))
+            yield refused("error", str(ContextOverflowError(len(ids) + 1, self.context_tokens, self.context_advice)))
             return
         started = time.perf_counter()  # the time to first token counts the lookup and the restore
         if self._blank is None:
@@ -256,7 +258,7 @@ class ChatSession:
             return
         needed = self._state.position + len(ids) + 1  # at least one reply token must fit
         if needed > self.context_tokens:
-            yield refused("error", str(ContextOverflowError(needed, self.context_tokens)))
+            yield refused("error", str(ContextOverflowError(needed, self.context_tokens, self.context_advice)))
             return
         self.messages.append(user)
         self._boundaries.append(_Boundary(len(self.messages) - 1, self._state.snapshot(), len(self._fed),
