@@ -78,14 +78,11 @@ def _start_turn(session, history: list, text: str, sampling):
 
 
 def _resume_turn(session, history: list, sampling):
-    """The session's events continuing the cut reply that ends `history`, when its state still ends there."""
-    from engine.runtime.events import TurnFinished, TurnStats
-
+    """The session's events continuing the cut reply that ends `history`: from the state when it still ends there,
+    else with the history and the reply's text prefilled again."""
     if _same_conversation(session.messages, history) and session.can_resume():
         return session.resume(sampling)
-    error = ("This reply can no longer be continued: the engine has answered other messages since it was cut (or "
-             "the model was reloaded). Regenerate it, or send “go on” to ask the model to carry on.")
-    return iter([TurnFinished("", "", TurnStats(0, 0, 0, 0.0, 0.0, 0.0, "error", 0, error))])
+    return session.continue_from(history[:-1], history[-1], sampling)
 
 
 def _cancelled_stats() -> dict:

@@ -556,3 +556,23 @@ def test_real_engine_continues_a_reply_cut_by_its_length_limit(qtbot, store, set
     assert len(saved) == 2 and saved[-1]["id"] == cut["id"]
     assert saved[-1]["content"].startswith(cut["content"]) and len(saved[-1]["content"]) > len(cut["content"])
     assert chat_history(saved) == real_worker.session.messages  # the engine holds the grown reply
+
+
+def test_real_engine_continues_a_cut_reply_after_another_chat_ran(qtbot, store, settings, real_worker):
+    settings.set("enable_thinking", False)
+    settings.set("sampling", {"max_new_tokens": 6, "seed": 6})
+    page = make_page(qtbot, store, real_worker, settings)
+    cut_chat = page.current_conversation_id()
+    wait_for_reply(qtbot, page, real_worker, lambda: type_and_send(qtbot, page, "Count to a million"))
+    cut = store.messages(cut_chat)[-1]
+    page.new_chat()
+    wait_for_reply(qtbot, page, real_worker, lambda: type_and_send(qtbot, page, "Something else"))
+    page.open_conversation(cut_chat)  # the engine's state now holds the other chat
+
+    bubble = last_bubble(page)
+    result = wait_for_reply(qtbot, page, real_worker,
+                            lambda: qtbot.mouseClick(bubble.continue_button, Qt.MouseButton.LeftButton))
+    assert result["stats"]["stop_reason"] in ("eos", "length") and result["stats"]["prefill_tokens"] > 1
+    saved = store.messages(cut_chat)
+    assert len(saved) == 2 and saved[-1]["id"] == cut["id"] and saved[-1]["content"].startswith(cut["content"])
+    assert chat_history(saved) == real_worker.session.messages

@@ -348,3 +348,26 @@ def test_the_overflow_message_gives_the_advice_it_was_given_and_no_other(tokeniz
     _, advised = scripted(tokenizer, context_tokens=8, context_advice="a larger VRAM preset holds more")
     message = list(advised.send("a long message " * 8))[-1].stats.error
     assert message.endswith("start a new chat or shorten the prompt; a larger VRAM preset holds more")
+
+
+@pytest.mark.parametrize("cut, rest", [
+    ({"role": "assistant", "content": "", "reasoning_content": "Let me"}, " think.\n</think>\n\nAnswer: ok"),
+    ({"role": "assistant", "content": "Answer:", "reasoning_content": "Let me think."}, " ok")])
+def test_continue_from_prefills_the_history_and_the_cut_reply_then_goes_on(tokenizer, cut, rest):
+    model, session = scripted(tokenizer, text=rest)  # the model writes the rest of the reply
+    history = [{"role": "user", "content": "Hi"}]
+    events = list(session.continue_from(history, cut, GREEDY))
+    reasoning, answer, final = split(events)
+    prompt = tokenizer.decode(model.fed[0])
+    # the prompt is the chat's generation prompt, then the reply as the model wrote it so far, left open
+    if cut["content"]:
+        assert prompt.endswith("<|im_start|>assistant\n<think>\nLet me think.\n</think>\n\nAnswer:")
+        assert (reasoning, answer) == ("", " ok")
+    else:
+        assert prompt.endswith("<|im_start|>assistant\n<think>\nLet me")
+        assert (reasoning, answer) == (" think.\n", "Answer: ok")
+    assert (final.reasoning, final.answer, final.stats.stop_reason) == ("Let me think.", "Answer: ok", "eos")
+    assert session.messages == history + [{"role": "assistant", "content": "Answer: ok",
+                                           "reasoning_content": "Let me think."}]
+    with pytest.raises(ValueError):
+        session.continue_from([], cut)

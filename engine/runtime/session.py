@@ -158,9 +158,8 @@ class ChatSession:
         reply = _Reply(self, sampler, list(self._pending), "")
         self._pending = ()
         # the reply goes on where it stopped, its text as generated (the stored message is trimmed)
-        reply.reasoning = cut.reasoning
+        reply.reasoning, reply.segment_started = cut.reasoning, True
         reply.thoughts, reply.answer = [t for t in (cut.thoughts,) if t], [t for t in (cut.answer,) if t]
-        reply.segment_started = True
         yield from reply.run()
 
     def can_edit(self, message_index: int) -> bool:
@@ -233,14 +232,37 @@ class ChatSession:
         yield from reply.run()
         self.messages, self._synced = [], 0  # the reply is not a turn of the session's own conversation
 
-    def _turn(self, user_text: str, sampling: SamplingParams | None) -> Iterator:
+    def _turn(self, user_text: str, sampling: SamplingParams | None, cut: _CutReply | None = None) -> Iterator:
         """The turn's events; a cancel() from now on (before the first event too) stops it."""
         if self._holds_request:  # the state holds a whole request's sequence, not this conversation
             self._forget_state()
         self._cancel.clear()
-        return self._run_turn(user_text, sampling)
+        return self._run_turn(user_text, sampling, cut)
 
-    def _run_turn(self, user_text: str, sampling: SamplingParams | None) -> Iterator:
+    def continue_from(self, history: list[dict], cut_reply: dict, sampling: SamplingParams | None = None) -> Iterator:
+        """Write more of `cut_reply` (role, content, reasoning_content), the reply to the user message that ends
+        `history`, when the state no longer holds it (another chat ran since, a restart): the history is prefilled
+        again with the reply's text after the generation prompt, then decoding goes on; the events carry the new
+        text and TurnFinished the whole reply."""
+        if not history or history[-1]["role"] != "user":
+            raise ValueError("the history must end with the user message the cut reply answers")
+        self.reset(history[:-1])
+        reasoning, answer = cut_reply.get("reasoning_content") or "", cut_reply.get("content") or ""
+        return self._turn(history[-1]["content"], sampling, _CutReply(None, reasoning, answer, not answer))
+
+    def _reply_prefix(self, rendered: str, cut: _CutReply) -> tuple[list[int], bool]:
+        """(token ids of the cut reply's text as the model wrote it after the generation prompt `rendered`,
+        whether the reply is still in its thinking there). Texts are data, read without control tokens."""
+        tok = self.tokenizer
+        thinking_open = bool(tok.think_start) and rendered.rfind(tok.think_start) > rendered.rfind(tok.think_end or "")
+        if not thinking_open:  # the template closed the thinking (or has none): only the answer follows
+            return tok.encode_text(cut.answer) if cut.answer else [], False
+        if not cut.answer:
+            return tok.encode_text(cut.thoughts), True
+        return (tok.encode_text(cut.thoughts + "\n") + [tok.token_id(tok.think_end)]
+                + tok.encode_text("\n\n" + cut.answer)), False
+
+    def _run_turn(self, user_text: str, sampling: SamplingParams | None, cut: _CutReply | None = None) -> Iterator:
         params = sampling or self.sampling
         sampler = Sampler(replace(params, stop=tuple(params.stop)))
         user = {"role": "user", "content": user_text}
@@ -256,6 +278,9 @@ class ChatSession:
         except CheckpointError as exc:  # the model's template cannot render this conversation
             yield refused("error", str(exc))
             return
+        if cut is not None:
+            prefix, in_thinking = self._reply_prefix(rendered, cut)
+            ids = ids + prefix
         needed = self._state.position + len(ids) + 1  # at least one reply token must fit
         if needed > self.context_tokens:
             yield refused("error", str(ContextOverflowError(needed, self.context_tokens, self.context_advice)))
@@ -264,14 +289,19 @@ class ChatSession:
         self._boundaries.append(_Boundary(len(self.messages) - 1, self._state.snapshot(), len(self._fed),
                                           self._pending))
         del self._boundaries[:-self.max_snapshots]  # the oldest go: editing there prefills the history again
-        yield from _Reply(self, sampler, ids, rendered).run()
+        reply = _Reply(self, sampler, ids, rendered)
+        if cut is not None:  # the reply goes on after its text, which the prompt now ends with
+            reply.reasoning, reply.segment_started = in_thinking, True
+            reply.thoughts, reply.answer = [t for t in (cut.thoughts,) if t], [t for t in (cut.answer,) if t]
+        yield from reply.run()
 
 
 @dataclass(frozen=True)
 class _CutReply:
-    """A reply cut before its end: its message in the conversation, its text untrimmed, whether in its thinking."""
+    """A reply cut before its end: its message in the conversation (None: not in it), its text (untrimmed when the
+    session made it), whether in its thinking."""
 
-    message: dict
+    message: dict | None
     thoughts: str
     answer: str
     reasoning: bool
