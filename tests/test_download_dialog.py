@@ -328,11 +328,13 @@ GIB_ = 2**30
 MACHINES = {
     "23.5 GiB RAM, no GPU": ((int(23.5 * GIB_), None), {
         "nvidia/Qwen3.6-35B-A3B-NVFP4": "✓ fits", "Qwen/Qwen3.6-35B-A3B-FP8": "✗ too big",
-        "Qwen/Qwen3.6-35B-A3B": "✗ too big", "Qwen/Qwen3.5-35B-A3B": "✗ too big", "Qwen/Qwen3-30B-A3B": "✗ too big"}),
+        "Qwen/Qwen3.6-35B-A3B": "✗ too big", "Qwen/Qwen3.5-35B-A3B": "✗ too big",
+        "Qwen/Qwen3-30B-A3B": "✗ too big"}),
     "32 GiB RAM + 8 GB GPU": ((32 * GIB_, {"name": "RTX 4060", "total_bytes": 8 * 10**9, "used_bytes": 0,
                                            "free_bytes": 8 * 10**9}), {
         "nvidia/Qwen3.6-35B-A3B-NVFP4": "✓ fits", "Qwen/Qwen3.6-35B-A3B-FP8": "⚠ tight",
-        "Qwen/Qwen3.6-35B-A3B": "✗ too big", "Qwen/Qwen3.5-35B-A3B": "✗ too big", "Qwen/Qwen3-30B-A3B": "✗ too big"}),
+        "Qwen/Qwen3.6-35B-A3B": "✗ too big", "Qwen/Qwen3.5-35B-A3B": "✗ too big",
+        "Qwen/Qwen3-30B-A3B": "✗ too big"}),
 }
 
 

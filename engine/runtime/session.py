@@ -148,9 +148,11 @@ class ChatSession:
     def _run_resume(self, sampling: SamplingParams | None) -> Iterator:
         params = sampling or self.sampling
         sampler = Sampler(replace(params, stop=tuple(params.stop)))
-        if self._state.position + len(self._pending) + 1 > self.context_tokens:
-            yield TurnFinished("", "", TurnStats(self._state.position, 0, 0, 0.0, 0.0, 0.0, "error", sampler.seed, str(
-                ContextOverflowError(self._state.position + len(self._pending) + 1, self.context_tokens, self.context_advice))))
+        needed = self._state.position + len(self._pending) + 1  # the cut reply's last token, and one more
+        if needed > self.context_tokens:
+            error = str(ContextOverflowError(needed, self.context_tokens, self.context_advice))
+            stats = TurnStats(self._state.position, 0, 0, 0.0, 0.0, 0.0, "error", sampler.seed, error)
+            yield TurnFinished("", "", stats)
             return
         cut = self._cut_reply
         self.messages.pop()
