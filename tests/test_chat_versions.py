@@ -319,3 +319,35 @@ def test_paging_is_held_while_a_reply_streams(qtbot, page, store, fake):
     assert contents(store, cid) == ["Q", "A2", "Next", "done"]
     assert chat_history(store.messages(cid))[:2] == [{"role": "user", "content": "Q"},
                                                      {"role": "assistant", "content": "A2"}]
+
+
+def test_export_and_import_from_the_page(qtbot, page, store, fake, tmp_path, monkeypatch):
+    from PySide6.QtWidgets import QFileDialog
+
+    send(qtbot, page, "Hi")
+    fake.reply("Hello!")
+    qtbot.mouseClick(page.transcript.bubbles[-1].regenerate_button, Qt.MouseButton.LeftButton)
+    fake.reply("Hey!")
+    for kind, name in (("markdown", "chat.md"), ("json", "chat.json")):
+        monkeypatch.setattr(QFileDialog, "getSaveFileName", lambda *args, name=name: (str(tmp_path / name), ""))
+        page.export_chat(kind)
+    assert "## Assistant\n\nHey!" in (tmp_path / "chat.md").read_text(encoding="utf-8")
+    assert [m["content"] for m in json.loads((tmp_path / "chat.json").read_text())["messages"]] == \
+        ["Hi", "Hello!", "Hey!"]
+
+    monkeypatch.setattr(QFileDialog, "getOpenFileName", lambda *args: (str(tmp_path / "chat.json"), ""))
+    original = page.current_conversation_id()
+    page.import_chat()
+    imported = page.current_conversation_id()
+    assert imported != original and shown_texts(page) == ["Hi", "Hey!"]
+    assert page.transcript.bubbles[-1].pager.label.text() == "2/2"
+
+    (tmp_path / "bad.json").write_text("{}", encoding="utf-8")
+    monkeypatch.setattr(QFileDialog, "getOpenFileName", lambda *args: (str(tmp_path / "bad.json"), ""))
+    warnings = []
+    monkeypatch.setattr(QMessageBox, "warning", lambda parent, title, text: warnings.append(text))
+    page.import_chat()
+    assert page.current_conversation_id() == imported and "was not imported" in warnings[0]
+    monkeypatch.setattr(QFileDialog, "getSaveFileName", lambda *args: (str(tmp_path / "missing" / "x.md"), ""))
+    page.export_chat("markdown")
+    assert "could not be written" in warnings[1] and "Choose another folder" in warnings[1]

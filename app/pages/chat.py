@@ -7,6 +7,8 @@ draft a moment after typing stops, a reply every REPLY_SAVE_MS while it grows an
 The worker is the local EngineWorker or a RemoteWorker (app/remote_worker.py), which emit the same reply
 signals; `set_engine` switches between them and the header says which engine answers. While the local API
 answers a request the page says so (`set_api_busy`): a message sent meanwhile waits for the engine.
+Nothing is overwritten: Regenerate and Edit add versions (the store keeps the chat as a tree), Continue
+grows a cut reply in place, and a delete can be undone for UNDO_MS before it is final.
 """
 
 from __future__ import annotations
@@ -61,6 +63,7 @@ class _Reply:
     reasoning: str = ""
     bubble: AssistantBubble | None = None  # None while another conversation is on screen
     continued: bool = False  # Continue: more text onto the stored message `message_id`
+    started: bool = False  # the worker began it (it may wait behind API requests first)
     discarded: bool = False  # its conversation was deleted for good: nothing more is written
 
 
@@ -569,7 +572,10 @@ class ChatPage(QWidget):
     @Slot()
     def _on_reply_started(self) -> None:
         reply = self._reply
-        if reply is None or reply.discarded or reply.continued:
+        if reply is None or reply.discarded:
+            return
+        reply.started = True
+        if reply.continued:
             return
         reply.message_id = self.store.add_message(reply.conversation_id, "assistant", parent_id=reply.parent_id)
         if reply.conversation_id == self._conversation_id:
@@ -644,7 +650,7 @@ class ChatPage(QWidget):
         self.send_button.setEnabled(not busy)
         self.stop_button.setEnabled(self._reply is not None)
         self.transcript.set_busy(busy)
-        waiting = self._reply is not None and self._reply.message_id is None
+        waiting = self._reply is not None and not self._reply.started
         self.api_note.setText("Answering an API request… your message is next." if waiting
                               else "Answering an API request…")
         self.api_note.setVisible(self._api_busy)

@@ -2,7 +2,7 @@
 
 User messages are plain text with an Edit action; assistant replies render Markdown, give each fenced
 code block a Copy button, keep the reasoning in a collapsible, muted section and end with a stats
-line. A streaming reply re-renders at most RENDER_INTERVAL_MS apart however fast the deltas come,
+line. A message with other versions shows a ◀ n/m ▶ pager; each has Delete, and a cut last reply Continue. A streaming reply re-renders at most RENDER_INTERVAL_MS apart however fast the deltas come,
 and the view follows the bottom only while the user is there.
 """
 
