@@ -538,6 +538,13 @@ def test_real_engine_stop_regenerate_and_edit(qtbot, store, settings, real_worke
     assert chat_history(saved) == real_worker.session.messages  # the engine rolled back to the edit
     assert len(page.transcript.bubbles) == 2
 
+    # back to the first version: its branch's turns show, and the engine answers from that branch
+    qtbot.mouseClick(page.transcript.bubbles[0].pager.previous_button, Qt.MouseButton.LeftButton)
+    assert [m["content"] for m in store.messages(conversation_id)][0::2] == ["Count to a million", "Second question"]
+    wait_for_reply(qtbot, page, real_worker, lambda: type_and_send(qtbot, page, "Third"))
+    saved = store.messages(conversation_id)
+    assert len(saved) == 6 and chat_history(saved) == real_worker.session.messages
+
 
 def test_real_engine_continues_a_reply_cut_by_its_length_limit(qtbot, store, settings, real_worker):
     settings.set("enable_thinking", False)

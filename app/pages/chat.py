@@ -447,7 +447,7 @@ class ChatPage(QWidget):
         streaming_here = reply is not None and reply.conversation_id == self._conversation_id
         if streaming_here:
             # up to the message answered: the stored copy of the reply lags behind what streamed
-            asked = next(i for i, m in enumerate(messages) if m["id"] == reply.parent_id)
+            asked = next((i for i, m in enumerate(messages) if m["id"] == reply.parent_id), len(messages) - 1)
             self.transcript.show_messages(messages[:asked + 1])
             if reply.message_id is not None:
                 reply.bubble = self.transcript.start_reply()
