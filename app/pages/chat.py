@@ -143,7 +143,6 @@ class ChatPage(QWidget):
         export_menu.addAction("Import a chat from JSON…", self.import_chat)
         self.export_button.setMenu(export_menu)
         self.undo_label = QLabel()
-        self.undo_label.setTextFormat(Qt.TextFormat.PlainText)  # a chat's title is data
         self.undo_button = QPushButton("Undo")
         self.undo_bar = QWidget()
         undo_row = QHBoxLayout(self.undo_bar)
@@ -151,7 +150,7 @@ class ChatPage(QWidget):
         undo_row.addWidget(self.undo_label, 1)
         undo_row.addWidget(self.undo_button)
         self.undo_bar.hide()
-        self._undo = None  # (undo, finish) of the last delete, while it can be undone
+        self._undo = None  # (undo, purge) of the last delete, while it can be undone
         self._undo_timer = QTimer(self, singleShot=True, interval=UNDO_MS)
         self._draft_timer = QTimer(self, singleShot=True, interval=DRAFT_SAVE_MS)
         self._reply_save_timer = QTimer(self, singleShot=True, interval=REPLY_SAVE_MS)
