@@ -49,6 +49,18 @@ class DeltaBuffer:
         self._last_emit = self._clock()
 
 
+def context_advice(context: int, asked: int, model_max: int, plan_tokens: int | None) -> str:
+    """What would make a context of `context` tokens larger (for the overflow message): "" when nothing can, at the
+    model's own maximum; the plan's KV cache when the plan caps it; the setting when the setting does."""
+    if context >= model_max:
+        return ""
+    if plan_tokens is not None and context == plan_tokens and plan_tokens < asked:
+        return (f"the VRAM plan's KV cache holds {plan_tokens:,} tokens: a larger VRAM preset on the Engine page "
+                f"holds more (the model allows up to {model_max:,})")
+    return (f"raise the context size in Settings (now {asked:,}; the model allows up to {model_max:,}) and load "
+            f"the model again")
+
+
 def _same_conversation(a: list[dict], b: list[dict]) -> bool:
     return [(m["role"], m["content"]) for m in a] == [(m["role"], m["content"]) for m in b]
 
@@ -65,6 +77,14 @@ def _start_turn(session, history: list, text: str, sampling):
     return session.send(text, sampling)
 
 
+def _resume_turn(session, history: list, sampling):
+    """The session's events continuing the cut reply that ends `history`: from the state when it still ends there,
+    else with the history and the reply's text prefilled again."""
+    if _same_conversation(session.messages, history) and session.can_resume():
+        return session.resume(sampling)
+    return session.continue_from(history[:-1], history[-1], sampling)
+
+
 def _cancelled_stats() -> dict:
     from engine.runtime.events import TurnStats
 
@@ -75,7 +95,8 @@ class _WindowTurn:
     """A chat-window turn as a job of the engine's queue: `run` starts it on the queue's thread when its turn
     comes, `deliver` turns its events into the worker's reply signals there."""
 
-    def __init__(self, worker: "EngineWorker", history: list, text: str, options: dict):
+    def __init__(self, worker: "EngineWorker", history: list, text: str | None, options: dict):
+        """text None: continue the last reply of `history` (cut by its length limit or Stop)."""
         self.worker, self.history, self.text, self.options = worker, history, text, options
         self.pending = DeltaBuffer(worker.reasoningDelta, worker.answerDelta)
         self.session = None  # the queue's, once the turn runs (the worker's may be gone by an unload meanwhile)
@@ -91,6 +112,8 @@ class _WindowTurn:
         sampling = worker._sampling(session, self.options)
         sampling.validate()
         worker._apply(session, self.options)
+        if self.text is None:
+            return _resume_turn(session, self.history, sampling)
         return _start_turn(session, self.history, self.text, sampling)
 
     def deliver(self, event) -> None:
@@ -237,10 +260,12 @@ class EngineWorker(QObject):
                 return
             tokenizer = ChatTokenizer.from_folder(Path(path))
             config = model.config
-            context = min(int(options.get("context_tokens") or DEFAULT_CONTEXT_TOKENS), config.max_position_embeddings)
-            session_options = {}
+            asked = int(options.get("context_tokens") or DEFAULT_CONTEXT_TOKENS)
+            plan_tokens = placement.plan.kv_tokens if placement.plan is not None else None
+            context = min(asked, config.max_position_embeddings, plan_tokens or asked)
+            session_options = {"context_advice": context_advice(context, asked, config.max_position_embeddings,
+                                                                plan_tokens)}
             if placement.plan is not None:  # the plan fixes the KV cache and the prefill chunk on the GPU
-                context = min(context, placement.plan.kv_tokens)
                 session_options["prefill_chunk_tokens"] = placement.plan.prefill_chunk_tokens
             snapshots = int(options.get("turn_snapshots") or DEFAULT_MAX_SNAPSHOTS)
             self.session = session = ChatSession(model, tokenizer, context_tokens=context, max_snapshots=snapshots,
@@ -250,6 +275,7 @@ class EngineWorker(QObject):
                 "layers": config.num_hidden_layers, "experts": config.num_experts,
                 "experts_per_token": config.num_experts_per_tok, "vocab_size": config.vocab_size,
                 "context_tokens": context, "max_context_tokens": config.max_position_embeddings,
+                "context_asked_tokens": asked, "context_plan_tokens": plan_tokens,
                 "snapshot_bytes": self.session.snapshot_bytes,
                 # read here, off the GUI thread: the Engine page plans with it (an immutable value)
                 "footprint": footprint_from_checkpoint(Path(path)),
@@ -342,7 +368,7 @@ class EngineWorker(QObject):
         self.unloaded.emit()
 
     @Slot(list, str, dict)
-    def send(self, history: list, text: str, options: dict) -> None:
+    def send(self, history: list, text: str | None, options: dict) -> None:
         """Answer `text` after `history` (the chat's earlier user/assistant messages) once the engine queue gets
         to it. Regenerate and edit-and-resend are the same call with a shorter history: the session rolls back to
         that turn's snapshot when it has one, and otherwise prefills the history again."""
@@ -359,6 +385,12 @@ class EngineWorker(QObject):
             self._job = queue.submit(turn.run, turn.deliver, from_api=False)
         except Stopped:  # the app is closing (unloads run on this thread, so none is under way)
             turn.deliver(None)
+
+    @Slot(list, dict)
+    def continue_reply(self, history: list, options: dict) -> None:
+        """Write more of the reply that ends `history` (cut by its length limit or Stop) once the engine queue gets
+        to it; the reply events carry the new text and replyFinished the whole reply."""
+        self.send(history, None, options)
 
     def _on_queue_change(self, queue) -> None:
         """(queue thread) Say what the engine is doing, for the API-busy note and the server's stats."""

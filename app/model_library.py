@@ -13,6 +13,7 @@ import math
 import os
 from pathlib import Path
 
+from app.machine_fit import Machine, judge
 from app.paths import DEMO_MODEL
 from engine.checkpoint import INDEX_FILE
 from engine.checkpoint.quant_config import read_hf_quant_config
@@ -47,6 +48,7 @@ def scan_library(extra_folders: list[Path], hf_cache: Path | None = None, downlo
     """
     entries: list[dict] = []
     seen: set[Path] = set()
+    machine = Machine.read()  # once per scan, on the scanner's thread
 
     def add(folder: Path, source: str, name: str | None = None) -> None:
         try:
@@ -55,7 +57,7 @@ def scan_library(extra_folders: list[Path], hf_cache: Path | None = None, downlo
             key = folder.absolute()
         if key not in seen:
             seen.add(key)
-            entries.append(describe_model(folder, source, name))
+            entries.append(describe_model(folder, source, name, machine))
 
     if DEMO_MODEL.is_dir():
         add(DEMO_MODEL, DEMO_SOURCE, "Demo model (built in)")
@@ -123,14 +125,15 @@ def _current_snapshot(repo: Path) -> Path | None:
     return max(snapshots, key=lambda p: p.stat().st_mtime, default=None)
 
 
-def describe_model(folder: Path, source: str, name: str | None = None) -> dict:
+def describe_model(folder: Path, source: str, name: str | None = None, machine: Machine | None = None) -> dict:
     """name, path, source, architecture, format, size_bytes (None without config.json), fits
-    {preset: bool}, fit_errors {preset: PlanError text}, error (str(CheckpointError), "" when usable)."""
+    {preset: bool}, fit_errors {preset: PlanError text}, machine_fit (how it fits `machine`: level, short, text;
+    {} without a machine), error (str(CheckpointError), "" when usable)."""
     raw = _raw_config(folder)
     entry = {"name": name or folder.name, "path": str(folder), "source": source,
              "architecture": _architecture(raw), "format": weight_format(folder, raw) if raw else "",
              "size_bytes": size_on_disk(folder) if raw is not None else None,
-             "fits": {}, "fit_errors": {}, "error": ""}
+             "fits": {}, "fit_errors": {}, "machine_fit": {}, "error": ""}
     try:
         footprint = footprint_from_checkpoint(folder)
     except CheckpointError as exc:
@@ -149,7 +152,10 @@ def describe_model(folder: Path, source: str, name: str | None = None) -> dict:
         except Exception as exc:  # a planner bug on one odd checkpoint must not take the library down
             entry["fits"], entry["fit_errors"] = {}, {}
             entry["error"] = f"{folder}: could not be planned ({exc!r})"
-            break
+            return entry
+    if machine is not None:
+        verdict = judge(footprint, machine)
+        entry["machine_fit"] = {"level": verdict.level, "short": verdict.short, "text": verdict.text}
     return entry
 
 

@@ -71,6 +71,13 @@ class RemoteWorker(QObject):
         finally:
             self.busyChanged.emit(False)
 
+    @Slot(list, dict)
+    def continue_reply(self, history: list, options: dict) -> None:
+        """A remote engine's API has no way to go on with a reply: say so, keeping what the reply holds."""
+        self.replyFinished.emit({"answer": "", "reasoning": "", "stats": {
+            "stop_reason": "error", "error": "A remote engine cannot continue a reply (its API has no way to). "
+                                             "Regenerate it, or send “go on” to ask the model to carry on."}})
+
     async def _reply(self, endpoint: dict, messages: list[dict], fields: dict) -> None:
         with self._lock:
             self._task = (asyncio.get_running_loop(), asyncio.current_task())

@@ -10,7 +10,9 @@ import functools
 import importlib.metadata
 import os
 import platform
+import shutil
 import sys
+from pathlib import Path
 
 GIB, MIB, KIB = 2 ** 30, 2 ** 20, 2 ** 10
 NO_GPU_TEXT = "no NVIDIA GPU: CPU mode"
@@ -92,6 +94,17 @@ def ram() -> dict:
         except (AttributeError, ValueError, OSError):
             total = available = 0
     return {"total_bytes": total, "used_bytes": total - available, "available_bytes": available}
+
+
+def disk_free(folder: Path) -> int | None:
+    """Free bytes on the disk holding `folder` (its nearest existing parent), None when it cannot be read."""
+    for candidate in (folder, *folder.parents):
+        if candidate.exists():
+            try:
+                return shutil.disk_usage(candidate).free
+            except OSError:
+                return None
+    return None
 
 
 def gpu_summary_text(gpu: dict | None = None) -> str:

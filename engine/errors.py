@@ -21,10 +21,11 @@ class CheckpointError(Exception):
 class ContextOverflowError(ValueError):
     """More tokens than the state was sized for."""
 
-    def __init__(self, needed: int, limit: int):
+    def __init__(self, needed: int, limit: int, advice: str = ""):
+        """`advice`: what else can make room, where something can (e.g. a larger context setting)."""
         self.needed, self.limit = needed, limit
         super().__init__(f"the conversation needs {needed} tokens but this session holds at most {limit}; "
-                         f"start a new chat, shorten the prompt, or raise the context size")
+                         f"start a new chat or shorten the prompt" + (f"; {advice}" if advice else ""))
 
 
 class NonFiniteLogitsError(RuntimeError):

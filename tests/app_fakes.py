@@ -28,6 +28,7 @@ class FakeWorker(QObject):
     def __init__(self):
         super().__init__()
         self.sent: list[tuple[list, str, dict]] = []  # (history, text, options) per send
+        self.continued: list[tuple[list, dict]] = []  # (history, options) per continue_reply
         self.load_calls: list[tuple[str, dict]] = []
         self.stop_calls = 0
         self.reserve_requests = 0
@@ -47,6 +48,10 @@ class FakeWorker(QObject):
     @Slot(list, str, dict)
     def send(self, history: list, text: str, options: dict) -> None:
         self.sent.append((history, text, options))
+
+    @Slot(list, dict)
+    def continue_reply(self, history: list, options: dict) -> None:
+        self.continued.append((history, options))
 
     def stop(self) -> None:
         self.stop_calls += 1

@@ -262,7 +262,7 @@ def test_a_failed_reply_shows_its_error_and_keeps_the_question(qtbot, store, fak
     assert engine_history(store.messages(conversation_id)) == history + [{"role": "user", "content": "Try again"}]
 
 
-def test_regenerate_replaces_the_last_reply(qtbot, store, fake, settings):
+def test_regenerate_adds_a_version_and_keeps_the_earlier_reply(qtbot, store, fake, settings):
     page = make_page(qtbot, store, fake, settings)
     conversation_id = page.current_conversation_id()
     type_and_send(qtbot, page, "Name a colour")
@@ -276,15 +276,23 @@ def test_regenerate_replaces_the_last_reply(qtbot, store, fake, settings):
     history, text, _ = fake.sent[-1]
     assert text == "Another one"
     assert history == [{"role": "user", "content": "Name a colour"}, {"role": "assistant", "content": "Blue."}]
-    assert len(store.messages(conversation_id)) == 3 and len(page.transcript.bubbles) == 3
+    assert len(page.transcript.bubbles) == 3
 
     fake.reply("Green.")
-    assert [m["content"] for m in store.messages(conversation_id)] == \
-        ["Name a colour", "Blue.", "Another one", "Green."]
+    shown = store.messages(conversation_id)
+    assert [m["content"] for m in shown] == ["Name a colour", "Blue.", "Another one", "Green."]
+    assert (shown[-1]["version"], shown[-1]["versions"]) == (2, 2)
     assert shown_answer(last_bubble(page)) == "Green."
+    pager = last_bubble(page).pager
+    assert pager.isVisibleTo(last_bubble(page)) and pager.label.text() == "2/2"
+    assert "Red." in [m["content"] for m in store.tree(conversation_id)]  # the earlier reply is kept
+
+    qtbot.mouseClick(pager.previous_button, Qt.MouseButton.LeftButton)
+    assert shown_answer(last_bubble(page)) == "Red." and last_bubble(page).pager.label.text() == "1/2"
+    assert store.messages(conversation_id)[-1]["content"] == "Red."  # the shown version is remembered
 
 
-def test_edit_and_resend_truncates_after_the_edited_message(qtbot, store, fake, settings):
+def test_edit_and_resend_makes_a_branch_and_keeps_the_old_one(qtbot, store, fake, settings):
     page = make_page(qtbot, store, fake, settings)
     conversation_id = page.current_conversation_id()
     type_and_send(qtbot, page, "What is 2 + 2?")
@@ -302,7 +310,18 @@ def test_edit_and_resend_truncates_after_the_edited_message(qtbot, store, fake, 
     assert fake.sent[-1][:2] == ([], "What is 2 + 3?")
     assert [m["content"] for m in store.messages(conversation_id)] == ["What is 2 + 3?"]
     assert [b.text for b in page.transcript.bubbles] == ["What is 2 + 3?"]
+    assert page.transcript.bubbles[0].pager.label.text() == "2/2"
     fake.reply("5")
+    assert [m["content"] for m in store.messages(conversation_id)] == ["What is 2 + 3?", "5"]
+
+    # paging back to the first version shows its branch's later turns, and the engine gets that branch next
+    qtbot.mouseClick(page.transcript.bubbles[0].pager.previous_button, Qt.MouseButton.LeftButton)
+    assert [m["content"] for m in store.messages(conversation_id)] == ["What is 2 + 2?", "4", "And times 3?", "12"]
+    assert len(page.transcript.bubbles) == 4 and shown_answer(last_bubble(page)) == "12"
+    type_and_send(qtbot, page, "And minus 1?")
+    assert fake.sent[-1][0] == chat_history(store.messages(conversation_id)[:4])
+    fake.reply("11")
+    qtbot.mouseClick(page.transcript.bubbles[0].pager.next_button, Qt.MouseButton.LeftButton)
     assert [m["content"] for m in store.messages(conversation_id)] == ["What is 2 + 3?", "5"]
 
 
@@ -518,3 +537,49 @@ def test_real_engine_stop_regenerate_and_edit(qtbot, store, settings, real_worke
     assert [m["content"] for m in saved] == ["Count to ten", result["answer"]]
     assert chat_history(saved) == real_worker.session.messages  # the engine rolled back to the edit
     assert len(page.transcript.bubbles) == 2
+
+    # back to the first version: its branch's turns show, and the engine answers from that branch
+    qtbot.mouseClick(page.transcript.bubbles[0].pager.previous_button, Qt.MouseButton.LeftButton)
+    assert [m["content"] for m in store.messages(conversation_id)][0::2] == ["Count to a million", "Second question"]
+    wait_for_reply(qtbot, page, real_worker, lambda: type_and_send(qtbot, page, "Third"))
+    saved = store.messages(conversation_id)
+    assert len(saved) == 6 and chat_history(saved) == real_worker.session.messages
+
+
+def test_real_engine_continues_a_reply_cut_by_its_length_limit(qtbot, store, settings, real_worker):
+    settings.set("enable_thinking", False)
+    settings.set("sampling", {"max_new_tokens": 6, "seed": 6})
+    page = make_page(qtbot, store, real_worker, settings)
+    conversation_id = page.current_conversation_id()
+    stats = wait_for_reply(qtbot, page, real_worker, lambda: type_and_send(qtbot, page, "Count to a million"))["stats"]
+    assert stats["stop_reason"] == "length"
+    cut = store.messages(conversation_id)[-1]
+
+    bubble = last_bubble(page)
+    result = wait_for_reply(qtbot, page, real_worker,
+                            lambda: qtbot.mouseClick(bubble.continue_button, Qt.MouseButton.LeftButton))
+    assert result["stats"]["stop_reason"] != "error" and result["stats"]["prefill_tokens"] == 1  # no re-prefill
+    saved = store.messages(conversation_id)
+    assert len(saved) == 2 and saved[-1]["id"] == cut["id"]
+    assert saved[-1]["content"].startswith(cut["content"]) and len(saved[-1]["content"]) > len(cut["content"])
+    assert chat_history(saved) == real_worker.session.messages  # the engine holds the grown reply
+
+
+def test_real_engine_continues_a_cut_reply_after_another_chat_ran(qtbot, store, settings, real_worker):
+    settings.set("enable_thinking", False)
+    settings.set("sampling", {"max_new_tokens": 6, "seed": 6})
+    page = make_page(qtbot, store, real_worker, settings)
+    cut_chat = page.current_conversation_id()
+    wait_for_reply(qtbot, page, real_worker, lambda: type_and_send(qtbot, page, "Count to a million"))
+    cut = store.messages(cut_chat)[-1]
+    page.new_chat()
+    wait_for_reply(qtbot, page, real_worker, lambda: type_and_send(qtbot, page, "Something else"))
+    page.open_conversation(cut_chat)  # the engine's state now holds the other chat
+
+    bubble = last_bubble(page)
+    result = wait_for_reply(qtbot, page, real_worker,
+                            lambda: qtbot.mouseClick(bubble.continue_button, Qt.MouseButton.LeftButton))
+    assert result["stats"]["stop_reason"] in ("eos", "length") and result["stats"]["prefill_tokens"] > 1
+    saved = store.messages(cut_chat)
+    assert len(saved) == 2 and saved[-1]["id"] == cut["id"] and saved[-1]["content"].startswith(cut["content"])
+    assert chat_history(saved) == real_worker.session.messages

@@ -167,18 +167,24 @@ def test_custom_plan_that_does_not_fit_shows_the_reason(qtbot, engine_page, sett
 
 
 def test_auto_needs_a_budget_without_a_gpu_and_uses_free_vram_with_one(engine_page, monkeypatch):
+    monkeypatch.setattr(system_info, "gpu_memory", lambda: None)
     engine_page.set_preset("auto")
     assert engine_page.plan() == {}
-    assert "No NVIDIA GPU" in engine_page.error_label.text() and "VRAM budget" in engine_page.error_label.text()
+    assert not engine_page.error_label.isVisibleTo(engine_page)  # no GPU is CPU mode, a normal state: no red error
+    assert engine_page.mode_label.text().startswith("CPU mode: the plan is not used.")
+    assert "set a VRAM budget" in engine_page.budget_note.text()
     engine_page.budget_spin.setValue(16.0)
     assert engine_page.plan()["policy"] == "12gb" and engine_page.plan()["expert_cache_layers"] > 2
     assert "chose the 12 GB rules" in engine_page.detail_labels["rules"].text()
+
+    assert "what a card of this budget would get" in engine_page.mode_label.text()
 
     gpu = {"name": "RTX 3060", "total_bytes": 12 * GIB, "used_bytes": GIB, "free_bytes": 11 * GIB}
     monkeypatch.setattr(system_info, "gpu_memory", lambda: gpu)
     engine_page.budget_spin.setValue(0.0)
     assert engine_page.plan()["budget_bytes"] == 11 * GIB
     assert "free memory of RTX 3060" in engine_page.budget_note.text()
+    assert not engine_page.mode_label.isVisibleTo(engine_page)  # GPU mode: the plan is the one used
 
 
 def test_the_engine_page_plans_with_the_reserve_measured_on_the_gpu_and_says_so(engine_page, worker):
@@ -210,7 +216,9 @@ def test_in_cpu_mode_the_engine_page_says_the_plan_is_an_estimate_it_does_not_us
     assert engine_page.detail_labels["max_prompt"].text().endswith("· estimate")
     note = engine_page.reserve_note.text()
     assert note.startswith("The guarantee is an estimate") and "reference card, an RTX 2050" in note
-    assert "no CUDA support" in note and "CPU mode" in note and "this plan is not used" in note
+    mode = engine_page.mode_label.text()
+    assert engine_page.mode_label.isVisibleTo(engine_page) and mode.startswith("CPU mode: the plan is not used.")
+    assert "no CUDA support" in mode and not engine_page.error_label.isVisibleTo(engine_page)
 
 
 def test_a_gpu_whose_reserve_could_not_be_measured_shows_the_formula_as_an_estimate(engine_page, worker):
@@ -350,6 +358,23 @@ def _cell(page, row, column):
     return page.library.index(row, COLUMNS.index(column)).data()
 
 
+def test_models_page_judges_each_model_against_this_machine(qtbot, worker, settings, tiny_model, monkeypatch):
+    weights = footprint_from_checkpoint(tiny_model)
+    weight_bytes = weights.resident_bytes + weights.embedding_bytes + weights.routed_expert_bytes
+    # a machine whose RAM is smaller than the tiny model's weights: it is too big here, whatever the presets say
+    monkeypatch.setattr(system_info, "ram", lambda: {"total_bytes": weight_bytes // 2, "used_bytes": 0,
+                                                     "available_bytes": weight_bytes // 2})
+    monkeypatch.setattr(system_info, "gpu_memory", lambda: None)
+    page = _models_page(qtbot, worker, settings)
+    with qtbot.waitSignal(page.libraryScanned):
+        page.add_folder(tiny_model)
+    row = page.library.row_of(str(tiny_model))
+    assert _cell(page, row, "This PC") == "✗ too big"
+    assert _cell(page, row, "Presets") == "4 GB ✓  8 GB ✓  12 GB ✓"
+    tip = page.library.index(row, COLUMNS.index("This PC")).data(Qt.ItemDataRole.ToolTipRole)
+    assert tip.startswith("Does not fit this machine") and "no GPU" in tip and "CPU mode" in tip
+
+
 def test_models_page_load_emits_load_requested(qtbot, worker, settings, tiny_model):
     page = _models_page(qtbot, worker, settings)
     assert page.library.rowCount() == 0
@@ -357,8 +382,8 @@ def test_models_page_load_emits_load_requested(qtbot, worker, settings, tiny_mod
         page.add_folder(tiny_model)
     assert settings.get("model_folders") == [str(tiny_model)]
     row = page.library.row_of(str(tiny_model))
-    assert [_cell(page, row, c) for c in ("Name", "Architecture", "Format", "Fits", "Status")] == \
-        ["m", "qwen3_5_moe", "nvfp4", "4 GB ✓  8 GB ✓  12 GB ✓", "ready"]
+    assert [_cell(page, row, c) for c in ("Name", "Architecture", "Format", "This PC", "Presets", "Status")] == \
+        ["m", "qwen3_5_moe", "nvfp4", "✓ fits", "4 GB ✓  8 GB ✓  12 GB ✓", "ready"]
     assert page.load_button.isEnabled()
     with qtbot.waitSignal(page.loadRequested) as requested:
         qtbot.mouseClick(page.load_button, Qt.MouseButton.LeftButton)
@@ -595,3 +620,43 @@ def test_the_settings_page_and_load_options_survive_bad_stored_values(qtbot, set
         {"context_tokens": 8192, "cpu_threads": 0}
     assert [(level, message.split(" in ")[0]) for level, message in reported] == [
         ("warning", "setting sampling"), ("warning", "setting context_tokens"), ("warning", "setting cpu_threads")]
+
+
+def test_the_engine_page_judges_the_model_against_this_machine(engine_page, monkeypatch):
+    monkeypatch.setattr(system_info, "ram", lambda: {"total_bytes": int(23.5 * GIB), "used_bytes": 0,
+                                                     "available_bytes": int(23.5 * GIB)})
+    monkeypatch.setattr(system_info, "gpu_memory", lambda: None)
+    engine_page.set_model_footprint(footprint_from_synthetic("qwen3.6-35b-a3b"))  # bf16: 64.56 GiB of weights
+    text = engine_page.machine_label.text()
+    assert text.startswith("This machine: Does not fit this machine") and "23.50 GiB RAM, no GPU" in text
+    engine_page.set_model_footprint(footprint_from_synthetic("qwen3.6-35b-a3b-nvfp4"))
+    assert engine_page.machine_label.text().startswith("This machine: Fits")
+
+
+def test_the_context_setting_says_what_the_model_and_the_plan_allow(qtbot, settings):
+    from app.engine_worker import context_advice
+    from app.pages.settings_page import context_note
+
+    page = SettingsPage(settings)
+    qtbot.addWidget(page)
+    page.context_spin.setValue(8192)
+    assert "up to the model's own maximum" in page.context_note.text()  # nothing loaded yet
+    # the case: the setting says 8,192, the 4 GB plan's KV cache holds 4,096
+    info = {"name": "Qwen3.6", "context_tokens": 4096, "max_context_tokens": 262144, "context_asked_tokens": 8192,
+            "context_plan_tokens": 4096}
+    page.set_model(info)
+    assert page.context_note.text() == (
+        "Qwen3.6 runs at 4,096 tokens: the model allows 262,144 (max_position_embeddings), the VRAM plan's KV cache "
+        "holds 4,096. This setting asks 8,192, so the plan's KV cache (a larger VRAM preset holds more) decides.")
+    page.context_spin.setValue(2048)
+    assert page.context_note.text().endswith("The new size applies when the model is loaded again.")
+    cpu = {"name": "m", "context_tokens": 4096, "max_context_tokens": 4096, "context_asked_tokens": 8192,
+           "context_plan_tokens": None}
+    assert context_note(8192, cpu) == ("m runs at 4,096 tokens: the model allows 4,096 (max_position_embeddings). "
+                                       "This setting asks 8,192, so the model's maximum decides.")
+
+    # the overflow advice is one that can help: none at the model's maximum, the preset when the plan caps it
+    assert context_advice(4096, 8192, 4096, None) == ""
+    assert "a larger VRAM preset" in context_advice(4096, 8192, 262144, 4096)
+    assert context_advice(2048, 2048, 262144, None).startswith("raise the context size in Settings (now 2,048")
+    assert context_advice(2048, 2048, 262144, 8192).startswith("raise the context size")  # the setting caps it

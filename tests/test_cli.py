@@ -223,7 +223,8 @@ def test_a_prompt_past_the_models_own_context_gets_the_apps_message(model_dir, c
     """Without --context the session holds at most max_position_embeddings (4096 here), as in the app."""
     code, out, err = run(["generate", "--model", model_dir, "--prompt", "x " * 5000, "--max-new-tokens", "1"], capsys)
     assert code == 1
-    _one_error_line(err, "but this session holds at most 4096; start a new chat, shorten the prompt")
+    # the model's own maximum: raising the context cannot help, so the message does not say to
+    _one_error_line(err, "but this session holds at most 4096; start a new chat or shorten the prompt")
 
 
 def test_a_chat_line_that_is_not_utf8_is_refused_and_the_chat_goes_on(model_dir, capsys, monkeypatch):

@@ -15,6 +15,7 @@ import pytest
 from PySide6.QtCore import Qt
 from shiboken6 import Shiboken
 
+from app import system_info
 from app.dialogs.download_dialog import BAR_STEPS, CURATED_COLUMNS, DownloadDialog
 from app.model_library import DOWNLOAD_SOURCE
 from app.pages.models import ModelsPage
@@ -75,10 +76,10 @@ def test_curated_list_shows_format_size_ram_and_fitting_presets(qtbot, page):
     assert {"nvidia/Qwen3.6-35B-A3B-NVFP4", "Qwen/Qwen3.6-35B-A3B", "Qwen/Qwen3.6-35B-A3B-FP8",
             "Qwen/Qwen3.5-35B-A3B", "Qwen/Qwen3-30B-A3B"} <= set(rows)
     nvfp4 = rows["nvidia/Qwen3.6-35B-A3B-NVFP4"]
-    assert nvfp4["Format"] == "nvfp4" and nvfp4["Fits"] == "4 GB ✓  8 GB ✓  12 GB ✓"
+    assert nvfp4["Format"] == "nvfp4" and nvfp4["Presets"] == "4 GB ✓  8 GB ✓  12 GB ✓"
     assert nvfp4["Download ≈"].endswith("GiB") and nvfp4["RAM ≈"].endswith("GiB") and nvfp4["Here"] == ""
     bf16 = rows["Qwen/Qwen3.6-35B-A3B"]
-    assert bf16["Fits"].startswith("4 GB ✗") and bf16["Format"] == "bf16"
+    assert bf16["Presets"].startswith("4 GB ✗") and bf16["Format"] == "bf16"
     dialog.curated_view.selectRow(0)
     assert dialog.repo_edit.text() == "nvidia/Qwen3.6-35B-A3B-NVFP4"
     assert "VRAM presets: 4 GB ✓  8 GB ✓  12 GB ✓" in dialog.summary_label.text()
@@ -106,7 +107,7 @@ def test_download_drives_the_bars_and_lands_in_the_library_ready_to_load(qtbot, 
     statuses = [dialog.files_table.item(r, 2).text() for r in range(dialog.files_table.rowCount())]
     assert statuses == ["done ✓"] * 9
     assert dialog.banner.property("kind") == "ok" and dialog.load_button.isVisible()
-    assert "12 GB ✓" in dialog.summary_label.text() and "RAM needed ≈" in dialog.summary_label.text()
+    assert "12 GB ✓" in dialog.summary_label.text() and "Fits: it needs" in dialog.summary_label.text()
 
     # the Models page lists it once its rescan is in, selected and usable; Load now hands it to the engine worker
     qtbot.waitUntil(lambda: page.library.row_of(folder) >= 0, timeout=TIMEOUT_MS)
@@ -320,3 +321,59 @@ def test_a_dialog_destroyed_mid_download_stops_its_thread_before_the_worker_goes
     qtbot.waitUntil(lambda: thread() is None and worker() is None, timeout=TIMEOUT_MS)
     folder = private_library / hub.folder_name(TINY)
     assert hub.partial_download(folder) and not (folder / "config.json").exists()  # stopped, what arrived kept
+
+
+GIB_ = 2**30
+# (RAM, GPU or None) -> what "This PC" says for each curated model: a laptop without a GPU, a desktop with 8 GB
+MACHINES = {
+    "23.5 GiB RAM, no GPU": ((int(23.5 * GIB_), None), {
+        "nvidia/Qwen3.6-35B-A3B-NVFP4": "✓ fits", "Qwen/Qwen3.6-35B-A3B-FP8": "✗ too big",
+        "Qwen/Qwen3.6-35B-A3B": "✗ too big", "Qwen/Qwen3.5-35B-A3B": "✗ too big",
+        "Qwen/Qwen3-30B-A3B": "✗ too big"}),
+    "32 GiB RAM + 8 GB GPU": ((32 * GIB_, {"name": "RTX 4060", "total_bytes": 8 * 10**9, "used_bytes": 0,
+                                           "free_bytes": 8 * 10**9}), {
+        "nvidia/Qwen3.6-35B-A3B-NVFP4": "✓ fits", "Qwen/Qwen3.6-35B-A3B-FP8": "⚠ tight",
+        "Qwen/Qwen3.6-35B-A3B": "✗ too big", "Qwen/Qwen3.5-35B-A3B": "✗ too big",
+        "Qwen/Qwen3-30B-A3B": "✗ too big"}),
+}
+
+
+@pytest.mark.parametrize("machine", list(MACHINES))
+def test_the_curated_list_judges_fit_on_this_machine(qtbot, page, monkeypatch, machine):
+    (ram_bytes, gpu), expected = MACHINES[machine]
+    monkeypatch.setattr(system_info, "ram", lambda: {"total_bytes": ram_bytes, "used_bytes": 0,
+                                                     "available_bytes": ram_bytes})
+    monkeypatch.setattr(system_info, "gpu_memory", lambda: gpu)
+    monkeypatch.setattr(system_info, "disk_free", lambda folder: 500 * GIB_)
+    dialog = page.open_download_dialog()
+    model, here = dialog.curated, CURATED_COLUMNS.index("This PC")
+    shown = {model.index(r, 0).data(): model.index(r, here).data() for r in range(model.rowCount())}
+    assert shown == expected
+    tips = {model.index(r, 0).data(): model.index(r, here).data(Qt.ItemDataRole.ToolTipRole)
+            for r in range(model.rowCount())}
+    bf16 = tips["Qwen/Qwen3.6-35B-A3B"]
+    said = "23.50 GiB RAM, no GPU" if gpu is None else "32.00 GiB RAM, RTX 4060 with 7.45 GiB"
+    assert bf16.startswith("Does not fit this machine") and "64.56 GiB in all" in bf16 and f"has {said}." in bf16
+    if gpu is None:
+        assert "CPU mode" in tips["nvidia/Qwen3.6-35B-A3B-NVFP4"]
+    else:
+        assert "RTX 4060 runs it" in tips["nvidia/Qwen3.6-35B-A3B-NVFP4"]
+    # the presets stay, as the second question
+    presets = {model.index(r, 0).data(): model.index(r, CURATED_COLUMNS.index("Presets")).data()
+               for r in range(model.rowCount())}
+    assert presets["Qwen/Qwen3.6-35B-A3B"] == "4 GB ✗  8 GB ✓  12 GB ✓"
+    dialog.curated_view.selectRow(2)
+    assert "Does not fit this machine" in dialog.summary_label.text()
+    dialog.shutdown()
+
+
+def test_a_model_bigger_than_the_free_disk_says_so(qtbot, page, monkeypatch):
+    monkeypatch.setattr(system_info, "ram", lambda: {"total_bytes": 256 * GIB_, "used_bytes": 0,
+                                                     "available_bytes": 256 * GIB_})
+    monkeypatch.setattr(system_info, "gpu_memory", lambda: None)
+    monkeypatch.setattr(system_info, "disk_free", lambda folder: 30 * GIB_)
+    dialog = page.open_download_dialog()
+    model, here = dialog.curated, CURATED_COLUMNS.index("This PC")
+    shown = {model.index(r, 0).data(): model.index(r, here).data() for r in range(model.rowCount())}
+    assert shown["nvidia/Qwen3.6-35B-A3B-NVFP4"] == "✓ fits" and shown["Qwen/Qwen3.6-35B-A3B"] == "✗ disk full"
+    dialog.shutdown()

@@ -314,3 +314,60 @@ def test_state_is_the_render_of_the_history_with_its_reasoning(qwen36, thinking)
     list(reloaded.send("Last one."))
     assert reloaded._fed == session._fed
     assert reloaded.model.fed[0] == third_prompt
+
+
+@pytest.mark.parametrize("cut_after", [3, 14])  # in the thinking, and in the answer
+def test_resume_goes_on_with_a_cut_reply_as_if_it_never_stopped(tokenizer, cut_after):
+    _, whole = scripted(tokenizer)
+    uncut_reasoning, uncut_answer, uncut = split(list(whole.send("Hi")))
+    _, session = scripted(tokenizer, sampling=SamplingParams(temperature=0.0, max_new_tokens=cut_after))
+    cut_reasoning, cut_answer, cut = split(list(session.send("Hi")))
+    assert cut.stats.stop_reason == "length" and session.can_resume()
+
+    events = list(session.resume(GREEDY))
+    reasoning, answer, final = split(events)
+    assert final.stats.stop_reason == "eos" and not session.can_resume()
+    assert (final.reasoning, final.answer) == (uncut.reasoning, uncut.answer)
+    # the events carry only the new text, which goes on exactly where the cut reply's text ended
+    assert (cut_reasoning + reasoning, cut_answer + answer) == (uncut_reasoning, uncut_answer)
+    assert session.messages == whole.messages  # one reply, grown in place
+
+
+def test_resume_is_refused_after_a_reply_that_ended(tokenizer):
+    _, session = scripted(tokenizer)
+    list(session.send("Hi"))
+    assert not session.can_resume()
+    with pytest.raises(ValueError):
+        session.resume()
+
+
+def test_the_overflow_message_gives_the_advice_it_was_given_and_no_other(tokenizer):
+    _, plain = scripted(tokenizer, context_tokens=8)
+    message = list(plain.send("a long message " * 8))[-1].stats.error
+    assert message.endswith("start a new chat or shorten the prompt") and "raise" not in message
+    _, advised = scripted(tokenizer, context_tokens=8, context_advice="a larger VRAM preset holds more")
+    message = list(advised.send("a long message " * 8))[-1].stats.error
+    assert message.endswith("start a new chat or shorten the prompt; a larger VRAM preset holds more")
+
+
+@pytest.mark.parametrize("cut, rest", [
+    ({"role": "assistant", "content": "", "reasoning_content": "Let me"}, " think.\n</think>\n\nAnswer: ok"),
+    ({"role": "assistant", "content": "Answer:", "reasoning_content": "Let me think."}, " ok")])
+def test_continue_from_prefills_the_history_and_the_cut_reply_then_goes_on(tokenizer, cut, rest):
+    model, session = scripted(tokenizer, text=rest)  # the model writes the rest of the reply
+    history = [{"role": "user", "content": "Hi"}]
+    events = list(session.continue_from(history, cut, GREEDY))
+    reasoning, answer, final = split(events)
+    prompt = tokenizer.decode(model.fed[0])
+    # the prompt is the chat's generation prompt, then the reply as the model wrote it so far, left open
+    if cut["content"]:
+        assert prompt.endswith("<|im_start|>assistant\n<think>\nLet me think.\n</think>\n\nAnswer:")
+        assert (reasoning, answer) == ("", " ok")
+    else:
+        assert prompt.endswith("<|im_start|>assistant\n<think>\nLet me")
+        assert (reasoning, answer) == (" think.\n", "Answer: ok")
+    assert (final.reasoning, final.answer, final.stats.stop_reason) == ("Let me think.", "Answer: ok", "eos")
+    assert session.messages == history + [{"role": "assistant", "content": "Answer: ok",
+                                           "reasoning_content": "Let me think."}]
+    with pytest.raises(ValueError):
+        session.continue_from([], cut)

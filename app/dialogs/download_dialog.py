@@ -17,18 +17,22 @@ from __future__ import annotations
 from pathlib import Path
 
 from PySide6.QtCore import QAbstractTableModel, QEvent, QModelIndex, QPersistentModelIndex, Qt, Signal
+from PySide6.QtGui import QColor
 from PySide6.QtWidgets import (QAbstractItemView, QApplication, QCheckBox, QDialog, QFileDialog, QFormLayout,
                                QGroupBox, QHBoxLayout, QHeaderView, QLabel, QLineEdit, QProgressBar, QPushButton,
                                QTableView, QTableWidget, QTableWidgetItem, QVBoxLayout, QWidget)
 
 from app.download_worker import start_download_worker
 from app.paths import download_folder
-from app.system_info import format_bytes, ram
+from app.machine_fit import Machine, MachineFit, judge, judge_weights
+from app.system_info import format_bytes
 from engine import hub
+from engine.runtime.planner import footprint_from_synthetic
 
-CURATED_COLUMNS = ("Model", "Format", "Download ≈", "RAM ≈", "Fits", "Here")
+CURATED_COLUMNS = ("Model", "Format", "Download ≈", "RAM ≈", "This PC", "Presets", "Here")
 FILE_COLUMNS = ("File", "Size", "Status")
 PRESET_NAMES = {"4gb": "4 GB", "8gb": "8 GB", "12gb": "12 GB"}
+FIT_COLOURS = {"too_big": QColor("#d14343"), "no_disk": QColor("#d14343"), "tight": QColor("#c47f00")}
 BAR_STEPS = 1000  # progress bars count in thousandths: byte counts overflow a QProgressBar's int
 BANNER_STYLES = {
     "error": "background: #fdecec; color: #8a1c1c; border: 1px solid #f2b8b8;",
@@ -60,11 +64,20 @@ class CuratedModelsModel(QAbstractTableModel):
         super().__init__(parent)
         self.models_dir = models_dir
         self.rows = [(model, hub.curated_fit(model)) for model in hub.CURATED_MODELS]
+        self._footprints = [footprint_from_synthetic(model.synthetic) for model in hub.CURATED_MODELS]
+        self.machine_fits: list[MachineFit] = []
+        self.set_machine(Machine.read(models_dir))
+
+    def set_machine(self, machine: Machine) -> None:
+        """Judge each model against `machine` (this PC's RAM, VRAM and free disk)."""
+        self.beginResetModel()
+        self.machine = machine
+        self.machine_fits = [judge(footprint, machine) for footprint in self._footprints]
+        self.endResetModel()
 
     def set_models_dir(self, models_dir: Path) -> None:
-        self.beginResetModel()
         self.models_dir = models_dir
-        self.endResetModel()
+        self.set_machine(Machine.read(models_dir))  # the free disk is the new folder's
 
     def refresh_status(self) -> None:
         if self.rows:
@@ -89,10 +102,14 @@ class CuratedModelsModel(QAbstractTableModel):
         column = CURATED_COLUMNS[index.column()]
         if role == Qt.ItemDataRole.DisplayRole:
             return {"Model": model.repo_id, "Format": model.format, "Download ≈": format_bytes(fit.weight_bytes),
-                    "RAM ≈": format_bytes(fit.ram_bytes), "Fits": fits_text(fit.fits),
-                    "Here": local_status(self.models_dir, model.repo_id)}[column]
+                    "RAM ≈": format_bytes(fit.ram_bytes), "This PC": self.machine_fits[index.row()].short,
+                    "Presets": fits_text(fit.fits), "Here": local_status(self.models_dir, model.repo_id)}[column]
+        if role == Qt.ItemDataRole.ForegroundRole and column == "This PC":
+            return FIT_COLOURS.get(self.machine_fits[index.row()].level)
         if role == Qt.ItemDataRole.ToolTipRole:
-            if column == "Fits":
+            if column == "This PC":
+                return self.machine_fits[index.row()].text
+            if column == "Presets":
                 return "\n".join(f"{PRESET_NAMES[p]}: fits" if ok else f"{PRESET_NAMES[p]}: {fit.errors[p]}"
                                  for p, ok in fit.fits.items())
             if column in ("Download ≈", "RAM ≈"):
@@ -291,12 +308,12 @@ class DownloadDialog(QDialog):
         if not rows:
             return
         model, fit = self.curated.rows[rows[0].row()]
+        machine_fit = self.curated.machine_fits[rows[0].row()]
         self.repo_edit.setText(model.repo_id)
         self.revision_edit.setText("main")
         self.summary_label.setText(
-            f"{model.repo_id}: {model.note}. Weights ≈ {format_bytes(fit.weight_bytes)}, RAM ≈ "
-            f"{format_bytes(fit.ram_bytes)}; VRAM presets: {fits_text(fit.fits)} (from {fit.basis}). "
-            f"Check files gives the exact list and size.")
+            f"{model.repo_id}: {model.note}. {machine_fit.text}\nWeights ≈ {format_bytes(fit.weight_bytes)}; VRAM "
+            f"presets: {fits_text(fit.fits)} (from {fit.basis}). Check files gives the exact list and size.")
 
     def request(self) -> dict | None:
         """What the worker needs, from the fields; saves the token (to huggingface_hub's store), the endpoint and
@@ -370,7 +387,7 @@ class DownloadDialog(QDialog):
             self.files_table.setItem(row, 1, size)
             self.files_table.setItem(row, 2, QTableWidgetItem(
                 "here ✓" if f["done"] else f"{100 * f['have'] // max(f['size'], 1)} % here" if f["have"] else ""))
-        self.summary_label.setText(plan_summary(plan))
+        self.summary_label.setText(plan_summary(plan, self.curated.machine))
         self.total_bar.setValue(_steps(plan["have_bytes"], plan["total_bytes"]))
         self.total_label.setText(f"Total: {format_bytes(plan['have_bytes'])} of {format_bytes(plan['total_bytes'])}")
         if not plan["disk_ok"]:
@@ -475,8 +492,8 @@ def _steps(done: int, total: int) -> int:
     return BAR_STEPS if total <= 0 else min(BAR_STEPS, int(BAR_STEPS * done / total))
 
 
-def plan_summary(plan: dict) -> str:
-    """One paragraph: files and size, what is here, the disk, the fit."""
+def plan_summary(plan: dict, machine: Machine) -> str:
+    """One paragraph: files and size, what is here, the disk, the fit on `machine` and the presets."""
     files = plan["files"]
     text = (f"{plan['repo_id']} @ {plan['revision']} (commit {plan['commit'][:12]}): {len(files)} files the engine "
             f"needs, {format_bytes(plan['total_bytes'])}")
@@ -490,10 +507,8 @@ def plan_summary(plan: dict) -> str:
     text += f" To download: {format_bytes(plan['need_bytes'])}; free disk: {format_bytes(plan['free_bytes'])}."
     fit = plan.get("fit")
     if fit:
-        text += f"\nRAM needed ≈ {format_bytes(fit['ram_bytes'])}. VRAM presets: {fits_text(fit['fits'])}."
-        total_ram = (ram() or {}).get("total_bytes")
-        if total_ram and fit["ram_bytes"] > total_ram:
-            text += f" This computer has {format_bytes(total_ram)} of RAM: less than the model needs."
+        verdict = judge_weights(fit["weight_bytes"], machine)
+        text += f"\n{verdict.text} VRAM presets: {fits_text(fit['fits'])}."
     elif plan.get("fit_note"):
         text += "\n" + plan["fit_note"]
     if plan.get("gated"):

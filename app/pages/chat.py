@@ -7,16 +7,21 @@ draft a moment after typing stops, a reply every REPLY_SAVE_MS while it grows an
 The worker is the local EngineWorker or a RemoteWorker (app/remote_worker.py), which emit the same reply
 signals; `set_engine` switches between them and the header says which engine answers. While the local API
 answers a request the page says so (`set_api_busy`): a message sent meanwhile waits for the engine.
+Nothing is overwritten: Regenerate and Edit add versions (the store keeps the chat as a tree), Continue
+grows a cut reply in place, and a delete can be undone for UNDO_MS before it is final.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 
 from PySide6.QtCore import QCoreApplication, QObject, QSignalBlocker, Qt, QTimer, Signal, Slot
-from PySide6.QtWidgets import (QCheckBox, QDialog, QDialogButtonBox, QHBoxLayout, QLabel, QPlainTextEdit,
-                               QPushButton, QSplitter, QVBoxLayout, QWidget)
+from PySide6.QtWidgets import (QCheckBox, QDialog, QDialogButtonBox, QFileDialog, QHBoxLayout, QLabel, QMenu,
+                               QMessageBox, QPlainTextEdit, QPushButton, QSplitter, QToolButton, QVBoxLayout,
+                               QWidget)
 
+from app.chat_export import ChatImportError, from_json, to_json, to_markdown
 from app.settings import AppSettings
 from app.storage import DEFAULT_TITLE, ConversationStore, chat_history
 from app.widgets.chat_input import ChatInput
@@ -26,6 +31,7 @@ from app.widgets.transcript import AssistantBubble, Transcript
 TITLE_CHARS = 40
 DRAFT_SAVE_MS = 300  # the draft is written once typing pauses, not on every key
 REPLY_SAVE_MS = 500  # a streaming reply reaches the disk at most twice a second
+UNDO_MS = 8000  # how long a deleted chat or message can be brought back
 
 
 def title_from(text: str) -> str:
@@ -51,11 +57,14 @@ class _Reply:
     """The reply in progress: where it is stored and shown, and the text streamed so far."""
 
     conversation_id: int
-    message_id: int | None = None  # set when the worker starts the reply
+    parent_id: int | None  # the user message it answers
+    message_id: int | None = None  # set when the worker starts the reply (at once when it continues one)
     answer: str = ""
     reasoning: str = ""
     bubble: AssistantBubble | None = None  # None while another conversation is on screen
-    discarded: bool = False  # its conversation was deleted: nothing more is written
+    continued: bool = False  # Continue: more text onto the stored message `message_id`
+    started: bool = False  # the worker began it (it may wait behind API requests first)
+    discarded: bool = False  # its conversation was deleted for good: nothing more is written
 
 
 class SystemPromptDialog(QDialog):
@@ -94,6 +103,7 @@ class ChatPage(QWidget):
     """
 
     sendRequested = Signal(list, str, dict)  # history, user text, options: the worker's send slot
+    continueRequested = Signal(list, dict)  # history ending with the cut reply, options: the worker's continue_reply
 
     def __init__(self, store: ConversationStore, worker: QObject, settings: AppSettings,
                  parent: QWidget | None = None, engine: str = "local"):
@@ -123,6 +133,25 @@ class ChatPage(QWidget):
         self.api_note = QLabel()
         self.api_note.setProperty("role", "muted")
         self.api_note.hide()
+        self.export_button = QToolButton()
+        self.export_button.setText("Export")
+        self.export_button.setPopupMode(QToolButton.ToolButtonPopupMode.InstantPopup)
+        export_menu = QMenu(self.export_button)
+        export_menu.addAction("Export as Markdown…", lambda: self.export_chat("markdown"))
+        export_menu.addAction("Export as JSON (all versions)…", lambda: self.export_chat("json"))
+        export_menu.addSeparator()
+        export_menu.addAction("Import a chat from JSON…", self.import_chat)
+        self.export_button.setMenu(export_menu)
+        self.undo_label = QLabel()
+        self.undo_button = QPushButton("Undo")
+        self.undo_bar = QWidget()
+        undo_row = QHBoxLayout(self.undo_bar)
+        undo_row.setContentsMargins(0, 0, 0, 0)
+        undo_row.addWidget(self.undo_label, 1)
+        undo_row.addWidget(self.undo_button)
+        self.undo_bar.hide()
+        self._undo = None  # (undo, purge) of the last delete, while it can be undone
+        self._undo_timer = QTimer(self, singleShot=True, interval=UNDO_MS)
         self._draft_timer = QTimer(self, singleShot=True, interval=DRAFT_SAVE_MS)
         self._reply_save_timer = QTimer(self, singleShot=True, interval=REPLY_SAVE_MS)
 
@@ -131,6 +160,7 @@ class ChatPage(QWidget):
         header.addWidget(self.engine_label)
         header.addWidget(self.thinking_box)
         header.addWidget(self.system_prompt_button)
+        header.addWidget(self.export_button)
         buttons = QVBoxLayout()
         buttons.addWidget(self.send_button)
         buttons.addWidget(self.stop_button)
@@ -143,6 +173,7 @@ class ChatPage(QWidget):
         chat_layout.addLayout(header)
         chat_layout.addWidget(self.transcript, 1)
         chat_layout.addWidget(self.api_note)
+        chat_layout.addWidget(self.undo_bar)
         chat_layout.addLayout(input_row)
         splitter = QSplitter(Qt.Orientation.Horizontal)
         splitter.addWidget(self.conversation_list)
@@ -161,6 +192,11 @@ class ChatPage(QWidget):
         self.system_prompt_button.clicked.connect(self.edit_system_prompt)
         self.transcript.regenerateRequested.connect(self.regenerate)
         self.transcript.editSubmitted.connect(self.edit_and_resend)
+        self.transcript.continueRequested.connect(self.continue_reply)
+        self.transcript.versionRequested.connect(self.show_version)
+        self.transcript.deleteRequested.connect(self.delete_message)
+        self.undo_button.clicked.connect(self.undo_delete)
+        self._undo_timer.timeout.connect(self._finish_undo)
         self.input.submitted.connect(self.send_current)
         self.input.textChanged.connect(self._on_input_changed)
         self.send_button.clicked.connect(self.send_current)
@@ -177,7 +213,8 @@ class ChatPage(QWidget):
 
     def _follow(self, worker: QObject, on: bool) -> None:
         """Connect (or disconnect) the page to a worker's send slot and reply signals."""
-        for signal, slot in ((self.sendRequested, worker.send), (worker.replyStarted, self._on_reply_started),
+        for signal, slot in ((self.sendRequested, worker.send), (self.continueRequested, worker.continue_reply),
+                             (worker.replyStarted, self._on_reply_started),
                              (worker.reasoningDelta, self._on_reasoning_delta),
                              (worker.answerDelta, self._on_answer_delta), (worker.progress, self._on_progress),
                              (worker.replyFinished, self._on_reply_finished),
@@ -250,7 +287,7 @@ class ChatPage(QWidget):
         if not earlier and self.store.conversation(conversation_id)["title"] == DEFAULT_TITLE:
             self.store.rename(conversation_id, title_from(text))
             self.title_label.setText(title_from(text))
-        self.store.add_message(conversation_id, "user", text)
+        user_id = self.store.add_message(conversation_id, "user", text)
         self._draft_timer.stop()
         with QSignalBlocker(self.input):
             self.input.clear()
@@ -258,7 +295,7 @@ class ChatPage(QWidget):
         self.transcript.add_message({"role": "user", "content": text})
         self.transcript.scroll_to_bottom()
         self.conversation_list.refresh()  # it moved to the top, and may have a title now
-        self._request_reply(conversation_id, engine_history(earlier), text)
+        self._request_reply(conversation_id, engine_history(earlier), text, user_id)
 
     @Slot()
     def stop(self) -> None:
@@ -268,31 +305,113 @@ class ChatPage(QWidget):
 
     @Slot()
     def regenerate(self) -> None:
-        """Answer the last user message again, replacing the reply after it."""
+        """Answer the last user message again; the reply there stays as an earlier version."""
         if self._busy():
             return
         messages = self.store.messages(self._conversation_id)
         last_user = max((i for i, m in enumerate(messages) if m["role"] == "user"), default=None)
         if last_user is None:
             return
-        self.store.truncate(self._conversation_id, last_user + 1)
         self.transcript.truncate(last_user + 1)
         self._request_reply(self._conversation_id, engine_history(messages[:last_user]),
-                            messages[last_user]["content"])
+                            messages[last_user]["content"], messages[last_user]["id"])
 
     @Slot(int, str)
     def edit_and_resend(self, index: int, text: str) -> None:
-        """Replace user message `index` with `text`, drop everything after it, and answer again."""
+        """Add `text` as a new version of user message `index` and answer it; the old version and the turns after
+        it stay on their own branch."""
         messages = self.store.messages(self._conversation_id)
         text = text.strip()
         if self._busy() or not text or index >= len(messages) or messages[index]["role"] != "user":
             return
-        self.store.update_message(messages[index]["id"], content=text)
-        self.store.truncate(self._conversation_id, index + 1)
+        user_id = self.store.add_message(self._conversation_id, "user", text, parent_id=messages[index]["parent_id"])
+        shown = self.store.messages(self._conversation_id)
         self.transcript.truncate(index)
-        self.transcript.add_message({"role": "user", "content": text})
+        self.transcript.add_message(shown[index])
         self.transcript.scroll_to_bottom()
-        self._request_reply(self._conversation_id, engine_history(messages[:index]), text)
+        self._request_reply(self._conversation_id, engine_history(messages[:index]), text, user_id)
+
+    @Slot()
+    def continue_reply(self) -> None:
+        """Write more of the last reply (cut by its length limit or Stop) onto the same message."""
+        messages = self.store.messages(self._conversation_id)
+        if self._busy() or not messages or messages[-1]["role"] != "assistant":
+            return
+        cut = messages[-1]
+        bubble = self.transcript.bubbles[-1]
+        self._reply = _Reply(self._conversation_id, cut["parent_id"], cut["id"], cut["content"], cut["reasoning"],
+                             bubble, continued=True)
+        bubble.resume_streaming()
+        self._update_controls()
+        self.continueRequested.emit(engine_history(messages), self._options(self._conversation_id))
+
+    @Slot(int, int)
+    def show_version(self, index: int, step: int) -> None:
+        """Page message `index` to its previous (-1) or next (1) version, showing that branch's later turns."""
+        messages = self.store.messages(self._conversation_id)
+        if self._busy() or index >= len(messages):
+            return
+        self.store.show_version(self._conversation_id, messages[index]["id"], step)
+        self._show_transcript()
+
+    @Slot(int)
+    def delete_message(self, index: int) -> None:
+        """Delete message `index` and the turns after it once the user confirms; Undo brings them back."""
+        messages = self.store.messages(self._conversation_id)
+        if self._busy() or index >= len(messages):
+            return
+        later = len(messages) - index - 1
+        question = "Delete this message" + (f" and the {later} after it" if later else "") + \
+            "? You can undo this for a few seconds."
+        answer = QMessageBox.question(self, "Delete message", question,
+                                      QMessageBox.StandardButton.Yes | QMessageBox.StandardButton.No,
+                                      QMessageBox.StandardButton.No)
+        if answer != QMessageBox.StandardButton.Yes:
+            return
+        conversation_id, message_id = self._conversation_id, messages[index]["id"]
+        leaf = self.store.delete_message(conversation_id, message_id)
+        self._show_transcript()
+
+        def undo():
+            self.store.undelete_message(conversation_id, message_id, leaf)
+            if conversation_id == self._conversation_id:
+                self._show_transcript()
+        self._offer_undo("Message deleted.", undo, lambda: self.store.purge_message(message_id))
+
+    @Slot(str)
+    def export_chat(self, kind: str) -> None:
+        """Ask where, then write the open chat as Markdown (the shown branch) or JSON (every version)."""
+        conversation = self.store.conversation(self._conversation_id)
+        suffix, filter_ = (".md", "Markdown (*.md)") if kind == "markdown" else (".json", "JSON (*.json)")
+        name = "".join(c if c.isalnum() or c in " -_" else "_" for c in conversation["title"]).strip() or "chat"
+        path, _ = QFileDialog.getSaveFileName(self, "Export chat", str(Path.home() / f"{name}{suffix}"), filter_)
+        if not path:
+            return
+        text = to_markdown(self.store, conversation["id"]) if kind == "markdown" else to_json(self.store,
+                                                                                              conversation["id"])
+        try:
+            Path(path).write_text(text, encoding="utf-8")
+        except OSError as exc:
+            QMessageBox.warning(self, "Export failed", f"The chat could not be written to {path} "
+                                f"({exc.strerror or exc}). Choose another folder.")
+
+    @Slot()
+    def import_chat(self) -> None:
+        """Ask for a JSON export and open it as a new chat."""
+        path, _ = QFileDialog.getOpenFileName(self, "Import chat", str(Path.home()), "JSON (*.json)")
+        if not path:
+            return
+        try:
+            conversation_id = from_json(self.store, Path(path).read_text(encoding="utf-8"))
+        except (OSError, UnicodeDecodeError) as exc:
+            QMessageBox.warning(self, "Import failed", f"{path} could not be read ({exc}).")
+            return
+        except ChatImportError as exc:
+            QMessageBox.warning(self, "Import failed", f"{path} was not imported: {exc}")
+            return
+        self.conversation_list.clear_search()
+        self.conversation_list.refresh()
+        self.open_conversation(conversation_id)
 
     @Slot()
     def edit_system_prompt(self) -> None:
@@ -325,11 +444,14 @@ class ChatPage(QWidget):
         if reply is not None:
             reply.bubble = None
         streaming_here = reply is not None and reply.conversation_id == self._conversation_id
-        if streaming_here and reply.message_id is not None:
-            self.transcript.show_messages(messages[:-1])  # the stored copy lags behind what streamed
-            reply.bubble = self.transcript.start_reply()
-            reply.bubble.append_reasoning(reply.reasoning)
-            reply.bubble.append_answer(reply.answer)
+        if streaming_here:
+            # up to the message answered: the stored copy of the reply lags behind what streamed
+            asked = next((i for i, m in enumerate(messages) if m["id"] == reply.parent_id), len(messages) - 1)
+            self.transcript.show_messages(messages[:asked + 1])
+            if reply.message_id is not None:
+                reply.bubble = self.transcript.start_reply()
+                reply.bubble.append_reasoning(reply.reasoning)
+                reply.bubble.append_answer(reply.answer)
         else:
             self.transcript.show_messages(messages)
         self._update_controls()
@@ -341,15 +463,60 @@ class ChatPage(QWidget):
 
     @Slot(int)
     def _on_conversation_deleted(self, conversation_id: int) -> None:
+        """The list deleted a chat (hidden until the undo runs out): its reply stops, the next chat opens."""
         reply = self._reply
         if reply is not None and reply.conversation_id == conversation_id:
-            reply.discarded = True
             reply.bubble = None
-            self.worker.stop()
+            self.worker.stop()  # what streamed is kept with the chat, for an undo
         if conversation_id == self._conversation_id:
-            self._draft_timer.stop()  # the draft's conversation is gone
+            self._flush_draft()
             self._conversation_id = None
             self._open_latest()
+
+        def undo():
+            self.store.restore(conversation_id)
+            self.conversation_list.clear_search()
+            self.conversation_list.refresh()
+            self.open_conversation(conversation_id)
+        self._offer_undo("Chat deleted.", undo, lambda: self._purge_conversation(conversation_id))
+
+    def _purge_conversation(self, conversation_id: int) -> None:
+        """The chat is gone for good: a reply still finishing writes nothing more."""
+        if self._reply is not None and self._reply.conversation_id == conversation_id:
+            self._reply.discarded = True
+        self.store.purge_conversation(conversation_id)
+
+    # ---- undo -----------------------------------------------------------------------------------
+
+    def _offer_undo(self, text: str, undo, purge) -> None:
+        """Show "text [Undo]" for UNDO_MS, then `purge`; a delete before then makes the earlier one final."""
+        self._finish_undo()
+        self._undo = (undo, purge)
+        self.undo_label.setText(f"{text} Undo brings it back for a few seconds.")
+        self.undo_bar.show()
+        self._undo_timer.start()
+
+    @Slot()
+    def undo_delete(self) -> None:
+        """Bring back what was deleted last, while the undo bar shows."""
+        if self._undo is None:
+            return
+        undo, _ = self._undo
+        self._undo = None
+        self._undo_timer.stop()
+        self.undo_bar.hide()
+        undo()
+
+    @Slot()
+    def _finish_undo(self) -> None:
+        """The undo ran out: what was deleted is removed for good."""
+        self._undo_timer.stop()
+        self.undo_bar.hide()
+        if self._undo is None:
+            return
+        _, purge = self._undo
+        self._undo = None
+        purge()
 
     @Slot(bool)
     def _on_thinking_toggled(self, enabled: bool) -> None:
@@ -390,21 +557,26 @@ class ChatPage(QWidget):
     def _busy(self) -> bool:
         return self._reply is not None or self._worker_busy
 
-    def _request_reply(self, conversation_id: int, history: list[dict], text: str) -> None:
+    def _options(self, conversation_id: int) -> dict:
         conversation = self.store.conversation(conversation_id)
-        options = {"enable_thinking": conversation["enable_thinking"],
-                   "system_prompt": conversation["system_prompt"],
-                   "sampling": self.settings.get("sampling")}
-        self._reply = _Reply(conversation_id)  # before emitting: a worker on this thread answers at once
+        return {"enable_thinking": conversation["enable_thinking"], "system_prompt": conversation["system_prompt"],
+                "sampling": self.settings.get("sampling")}
+
+    def _request_reply(self, conversation_id: int, history: list[dict], text: str, parent_id: int) -> None:
+        """Ask the worker to answer `text` (stored as message `parent_id`) after `history`."""
+        self._reply = _Reply(conversation_id, parent_id)  # before emitting: a worker on this thread answers at once
         self._update_controls()
-        self.sendRequested.emit(history, text, options)
+        self.sendRequested.emit(history, text, self._options(conversation_id))
 
     @Slot()
     def _on_reply_started(self) -> None:
         reply = self._reply
         if reply is None or reply.discarded:
             return
-        reply.message_id = self.store.add_message(reply.conversation_id, "assistant")
+        reply.started = True
+        if reply.continued:
+            return
+        reply.message_id = self.store.add_message(reply.conversation_id, "assistant", parent_id=reply.parent_id)
         if reply.conversation_id == self._conversation_id:
             reply.bubble = self.transcript.start_reply()
 
@@ -452,13 +624,17 @@ class ChatPage(QWidget):
         reasoning = result.get("reasoning") or reply.reasoning.strip()
         if not reply.discarded:
             if reply.message_id is None:  # the worker refused before starting (no model loaded)
-                self.store.add_message(reply.conversation_id, "assistant", answer, reasoning, stats)
+                self.store.add_message(reply.conversation_id, "assistant", answer, reasoning, stats,
+                                       parent_id=reply.parent_id)
             else:
                 self.store.update_message(reply.message_id, content=answer, reasoning=reasoning, stats=stats)
             if reply.bubble is None and reply.conversation_id == self._conversation_id:
                 reply.bubble = self.transcript.start_reply()
         if reply.bubble is not None:
             reply.bubble.finish(answer, reasoning, stats)
+            if not reply.discarded and reply.message_id is not None:
+                shown = self.store.messages(reply.conversation_id)[-1]  # a regenerated reply is a new version
+                reply.bubble.pager.set_version(shown["version"], shown["versions"])
         if self._next_engine is not None:
             self.set_engine(*self._next_engine)
         self._update_controls()
@@ -473,7 +649,7 @@ class ChatPage(QWidget):
         self.send_button.setEnabled(not busy)
         self.stop_button.setEnabled(self._reply is not None)
         self.transcript.set_busy(busy)
-        waiting = self._reply is not None and self._reply.message_id is None
+        waiting = self._reply is not None and not self._reply.started
         self.api_note.setText("Answering an API request… your message is next." if waiting
                               else "Answering an API request…")
         self.api_note.setVisible(self._api_busy)

@@ -16,6 +16,7 @@ from PySide6.QtWidgets import (QCheckBox, QComboBox, QDoubleSpinBox, QFormLayout
                                QHBoxLayout, QLabel, QProgressBar, QScrollArea, QSpinBox, QVBoxLayout, QWidget)
 
 from app import system_info
+from app.machine_fit import Machine, judge
 from app.system_info import GIB, format_bytes
 from app.widgets.gauges import Sparkline
 from app.widgets.plan_bar import PlanBar
@@ -31,8 +32,9 @@ PRESET_NAMES = {key: label for label, key in PRESET_CHOICES}
 MAX_BUDGET_GIB = 1024.0
 HISTORY_LENGTH = 60
 NOT_MEASURED = "not measured in CPU mode"
-NO_GPU_BUDGET = ("No NVIDIA GPU was found, so {preset} has no free memory to size the plan from: "
-                 "set a VRAM budget above.")
+NO_GPU_BUDGET = ("{preset} plans for the card in this machine, and there is none: set a VRAM budget above to see "
+                 "the plan a card of that size would get.")
+CPU_MODE = "CPU mode: the plan is not used."
 MEASURED = "measured on this GPU"
 ESTIMATE = "estimate"
 
@@ -268,6 +270,12 @@ class EnginePage(QWidget):
         self.budget_note.setProperty("role", "muted")
         self.model_label = QLabel()
         self.model_label.setWordWrap(True)
+        self.mode_label = QLabel()  # CPU mode is a normal state, said plainly: not an error
+        self.mode_label.setWordWrap(True)
+        self.mode_label.setStyleSheet("font-weight: 600;")
+        self.machine_label = QLabel()
+        self.machine_label.setWordWrap(True)
+        self.machine_label.setTextFormat(Qt.TextFormat.PlainText)
         self.error_label = QLabel()
         self.error_label.setStyleSheet("color: #d14343;")  # the theme's error red, also where no theme is applied
         self.error_label.setWordWrap(True)
@@ -306,8 +314,10 @@ class EnginePage(QWidget):
         layout = QVBoxLayout(content)
         layout.addWidget(QLabel("<h2>Engine</h2>"))
         layout.addLayout(controls)
+        layout.addWidget(self.mode_label)
         layout.addWidget(self.budget_note)
         layout.addWidget(self.model_label)
+        layout.addWidget(self.machine_label)
         layout.addWidget(self.plan_bar)
         layout.addWidget(self.reserve_note)
         layout.addWidget(self.error_label)
@@ -398,14 +408,21 @@ class EnginePage(QWidget):
         """The plan shown (MemoryPlan.to_dict()), or {} when none fits."""
         return dict(self._plan)
 
+    def cpu_mode(self) -> bool:
+        """Whether models run on the CPU here: the worker found no usable GPU, or (until it answers) none is seen."""
+        if self._reserve is not None:
+            return not self._reserve["gpu_usable"]
+        return system_info.gpu_memory() is None
+
     def replan(self) -> None:
         preset = self.preset()
         self.custom_editor.setVisible(preset == "custom")
         budget, budget_text = self.budget()
         self.budget_note.setText(budget_text)
-        self.budget_note.setVisible(budget is not None)  # without a budget the red message below says it once
-        if budget is None:
-            self._show_plan(None, 0, budget_text)
+        self._show_mode(budget is None)
+        self._show_fit_here()
+        if budget is None:  # Auto without a card: the normal CPU-mode state, said by the notes, not an error
+            self._show_plan(None, 0, "")
             return
         reserve = ({} if self._reserve is None else
                    {"reserve_bytes": self._reserve["reserve_bytes"], "reserve_source": self._reserve["source"]})
@@ -416,6 +433,22 @@ class EnginePage(QWidget):
             self._show_plan(None, budget, f"No plan: {exc}")
             return
         self._show_plan(plan.to_dict(), budget, "")
+
+    def _show_mode(self, no_budget: bool) -> None:
+        """In CPU mode, say first that the plan is not used, and what the one shown stands for."""
+        if not self.cpu_mode():
+            self.mode_label.hide()
+            return
+        why = self._reserve["gpu_status"] if self._reserve is not None else system_info.NO_GPU_TEXT
+        shown = ("" if no_budget else
+                 f" The plan below is what a card of this budget would get, for when the model runs on a GPU.")
+        self.mode_label.setText(f"{CPU_MODE} No GPU is usable here ({why}), so the model runs on the CPU with "
+                                f"every weight in RAM.{shown}")
+        self.mode_label.show()
+
+    def _show_fit_here(self) -> None:
+        """How the planned model fits this machine's RAM and GPU."""
+        self.machine_label.setText("This machine: " + judge(self.footprint, Machine.read()).text)
 
     def _show_plan(self, plan: dict | None, budget: int, error: str) -> None:
         self._plan = plan or {}
@@ -436,8 +469,8 @@ class EnginePage(QWidget):
                     f"so the guarantee is an {ESTIMATE}.")
         size = format_bytes(found["reserve_bytes"])
         if not found["gpu_usable"]:
-            return (f"The guarantee is an {ESTIMATE}: the runtime reserve ({size}) is the {found['source']}. No GPU "
-                    f"is usable here ({found['gpu_status']}), so models run in CPU mode and this plan is not used.")
+            return (f"The guarantee is an {ESTIMATE}: the runtime reserve ({size}) is the {found['source']}, as no "
+                    f"GPU is usable here to measure it.")
         if found["measured"]:
             return (f"The guarantee is {MEASURED}: its runtime reserve ({size}) was {found['source']}, so this is "
                     f"the plan the GPU runtime holds to.")

@@ -28,11 +28,12 @@ from app.remote_store import RemoteEndpoint, RemoteStore
 from app.settings import load_options
 from app.system_info import format_bytes
 
-COLUMNS = ("Name", "Architecture", "Format", "Size", "Fits", "Status")
+COLUMNS = ("Name", "Architecture", "Format", "Size", "This PC", "Presets", "Status")
 PRESET_NAMES = {"4gb": "4 GB", "8gb": "8 GB", "12gb": "12 GB"}
 ERROR_COLOUR = QColor("#d14343")
 LOADED_COLOUR = QColor("#2e8b57")
 REMOTE_COLOUR = QColor("#2f6fb5")
+FIT_COLOURS = {"too_big": ERROR_COLOUR, "no_disk": ERROR_COLOUR, "tight": QColor("#c47f00")}
 SCAN_POLL_MS = 30  # how often the page looks whether its library scan is done
 
 
@@ -135,11 +136,14 @@ class ModelLibraryModel(QAbstractTableModel):
                 "Architecture": entry["architecture"] or "—",
                 "Format": entry["format"] or "—",
                 "Size": format_bytes(entry["size_bytes"]) if entry["size_bytes"] is not None else "—",
-                "Fits": fits_text(entry),
+                "This PC": entry.get("machine_fit", {}).get("short", "—"),
+                "Presets": fits_text(entry),
                 "Status": self.status_text(entry),
             }[column]
         if role == Qt.ItemDataRole.ToolTipRole:
             return self._tooltip(entry, column)
+        if role == Qt.ItemDataRole.ForegroundRole and column == "This PC":
+            return FIT_COLOURS.get(entry.get("machine_fit", {}).get("level"))
         if role == Qt.ItemDataRole.ForegroundRole and column == "Status":
             status = self.status_text(entry)
             if status == "loaded":
@@ -154,7 +158,9 @@ class ModelLibraryModel(QAbstractTableModel):
         if entry.get("remote_id"):
             key = "an API key is saved (never shown)" if entry["has_key"] else "no API key"
             return f"{entry['remote_label']}\nan OpenAI-compatible server; {key}"
-        if column == "Fits" and entry["fits"]:
+        if column == "This PC" and entry.get("machine_fit"):
+            return entry["machine_fit"]["text"]
+        if column == "Presets" and entry["fits"]:
             return "\n".join(f"{PRESET_NAMES[p]}: fits" if entry["fits"][p]
                              else f"{PRESET_NAMES[p]}: {entry['fit_errors'][p]}" for p in SIZE_PRESETS)
         if column == "Status" and entry["error"]:

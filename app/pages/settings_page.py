@@ -64,6 +64,26 @@ def snapshot_cost(count: int, model_info: dict | None) -> str:
     return cost + " Applies when a model is loaded; an edit further back prefills the chat again."
 
 
+def context_note(asked: int, info: dict | None) -> str:
+    """What context the loaded model runs at and what caps it: this setting, the model's maximum
+    (max_position_embeddings) or the VRAM plan's KV cache."""
+    if not info or "context_tokens" not in info:
+        return ("Applies when a model is loaded, up to the model's own maximum and, on a GPU, what the VRAM plan's "
+                "KV cache holds.")
+    running, model_max, plan = info["context_tokens"], info["max_context_tokens"], info.get("context_plan_tokens")
+    limits = f"the model allows {model_max:,} (max_position_embeddings)"
+    if plan is not None:
+        limits += f", the VRAM plan's KV cache holds {plan:,}"
+    text = f"{info.get('name', 'The model')} runs at {running:,} tokens: {limits}."
+    if asked > running:
+        cap = "the plan's KV cache (a larger VRAM preset holds more)" if plan == running and plan < model_max \
+            else "the model's maximum"
+        text += f" This setting asks {asked:,}, so {cap} decides."
+    elif asked != info.get("context_asked_tokens", asked):
+        text += " The new size applies when the model is loaded again."
+    return text
+
+
 def parse_sampling(texts: dict[str, str]) -> dict:
     """The sampling overrides typed in the fields (blank ones left out); ValueError with a readable message."""
     values = {}
@@ -131,7 +151,11 @@ class SettingsPage(QWidget):
         self.context_spin.setSuffix(" tokens")
         self.context_spin.setValue(int(settings.get("context_tokens")))
         self.context_spin.setToolTip("Used when a model is loaded; capped at the model's own maximum.")
-        self.context_spin.valueChanged.connect(lambda n: settings.set("context_tokens", n))
+        self.context_spin.valueChanged.connect(self._on_context_changed)
+        self.context_note = QLabel()
+        self.context_note.setWordWrap(True)
+        self.context_note.setProperty("role", "muted")
+        self.context_note.setTextFormat(Qt.TextFormat.PlainText)  # the model's name is a folder's: data
         self.model_info: dict | None = None  # the loaded model's, for what restore points cost
         self.snapshots_spin = QSpinBox()
         self.snapshots_spin.setRange(1, MAX_TURN_SNAPSHOTS)
@@ -175,6 +199,7 @@ class SettingsPage(QWidget):
         engine_box = QGroupBox("Engine")
         engine_form = QFormLayout(engine_box)
         engine_form.addRow("Context size", self.context_spin)
+        engine_form.addRow(self.context_note)
         engine_form.addRow("Restore points kept for regenerate and edit", self.snapshots_spin)
         engine_form.addRow(self.snapshots_cost)
         engine_form.addRow("CPU threads", self.threads_spin)
@@ -213,6 +238,11 @@ class SettingsPage(QWidget):
         """Show what restore points cost for the loaded model (`info` from the worker), or in general for None."""
         self.model_info = info
         self.snapshots_cost.setText(snapshot_cost(self.snapshots_spin.value(), info))
+        self.context_note.setText(context_note(self.context_spin.value(), info))
+
+    def _on_context_changed(self, tokens: int) -> None:
+        self.settings.set("context_tokens", tokens)
+        self.context_note.setText(context_note(tokens, self.model_info))
 
     def _on_snapshots_changed(self, count: int) -> None:
         self.settings.set("turn_snapshots", count)

@@ -130,7 +130,7 @@ class ConversationList(QWidget):
         conversation = self.store.conversation(conversation_id)
         if conversation is None:
             return False
-        question = f"Delete “{conversation['title']}” and all its messages? This cannot be undone."
+        question = f"Delete “{conversation['title']}” and all its messages? You can undo this for a few seconds."
         answer = QMessageBox.question(self, "Delete chat", question,
                                       QMessageBox.StandardButton.Yes | QMessageBox.StandardButton.No,
                                       QMessageBox.StandardButton.No)

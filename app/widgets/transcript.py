@@ -2,7 +2,7 @@
 
 User messages are plain text with an Edit action; assistant replies render Markdown, give each fenced
 code block a Copy button, keep the reasoning in a collapsible, muted section and end with a stats
-line. A streaming reply re-renders at most RENDER_INTERVAL_MS apart however fast the deltas come,
+line. A message with other versions shows a ◀ n/m ▶ pager; each has Delete, and a cut last reply Continue. A streaming reply re-renders at most RENDER_INTERVAL_MS apart however fast the deltas come,
 and the view follows the bottom only while the user is there.
 """
 
@@ -21,6 +21,7 @@ from app.widgets.chat_input import ChatInput
 RENDER_INTERVAL_MS = 50  # at most 20 re-renders a second while a reply streams
 FOLLOW_SLACK_PX = 24  # "at the bottom" allows for a line's worth of rounding
 COPIED_FEEDBACK_MS = 1500
+CUT_REASONS = ("length", "cancelled")  # a reply that ended so can be continued
 MESSAGE_WIDTH_PX = 560  # a user message wraps here, or earlier in a narrow window
 USER_INDENT_PX = 64  # user bubbles never span the whole width, so the two sides read apart
 
@@ -266,11 +267,61 @@ class _MessageText(QLabel):
         return QSize(width, self.heightForWidth(width))
 
 
+class VersionPager(QWidget):
+    """◀ 2/3 ▶ under a message with other versions: `stepRequested(-1 | 1)` asks for the previous or next one."""
+
+    stepRequested = Signal(int)
+
+    def __init__(self, parent: QWidget | None = None):
+        super().__init__(parent)
+        self.previous_button = QToolButton()
+        self.previous_button.setText("◀")
+        self.previous_button.setToolTip("Previous version")
+        self.next_button = QToolButton()
+        self.next_button.setText("▶")
+        self.next_button.setToolTip("Next version")
+        self.label = QLabel()
+        self.label.setObjectName("statsLine")
+        layout = QHBoxLayout(self)
+        layout.setContentsMargins(0, 0, 0, 0)
+        layout.setSpacing(2)
+        for widget in (self.previous_button, self.label, self.next_button):
+            layout.addWidget(widget)
+        for button in (self.previous_button, self.next_button):
+            button.setAutoRaise(True)
+        self.previous_button.clicked.connect(lambda: self.stepRequested.emit(-1))
+        self.next_button.clicked.connect(lambda: self.stepRequested.emit(1))
+        self.version = self.versions = 1
+        self._enabled = True
+        self.hide()
+
+    def set_version(self, version: int, versions: int) -> None:
+        """Show "version/versions"; a message with one version shows no pager."""
+        self.version, self.versions = version, versions
+        self.label.setText(f"{version}/{versions}")
+        self.setVisible(versions > 1)
+        self.set_enabled(self._enabled)
+
+    def set_enabled(self, enabled: bool) -> None:
+        self._enabled = enabled
+        self.previous_button.setEnabled(enabled and self.version > 1)
+        self.next_button.setEnabled(enabled and self.version < self.versions)
+
+
+def _action_button(text: str, tip: str) -> QToolButton:
+    button = QToolButton()
+    button.setText(text)
+    button.setToolTip(tip)
+    button.setAutoRaise(True)
+    return button
+
+
 class UserBubble(QWidget):
     """A user message, right-aligned; Edit swaps the text for an inline editor whose Send emits
     `editSubmitted(text)`."""
 
     editSubmitted = Signal(str)
+    deleteRequested = Signal()
 
     def __init__(self, text: str, parent: QWidget | None = None):
         super().__init__(parent)
@@ -281,13 +332,17 @@ class UserBubble(QWidget):
         self.edit_button = QToolButton()
         self.edit_button.setText("Edit")
         self.edit_button.setAutoRaise(True)
+        self.pager = VersionPager()
+        self.delete_button = _action_button("Delete", "Delete this message and the replies after it")
         self.editor: ChatInput | None = None  # made on demand: most messages are never edited
 
         self._content = QVBoxLayout(self.frame)
         self._content.setContentsMargins(12, 8, 12, 4)
         self._content.addWidget(self.text_label)
         self._actions = QHBoxLayout()
+        self._actions.addWidget(self.pager)
         self._actions.addStretch(1)
+        self._actions.addWidget(self.delete_button)
         self._actions.addWidget(self.edit_button)
         self._content.addLayout(self._actions)
         row = QHBoxLayout(self)
@@ -295,6 +350,7 @@ class UserBubble(QWidget):
         row.addStretch(1)  # a short message makes a small bubble on the right
         row.addWidget(self.frame)
         self.edit_button.clicked.connect(self.start_editing)
+        self.delete_button.clicked.connect(self.deleteRequested)
 
     def start_editing(self) -> None:
         if self.editor is not None:
@@ -327,6 +383,8 @@ class UserBubble(QWidget):
 
     def set_actions_enabled(self, enabled: bool) -> None:
         self.edit_button.setEnabled(enabled)
+        self.delete_button.setEnabled(enabled)
+        self.pager.set_enabled(enabled)
         if self.editor is not None:
             self.save_button.setEnabled(enabled)
 
@@ -346,6 +404,8 @@ class AssistantBubble(QFrame):
     """
 
     regenerateRequested = Signal()
+    continueRequested = Signal()
+    deleteRequested = Signal()
 
     def __init__(self, message: dict | None = None, parent: QWidget | None = None):
         super().__init__(parent)
@@ -365,11 +425,18 @@ class AssistantBubble(QFrame):
         self.regenerate_button = QToolButton()
         self.regenerate_button.setText("Regenerate")
         self.regenerate_button.setAutoRaise(True)
+        self.pager = VersionPager()
+        self.continue_button = _action_button("Continue", "Write more of this reply, after where it was cut")
+        self.delete_button = _action_button("Delete", "Delete this reply and the turns after it")
+        self.stop_reason = ""
         self._render_timer = QTimer(self, singleShot=True, interval=RENDER_INTERVAL_MS)
 
         footer = QHBoxLayout()
+        footer.addWidget(self.pager)
         footer.addWidget(self.stats_label)
         footer.addStretch(1)
+        footer.addWidget(self.delete_button)
+        footer.addWidget(self.continue_button)
         footer.addWidget(self.regenerate_button)
         layout = QVBoxLayout(self)
         layout.setContentsMargins(12, 8, 12, 4)
@@ -379,9 +446,13 @@ class AssistantBubble(QFrame):
         layout.addLayout(footer)
 
         self.regenerate_button.clicked.connect(self.regenerateRequested)
+        self.continue_button.clicked.connect(self.continueRequested)
+        self.delete_button.clicked.connect(self.deleteRequested)
         self._render_timer.timeout.connect(self._render)
         self.error_label.hide()
         self.regenerate_button.hide()
+        self.continue_button.hide()
+        self.delete_button.hide()
         if message is None:
             self.reasoning_section.hide()
             self.stats_label.setText("Generating…")
@@ -414,8 +485,23 @@ class AssistantBubble(QFrame):
         self._render()
         self._show_stats(stats)
 
+    def resume_streaming(self) -> None:
+        """Continue: the reply streams again, its new text appended to what it shows."""
+        self.streaming = True
+        self._collapsed_for_answer = bool(self.answer.strip())
+        self.stats_label.setText("Generating…")
+        self.set_regenerate_visible(False)
+
     def set_regenerate_visible(self, visible: bool) -> None:
+        """Regenerate and (after a reply cut by its length limit or Stop) Continue, on the last reply only."""
         self.regenerate_button.setVisible(visible and not self.streaming)
+        self.continue_button.setVisible(visible and not self.streaming and self.stop_reason in CUT_REASONS
+                                        and bool(self.answer or self.reasoning))
+
+    def set_actions_enabled(self, enabled: bool) -> None:
+        self.delete_button.setVisible(not self.streaming)
+        self.delete_button.setEnabled(enabled)
+        self.pager.set_enabled(enabled)
 
     def _schedule_render(self) -> None:
         if not self._render_timer.isActive():  # a running timer already covers this delta
@@ -428,6 +514,7 @@ class AssistantBubble(QFrame):
         self.answer_view.set_markdown(self.answer)
 
     def _show_stats(self, stats: dict) -> None:
+        self.stop_reason = stats.get("stop_reason") or ""
         self.stats_label.setText(format_stats(stats))
         failed = stats.get("stop_reason") == "error"
         if failed:
@@ -440,6 +527,9 @@ class Transcript(QScrollArea):
 
     editSubmitted = Signal(int, str)  # message index, new text
     regenerateRequested = Signal()
+    continueRequested = Signal()
+    versionRequested = Signal(int, int)  # message index, step (-1 previous, 1 next)
+    deleteRequested = Signal(int)  # message index
 
     def __init__(self, parent: QWidget | None = None):
         super().__init__(parent)
@@ -504,14 +594,19 @@ class Transcript(QScrollArea):
 
     def _bubble_for(self, message: dict) -> UserBubble | AssistantBubble:
         if message["role"] != "user":
-            return AssistantBubble(message)
-        bubble = UserBubble(message["content"])
-        bubble.editSubmitted.connect(self._on_edit_submitted)
+            bubble = AssistantBubble(message)
+        else:
+            bubble = UserBubble(message["content"])
+            bubble.editSubmitted.connect(self._on_edit_submitted)
+        bubble.pager.set_version(message.get("version", 1), message.get("versions", 1))
         return bubble
 
     def _append(self, bubble):
         if isinstance(bubble, AssistantBubble):
             bubble.regenerateRequested.connect(self.regenerateRequested)
+            bubble.continueRequested.connect(self.continueRequested)
+        bubble.deleteRequested.connect(self._on_delete_requested)
+        bubble.pager.stepRequested.connect(self._on_step_requested)
         self._column.insertWidget(self._column.count() - 1, bubble)  # before the closing stretch
         self._bubbles.append(bubble)
         return bubble
@@ -520,11 +615,18 @@ class Transcript(QScrollArea):
         # looked up when it happens: a bubble's index is its message's position in the chat
         self.editSubmitted.emit(self._bubbles.index(self.sender()), text)
 
+    def _on_delete_requested(self) -> None:
+        self.deleteRequested.emit(self._bubbles.index(self.sender()))
+
+    def _on_step_requested(self, step: int) -> None:
+        pager = self.sender()
+        index = next(i for i, b in enumerate(self._bubbles) if b.pager is pager)
+        self.versionRequested.emit(index, step)
+
     def _update_actions(self) -> None:
         for i, bubble in enumerate(self._bubbles):
-            if isinstance(bubble, UserBubble):
-                bubble.set_actions_enabled(not self._busy)
-            else:
+            bubble.set_actions_enabled(not self._busy)
+            if isinstance(bubble, AssistantBubble):
                 bubble.set_regenerate_visible(i == len(self._bubbles) - 1 and not self._busy)
 
     def _on_scrolled(self, value: int) -> None:

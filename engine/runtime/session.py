@@ -57,9 +57,11 @@ class ChatSession:
     def __init__(self, model: CausalLM, tokenizer: ChatTokenizer, *, context_tokens: int,
                  sampling: SamplingParams | None = None, system_prompt: str | None = None,
                  enable_thinking: bool = True, prefill_chunk_tokens: int = DEFAULT_PREFILL_CHUNK_TOKENS,
-                 max_snapshots: int = DEFAULT_MAX_SNAPSHOTS):
+                 max_snapshots: int = DEFAULT_MAX_SNAPSHOTS, context_advice: str = ""):
+        """context_advice: what makes the context larger, where something can (the overflow message says it)."""
         self.model, self.tokenizer = model, tokenizer
         self.context_tokens = context_tokens
+        self.context_advice = context_advice
         self.sampling = sampling or SamplingParams.from_generation_config(tokenizer.generation_defaults)
         self.system_prompt = system_prompt
         self.enable_thinking = enable_thinking
@@ -93,6 +95,7 @@ class ChatSession:
         self._synced = 0  # messages[:_synced] are in the state
         self._boundaries: list[_Boundary] = []
         self._holds_request = False  # set by complete(): the next turn starts from a fresh state
+        self._cut_reply: _CutReply | None = None  # the last reply, when it was cut: what resume() goes on from
 
     def cancel(self) -> None:
         self._cancel.set()
@@ -127,6 +130,39 @@ class ChatSession:
             raise ValueError(f"message {message_index} is not a user message of this conversation")
         self._rewind(turn)
         return self._turn(text, sampling)
+
+    def can_resume(self) -> bool:
+        """Whether the state ends inside the last reply as generated, cut before its end (length limit or Stop)."""
+        cut = self._cut_reply
+        return (not self._holds_request and bool(self.messages) and bool(self._pending) and cut is not None
+                and cut.message is self.messages[-1] and self._synced == len(self.messages))
+
+    def resume(self, sampling: SamplingParams | None = None) -> Iterator:
+        """Write more of the last reply, cut by its length limit or a Stop: decoding goes on after its last token
+        and the events carry the new text; TurnFinished has the whole reply."""
+        if not self.can_resume():
+            raise ValueError("the last reply was not cut, or the engine's state no longer holds it")
+        self._cancel.clear()
+        return self._run_resume(sampling)
+
+    def _run_resume(self, sampling: SamplingParams | None) -> Iterator:
+        params = sampling or self.sampling
+        sampler = Sampler(replace(params, stop=tuple(params.stop)))
+        needed = self._state.position + len(self._pending) + 1  # the cut reply's last token, and one more
+        if needed > self.context_tokens:
+            error = str(ContextOverflowError(needed, self.context_tokens, self.context_advice))
+            stats = TurnStats(self._state.position, 0, 0, 0.0, 0.0, 0.0, "error", sampler.seed, error)
+            yield TurnFinished("", "", stats)
+            return
+        cut = self._cut_reply
+        self.messages.pop()
+        self._synced = len(self.messages)
+        reply = _Reply(self, sampler, list(self._pending), "")
+        self._pending = ()
+        # the reply goes on where it stopped, its text as generated (the stored message is trimmed)
+        reply.reasoning, reply.segment_started = cut.reasoning, True
+        reply.thoughts, reply.answer = [t for t in (cut.thoughts,) if t], [t for t in (cut.answer,) if t]
+        yield from reply.run()
 
     def can_edit(self, message_index: int) -> bool:
         """Whether a snapshot marks that user message, so edit() rolls back instead of recomputing."""
@@ -185,7 +221,7 @@ class ChatSession:
             yield refused("error", "the prompt is empty: give it some text")
             return
         if len(ids) + 1 > self.context_tokens:
-            yield refused("error", str(ContextOverflowError(len(ids) + 1, self.context_tokens)))
+            yield refused("error", str(ContextOverflowError(len(ids) + 1, self.context_tokens, self.context_advice)))
             return
         started = time.perf_counter()  # the time to first token counts the lookup and the restore
         if self._blank is None:
@@ -200,14 +236,37 @@ class ChatSession:
         yield from reply.run()
         self.messages, self._synced = [], 0  # the reply is not a turn of the session's own conversation
 
-    def _turn(self, user_text: str, sampling: SamplingParams | None) -> Iterator:
+    def _turn(self, user_text: str, sampling: SamplingParams | None, cut: _CutReply | None = None) -> Iterator:
         """The turn's events; a cancel() from now on (before the first event too) stops it."""
         if self._holds_request:  # the state holds a whole request's sequence, not this conversation
             self._forget_state()
         self._cancel.clear()
-        return self._run_turn(user_text, sampling)
+        return self._run_turn(user_text, sampling, cut)
 
-    def _run_turn(self, user_text: str, sampling: SamplingParams | None) -> Iterator:
+    def continue_from(self, history: list[dict], cut_reply: dict, sampling: SamplingParams | None = None) -> Iterator:
+        """Write more of `cut_reply` (role, content, reasoning_content), the reply to the user message that ends
+        `history`, when the state no longer holds it (another chat ran since, a restart): the history is prefilled
+        again with the reply's text after the generation prompt, then decoding goes on; the events carry the new
+        text and TurnFinished the whole reply."""
+        if not history or history[-1]["role"] != "user":
+            raise ValueError("the history must end with the user message the cut reply answers")
+        self.reset(history[:-1])
+        reasoning, answer = cut_reply.get("reasoning_content") or "", cut_reply.get("content") or ""
+        return self._turn(history[-1]["content"], sampling, _CutReply(None, reasoning, answer, not answer))
+
+    def _reply_prefix(self, rendered: str, cut: _CutReply) -> tuple[list[int], bool]:
+        """(token ids of the cut reply's text as the model wrote it after the generation prompt `rendered`,
+        whether the reply is still in its thinking there). Texts are data, read without control tokens."""
+        tok = self.tokenizer
+        thinking_open = bool(tok.think_start) and rendered.rfind(tok.think_start) > rendered.rfind(tok.think_end or "")
+        if not thinking_open:  # the template closed the thinking (or has none): only the answer follows
+            return tok.encode_text(cut.answer) if cut.answer else [], False
+        if not cut.answer:
+            return tok.encode_text(cut.thoughts), True
+        return (tok.encode_text(cut.thoughts + "\n") + [tok.token_id(tok.think_end)]
+                + tok.encode_text("\n\n" + cut.answer)), False
+
+    def _run_turn(self, user_text: str, sampling: SamplingParams | None, cut: _CutReply | None = None) -> Iterator:
         params = sampling or self.sampling
         sampler = Sampler(replace(params, stop=tuple(params.stop)))
         user = {"role": "user", "content": user_text}
@@ -223,15 +282,33 @@ class ChatSession:
         except CheckpointError as exc:  # the model's template cannot render this conversation
             yield refused("error", str(exc))
             return
+        if cut is not None:
+            prefix, in_thinking = self._reply_prefix(rendered, cut)
+            ids = ids + prefix
         needed = self._state.position + len(ids) + 1  # at least one reply token must fit
         if needed > self.context_tokens:
-            yield refused("error", str(ContextOverflowError(needed, self.context_tokens)))
+            yield refused("error", str(ContextOverflowError(needed, self.context_tokens, self.context_advice)))
             return
         self.messages.append(user)
         self._boundaries.append(_Boundary(len(self.messages) - 1, self._state.snapshot(), len(self._fed),
                                           self._pending))
         del self._boundaries[:-self.max_snapshots]  # the oldest go: editing there prefills the history again
-        yield from _Reply(self, sampler, ids, rendered).run()
+        reply = _Reply(self, sampler, ids, rendered)
+        if cut is not None:  # the reply goes on after its text, which the prompt now ends with
+            reply.reasoning, reply.segment_started = in_thinking, True
+            reply.thoughts, reply.answer = [t for t in (cut.thoughts,) if t], [t for t in (cut.answer,) if t]
+        yield from reply.run()
+
+
+@dataclass(frozen=True)
+class _CutReply:
+    """A reply cut before its end: its message in the conversation (None: not in it), its text (untrimmed when the
+    session made it), whether in its thinking."""
+
+    message: dict | None
+    thoughts: str
+    answer: str
+    reasoning: bool
 
 
 @dataclass(frozen=True)
@@ -330,8 +407,11 @@ class _Reply:
         yield from self._drain(reason)
         # the last sampled token is not in the state yet; eos is written by the next turn's template text
         s._pending = () if reason == "eos" or not generated else (generated[-1],)
-        s.messages.append(self._assistant_message())
+        message = self._assistant_message()
+        s.messages.append(message)
         s._synced = len(s.messages)
+        s._cut_reply = _CutReply(message, "".join(self.thoughts), "".join(self.answer), self.reasoning) \
+            if s._pending else None
         yield self._finish(reason, start, first_token_at, len(generated), prefilled=len(self.prompt_ids))
 
     def _save(self) -> None:
