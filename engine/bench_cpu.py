@@ -128,7 +128,7 @@ def share_throughput(threads: int, records: tuple[RecordLayout, torch.Tensor] | 
 
 
 if cpu_experts.numba is not None:
-    from engine.kernels.cpu_experts import _load_acquire, _raise_to
+    from engine.kernels.cpu_experts.atomics import _load_acquire, _raise_to
     from engine.kernels.cpu_share import CANCEL, DONE, REQUEST
 
     @numba.njit(nogil=True, cache=True)

@@ -33,7 +33,8 @@ import numpy as np
 import torch
 
 from engine.kernels import cpu_experts
-from engine.kernels.cpu_experts import COUNTER_STRIDE, numba
+from engine.kernels.cpu_experts.cpu import numba
+from engine.kernels.cpu_experts.pool import _launch
 
 REQUEST, DONE, CANCEL = 0, 1, 2  # the mailbox's flags (int32)
 LAST_SEQUENCE = 2**31 - 1  # sequence numbers are int32 on the GPU: the host starts again at 1 before this
@@ -135,7 +136,7 @@ class CpuShareWorker:
     def _serve(self, first: int, layers: int) -> int:
         flags, ids, weights, x, out = self._views
         try:
-            with cpu_experts._launch:
+            with _launch:
                 cpu_experts.numba_threads(self.threads)
                 return int(_serve_step(self._addresses, self._records[0].shape[0], self._record_bytes,
                                        self.kernel._meta, flags, ids, weights, x, out, first, layers, self._counters,
@@ -147,9 +148,11 @@ class CpuShareWorker:
 
 
 if numba is not None:
-    from engine.kernels.cpu_experts import (ENDED_GATE_UP, FINISHER, M_OUT, _counter, _fetch_add, _group_rows,
-                                            _lay_out, _lay_out_bf16, _layer_part, _load_acquire, _raise_to,
-                                            _wait_for)
+    from engine.kernels.cpu_experts.atomics import _fetch_add, _load_acquire, _raise_to, _wait_for
+    from engine.kernels.cpu_experts.meta import M_OUT
+    from engine.kernels.cpu_experts.rows import _lay_out, _lay_out_bf16
+    from engine.kernels.cpu_experts.scheduler import (COUNTER_STRIDE, ENDED_GATE_UP, FINISHER, _counter, _group_rows,
+                                                      _layer_part)
 
     @numba.njit(nogil=True, cache=True)
     def _serve_layers(addresses, num_experts, record_bytes, meta, flags, ids, weights, x, out, first, layers,
