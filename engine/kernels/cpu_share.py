@@ -151,8 +151,8 @@ if numba is not None:
     from engine.kernels.cpu_experts.atomics import _fetch_add, _load_acquire, _raise_to, _wait_for
     from engine.kernels.cpu_experts.meta import M_OUT
     from engine.kernels.cpu_experts.rows import _lay_out, _lay_out_bf16
-    from engine.kernels.cpu_experts.scheduler import (COUNTER_STRIDE, ENDED_GATE_UP, FINISHER, _counter, _group_rows,
-                                                      _layer_part)
+    from engine.kernels.cpu_experts.scheduler import (COUNTER_STRIDE, ENDED_GATE_UP, FINISHER, Groups, LayerRecords,
+                                                      RowBuffers, Tokens, _counter, _group_rows, _layer_part)
 
     @numba.njit(nogil=True, cache=True)
     def _serve_layers(addresses, num_experts, record_bytes, meta, flags, ids, weights, x, out, first, layers,
@@ -191,9 +191,10 @@ if numba is not None:
                 if _fetch_add(_counter(counters_at, FINISHER), 1) == 0:
                     _raise_to(done_at, sequence)
                 continue
-            summed = _layer_part(addresses[layer], record_bytes, meta, groups, group_experts, starts, token_of_row,
-                                 own_rows, row_of, weights.reshape((1, top_k)), laid, laid16, counters_at,
-                                 hidden_rows, acts, acts16, outputs, out.reshape((1, hidden)), bf16, cancel_at)
+            summed = _layer_part(LayerRecords(addresses[layer], record_bytes, meta),
+                                 Groups(groups, group_experts, starts, token_of_row, row_of),
+                                 Tokens(weights.reshape((1, top_k)), laid, laid16, out.reshape((1, hidden))),
+                                 RowBuffers(hidden_rows, acts, acts16, outputs, own_rows), counters_at, bf16, cancel_at)
             if summed < 0:
                 return -1
             if summed:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import numba
 import numpy as np
 
@@ -37,6 +39,43 @@ def _record(base, expert, record_bytes):
 # the CPU; then per group its gate_up items ended
 TAKEN_GATE_UP, ACTIVATED, TAKEN_DOWN, ENDED_DOWN, TAKEN_SUM, ENDED_SUM, FINISHER, ENDED_GATE_UP = range(8)
 SUM_TOKENS = 16  # tokens a sum item
+
+
+class LayerRecords(NamedTuple):
+    """A layer's expert records as the kernels read them: expert e's at base + e * record_bytes."""
+
+    base: int  # the address of expert 0's record
+    record_bytes: int
+    meta: np.ndarray  # int64 [2, META_FIELDS]: gate_up's fields, then down's
+
+
+class Groups(NamedTuple):
+    """The assignments for the CPU grouped by expert, as _group_rows fills them."""
+
+    count: int
+    experts: np.ndarray  # group g is expert experts[g]
+    starts: np.ndarray  # ...for rows starts[g]..starts[g + 1] - 1
+    token_of_row: np.ndarray  # row r is for token token_of_row[r]
+    row_of: np.ndarray  # [T, k]: assignment (t, j)'s row, -1 off the CPU
+
+
+class Tokens(NamedTuple):
+    """A layer's tokens: their routing weights [T, k], inputs laid out [T, H] (and as bf16), and the sum out [T, H]."""
+
+    weights: np.ndarray
+    laid: np.ndarray
+    laid16: np.ndarray
+    out: np.ndarray
+
+
+class RowBuffers(NamedTuple):
+    """Per-row results [rows, ...] the threads of a layer share: gate_up's, the activations, down's."""
+
+    hidden_rows: np.ndarray
+    acts: np.ndarray
+    acts16: np.ndarray
+    outputs: np.ndarray
+    own_rows: np.ndarray  # 0..rows-1: down's rows read the activations of their own row
 
 
 @numba.njit(nogil=True, cache=True)
@@ -79,38 +118,39 @@ def _group_rows(expert_ids, on_cpu, num_experts, counts, group_experts, starts, 
 
 
 @numba.njit(nogil=True, cache=True)
-def _next_item(counter_at, groups, items, base, record_bytes, group_experts, starts, matrix, inputs, inputs16,
-               picks, results, bf16):
+def _next_item(counter_at, records, grouped, items, matrix, inputs, inputs16, picks, results, bf16):
     """Take a phase's next item from its counter and compute it: rows item * ITEM_ROWS onwards of a group's
-    `matrix` (records from address `base`), for each of the group's rows r the inputs of picks[r], into
+    `matrix` (a LayerRecords' records), for each of the group's rows r the inputs of picks[r], into
     results[r]. The group, or -1 once every item is taken."""
-    g, item = _take(counter_at, groups, items)
+    g, item = _take(counter_at, grouped.count, items)
     if g >= 0:
-        first, last = starts[g], starts[g + 1]
-        _rows(_record(base, group_experts[g], record_bytes), matrix, item * ITEM_ROWS,
+        first, last = grouped.starts[g], grouped.starts[g + 1]
+        _rows(_record(records.base, grouped.experts[g], records.record_bytes), matrix, item * ITEM_ROWS,
               min((item + 1) * ITEM_ROWS, matrix[M_OUT]), inputs, inputs16, picks[first:last],
               results[first:last], bf16)
     return g
 
 
 @numba.njit(nogil=True, cache=True)
-def _layer_part(base, record_bytes, meta, groups, group_experts, starts, token_of_row, own_rows, row_of, weights,
-                laid, laid16, counters_at, hidden_rows, acts, acts16, outputs, out, bf16, cancel_at):
-    """One thread's part of a layer's experts (_group_rows' groups; records from address `base`) for tokens
-    laid out in laid [T, H] and laid16. It takes gate_up items (ITEM_ROWS rows of one group; whoever ends a
-    group's last one computes its rows' activations) and waits for every group's; takes down items the same
-    way and waits for all to end; then takes sum items (SUM_TOKENS tokens: out[t] = the sum over j of
-    weights[t, j] times row row_of[t, j]'s output). own_rows = 0..rows-1; hidden_rows, acts, acts16, outputs
-    [rows, ...] and out [T, H] are shared by the threads. The rows computed if this thread ended the last sum
-    item, else 0; -1 once the int32 at cancel_at is set."""
-    gate_up, down = meta[0], meta[1]
+def _layer_part(records, grouped, layer_tokens, buffers, counters_at, bf16, cancel_at):
+    """Compute one thread's part of a layer's experts (a LayerRecords, Groups, Tokens and RowBuffers).
+
+    It takes gate_up items (ITEM_ROWS rows of one group; whoever ends a group's last one computes its rows'
+    activations) and waits for every group's; takes down items the same way and waits for all to end; then
+    takes sum items (SUM_TOKENS tokens: out[t] = the sum over j of weights[t, j] times row row_of[t, j]'s
+    output). The buffers and out are shared by the threads. The rows computed if this thread ended the last
+    sum item, else 0; -1 once the int32 at cancel_at is set."""
+    groups, starts, row_of = grouped.count, grouped.starts, grouped.row_of
+    weights, laid, laid16, out = layer_tokens
+    hidden_rows, acts, acts16, outputs, own_rows = buffers
+    gate_up, down = records.meta[0], records.meta[1]
     hidden, intermediate = down[M_OUT], down[M_IN]
     per_group = (2 * intermediate + ITEM_ROWS - 1) // ITEM_ROWS
     down_items = (hidden + ITEM_ROWS - 1) // ITEM_ROWS
     act = np.empty(intermediate, np.float32)
     while True:
-        g = _next_item(_counter(counters_at, TAKEN_GATE_UP), groups, per_group, base, record_bytes, group_experts,
-                       starts, gate_up, laid, laid16, token_of_row, hidden_rows, bf16)
+        g = _next_item(_counter(counters_at, TAKEN_GATE_UP), records, grouped, per_group, gate_up, laid, laid16,
+                       grouped.token_of_row, hidden_rows, bf16)
         if g < 0:
             break
         if _fetch_add(_counter(counters_at, ENDED_GATE_UP + g), 1) == per_group - 1:
@@ -119,8 +159,8 @@ def _layer_part(base, record_bytes, meta, groups, group_experts, starts, token_o
             _fetch_add(_counter(counters_at, ACTIVATED), 1)
     if _wait_for(_counter(counters_at, ACTIVATED), groups, cancel_at) < 0:
         return -1
-    while _next_item(_counter(counters_at, TAKEN_DOWN), groups, down_items, base, record_bytes, group_experts,
-                     starts, down, acts, acts16, own_rows, outputs, bf16) >= 0:
+    while _next_item(_counter(counters_at, TAKEN_DOWN), records, grouped, down_items, down, acts, acts16, own_rows,
+                     outputs, bf16) >= 0:
         _fetch_add(_counter(counters_at, ENDED_DOWN), 1)
     if _wait_for(_counter(counters_at, ENDED_DOWN), groups * down_items, cancel_at) < 0:
         return -1
@@ -169,7 +209,7 @@ def _experts(records, meta, x, expert_ids, expert_weights, on_cpu, out, bf16, th
     outputs, own_rows = np.empty((rows, hidden), np.float32), np.arange(rows)
     base, record_bytes = np.int64(records.ctypes.data), records.shape[1]
     for _ in numba.prange(threads):
-        _layer_part(base, record_bytes, meta, groups, group_experts, starts, token_of_row, own_rows, row_of,
-                    expert_weights, laid, laid16, counters.ctypes.data, hidden_rows, acts, acts16, outputs, out,
-                    bf16, never.ctypes.data)
+        _layer_part(LayerRecords(base, record_bytes, meta), Groups(groups, group_experts, starts, token_of_row, row_of),
+                    Tokens(expert_weights, laid, laid16, out), RowBuffers(hidden_rows, acts, acts16, outputs, own_rows),
+                    counters.ctypes.data, bf16, never.ctypes.data)
     return True
