@@ -15,7 +15,7 @@ import numpy as np
 import torch
 
 from engine.checkpoint.formats import NVFP4, StoredWeight, fuse_rows
-from engine.experts.packed import RecordLayout
+from engine.kernels.record_layout import RecordLayout
 from engine.kernels import cpu_experts
 
 HIDDEN, INTERMEDIATE = 2048, 512

@@ -14,7 +14,8 @@ from engine import bench_cpu
 from engine.checkpoint import quantize
 from engine.checkpoint.formats import StoredWeight, detect_format
 from engine.cli import main
-from engine.experts.packed import RecordLayout, pack_banks
+from engine.experts.packed import pack_banks
+from engine.kernels.record_layout import RecordLayout
 from engine.kernels import cpu_experts, cpu_share
 from engine.kernels.cpu_experts import CpuExpertKernel, pool
 from engine.kernels.cpu_experts import kernel as kernel_module

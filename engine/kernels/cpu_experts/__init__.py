@@ -1,4 +1,4 @@
-"""Routed experts on the CPU, computed exactly from the host expert records (engine/experts/packed.py).
+"""Routed experts on the CPU, computed exactly from the host expert records (engine/kernels/record_layout.py).
 
 `CpuExpertKernel(layout).run(records, x, expert_ids, expert_weights, on_cpu)` gives the weighted sum of the
 chosen experts' SwiGLU outputs for the assignments marked `on_cpu`, reading each expert's weights where its

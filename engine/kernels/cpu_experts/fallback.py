@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from engine.experts.packed import RecordLayout
+from engine.kernels.record_layout import RecordLayout
 
 
 def run_torch(layout: RecordLayout, records: torch.Tensor, x: torch.Tensor, ids: torch.Tensor,

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from engine.experts.packed import RecordLayout
+from engine.kernels.record_layout import RecordLayout
 from engine.kernels.cpu_experts.cpu import bf16_dot_supported, numba
 from engine.kernels.cpu_experts.fallback import run_torch
 from engine.kernels.cpu_experts.meta import _matrix_meta

@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 from engine.checkpoint.formats import DENSE, FP8_BLOCK, FP8_TENSOR, NVFP4, NVFP4_CT, NVFP4_GROUP
-from engine.experts.packed import MatrixLayout
+from engine.kernels.record_layout import MatrixLayout
 
 FORMAT_CODES = {NVFP4: 0, NVFP4_CT: 1, FP8_TENSOR: 2, FP8_BLOCK: 3, DENSE: 4}
 DTYPE_CODES = {torch.float32: 0, torch.bfloat16: 1, torch.float16: 2, torch.float8_e4m3fn: 3,
