@@ -41,12 +41,13 @@ from engine.hub.display import format_duration, format_size
 from engine.hub.downloader import MAX_RETRIES, PROGRESS_INTERVAL_S, SPEED_WINDOW_S, Progress, download, pull
 from engine.hub.errors import DownloadCancelled, HubError
 from engine.hub.folder import (CONFIG_FILE, INCOMPLETE_SUFFIX, NEEDED_FILES, RECORD_FILE, STAGING_DIR, STATE_FILE,
-                               WEIGHT_PATTERN, default_models_dir, download_record, folder_name, free_disk_bytes,
+                               WEIGHT_PATTERN, download_record, folder_name, free_disk_bytes,
                                partial_download)
 from engine.hub.names import WINDOWS_DEVICE_NAMES, WINDOWS_FORBIDDEN_CHARS, check_file_names, unsafe_name_reason
 from engine.hub.plan import DISK_MARGIN_BYTES, MAX_SMALL_FILE_BYTES, DownloadPlan, PlanFile, needed_files, plan_download
 from engine.hub.remote_fit import HEADER_PROBE_BYTES, footprint_from_headers
 from engine.hub.tokens import client_offline, has_saved_token, save_token
+from engine.paths import default_models_dir
 
 __all__ = ["CONFIG_FILE", "CURATED_MODELS", "CuratedModel", "DISK_MARGIN_BYTES", "DownloadCancelled", "DownloadControl",
            "DownloadPlan", "Fit", "HEADER_PROBE_BYTES", "Hub", "HubError", "INCOMPLETE_SUFFIX", "MAX_RETRIES",

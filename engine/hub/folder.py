@@ -1,11 +1,9 @@
-"""A model folder on disk: where it goes, its name, and the state a download keeps in it."""
+"""A model folder on disk: its name, what it holds, and the state a download keeps in it."""
 
 from __future__ import annotations
 
 import json
-import os
 import shutil
-import sys
 from pathlib import Path
 
 from engine.checkpoint import INDEX_FILE
@@ -20,19 +18,6 @@ CONFIG_FILE = "config.json"
 NEEDED_FILES = (CONFIG_FILE, "generation_config.json", "hf_quant_config.json", INDEX_FILE, "tokenizer.json",
                 "tokenizer_config.json", "chat_template.jinja", "chat_template.json", "special_tokens_map.json")
 WEIGHT_PATTERN = "*.safetensors"
-
-
-def default_models_dir() -> Path:
-    """Where downloads go unless told otherwise: $MOEDESK_MODELS_DIR, else MoE Desk's folder in the user's data."""
-    if os.environ.get("MOEDESK_MODELS_DIR"):
-        return Path(os.environ["MOEDESK_MODELS_DIR"]).expanduser()
-    if sys.platform == "win32":
-        base = Path(os.environ.get("LOCALAPPDATA") or Path.home() / "AppData" / "Local")
-    elif sys.platform == "darwin":
-        base = Path.home() / "Library" / "Application Support"
-    else:
-        base = Path(os.environ.get("XDG_DATA_HOME") or Path.home() / ".local" / "share")
-    return base / "MoE Desk" / "models"
 
 
 def folder_name(repo_id: str, revision: str = "main") -> str:

@@ -14,9 +14,10 @@ from engine.hub.curated import Fit
 from engine.hub.display import format_size
 from engine.hub.errors import HubError
 from engine.hub.folder import (CONFIG_FILE, NEEDED_FILES, WEIGHT_PATTERN, _existing_ancestor, _incomplete_path,
-                               _known_hashes, default_models_dir, folder_name, free_disk_bytes)
+                               _known_hashes, folder_name, free_disk_bytes)
 from engine.hub.names import check_file_names
 from engine.hub.remote_fit import _remote_fit
+from engine.paths import default_models_dir
 
 
 DISK_MARGIN_BYTES = 256 * 1024 * 1024  # left free after a download, for the system and the app
