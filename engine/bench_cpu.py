@@ -1,5 +1,5 @@
 """`python -m engine bench --cpu-experts`: how fast the CPU computes routed NVFP4 experts
-(engine/kernels/cpu_experts.py), against the machine's DRAM read bandwidth, the bound such a kernel lives under.
+(engine/kernels/cpu_experts/), against the machine's DRAM read bandwidth, the bound such a kernel lives under.
 
 The experts are random full-size ones (hidden 2048, intermediate 512, as in Qwen3.6-35B-A3B) in records that
 together far exceed the CPU's caches; each call takes the next experts round that ring, so their bytes come from

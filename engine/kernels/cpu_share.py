@@ -12,7 +12,7 @@ The protocol, one sequence number per MoE layer of a step, chosen by the host (`
   sets `request` to the layer's number;
 - every CPU thread waits for that number, reads the layer, and checks `done` is still below it (the GPU
   rewrites the mailbox only after `done` reaches the number, so the layer it read is whole);
-- the threads take work items from the layer's counters (cpu_experts._layer_part): blocks of 64 gate_up rows
+- the threads take work items from the layer's counters (cpu_experts.scheduler._layer_part): blocks of 64 gate_up rows
   of one expert (whoever ends an expert's last block computes its activation), then blocks of 64 down rows of
   one expert (eight experts make 256 such items, enough to keep 15 threads evenly busy; dealt statically
   instead, threads waited up to 96 us a layer at the barrier on the H200 machine's Xeon); once every down item
