@@ -1,5 +1,5 @@
 """`python -m engine bench --cpu-experts`: how fast the CPU computes routed NVFP4 experts
-(engine/kernels/cpu_experts.py), against the machine's DRAM read bandwidth, the bound such a kernel lives under.
+(engine/kernels/cpu_experts/), against the machine's DRAM read bandwidth, the bound such a kernel lives under.
 
 The experts are random full-size ones (hidden 2048, intermediate 512, as in Qwen3.6-35B-A3B) in records that
 together far exceed the CPU's caches; each call takes the next experts round that ring, so their bytes come from
@@ -15,7 +15,7 @@ import numpy as np
 import torch
 
 from engine.checkpoint.formats import NVFP4, StoredWeight, fuse_rows
-from engine.experts.packed import RecordLayout
+from engine.kernels.record_layout import RecordLayout
 from engine.kernels import cpu_experts
 
 HIDDEN, INTERMEDIATE = 2048, 512
@@ -128,7 +128,7 @@ def share_throughput(threads: int, records: tuple[RecordLayout, torch.Tensor] | 
 
 
 if cpu_experts.numba is not None:
-    from engine.kernels.cpu_experts import _load_acquire, _raise_to
+    from engine.kernels.cpu_experts.atomics import _load_acquire, _raise_to
     from engine.kernels.cpu_share import CANCEL, DONE, REQUEST
 
     @numba.njit(nogil=True, cache=True)

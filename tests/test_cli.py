@@ -98,9 +98,9 @@ def test_asking_for_the_gpu_on_a_cpu_build_says_why(model_dir, capsys):
 @pytest.fixture
 def restored_threads(monkeypatch):
     """--cpu-threads sets process-wide thread counts: each test leaves them as it found them."""
-    from engine.kernels import cpu_experts
+    from engine.kernels.cpu_experts import pool
 
-    monkeypatch.setattr(cpu_experts, "_threads", cpu_experts._threads)
+    monkeypatch.setattr(pool, "_threads", pool._threads)
     threads = torch.get_num_threads()
     yield
     torch.set_num_threads(threads)

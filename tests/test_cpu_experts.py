@@ -1,4 +1,4 @@
-"""The CPU expert kernels (engine/kernels/cpu_experts.py) against dequantise-then-matmul in float32, for every
+"""The CPU expert kernels (engine/kernels/cpu_experts/) against dequantise-then-matmul in float32, for every
 format an expert record can hold, and `python -m engine bench --cpu-experts` at a tiny size."""
 
 import json
@@ -14,9 +14,12 @@ from engine import bench_cpu
 from engine.checkpoint import quantize
 from engine.checkpoint.formats import StoredWeight, detect_format
 from engine.cli import main
-from engine.experts.packed import RecordLayout, pack_banks
+from engine.experts.packed import pack_banks
+from engine.kernels.record_layout import RecordLayout
 from engine.kernels import cpu_experts, cpu_share
-from engine.kernels.cpu_experts import CpuExpertKernel
+from engine.kernels.cpu_experts import CpuExpertKernel, pool
+from engine.kernels.cpu_experts import kernel as kernel_module
+from engine.kernels.cpu_experts import meta as meta_fields
 
 EXPERTS = 6
 EXACT = 1e-5  # relative error allowed: float32 rounding of a different order of additions, nothing more
@@ -157,7 +160,7 @@ def test_the_fallback_without_numba_gives_the_same(monkeypatch):
     ids, weights = routing(3)
     on_cpu = torch.tensor([[True, False, True], [True, True, True], [False, False, True]])
     compiled = CpuExpertKernel(layout).run(records, x, ids, weights, on_cpu)
-    monkeypatch.setattr(cpu_experts, "numba", None)
+    monkeypatch.setattr(kernel_module, "numba", None)
     plain = CpuExpertKernel(layout).run(records, x, ids, weights, on_cpu)
     assert relative_error(compiled, plain) < EXACT
 
@@ -178,7 +181,9 @@ def test_threads_and_the_gil():
     assert relative_error(kernel.run(records, x, ids, weights, on_cpu), single) < EXACT
     with pytest.raises(ValueError, match="threads must be between 1"):
         cpu_experts.set_threads(0)
-    assert cpu_experts._experts.targetoptions["nogil"]  # other Python threads run while experts compute
+    from engine.kernels.cpu_experts import scheduler  # needs numba, so imported here
+
+    assert scheduler._experts.targetoptions["nogil"]  # other Python threads run while experts compute
 
 
 def test_bad_records_are_refused():
@@ -260,9 +265,9 @@ def test_a_call_asks_the_system_for_cores_once_and_numba_for_threads_only_on_cha
     asked, set_to = [], []
     monkeypatch.setattr(psutil, "cpu_count", lambda logical=True: asked.append(logical) or 2)
     monkeypatch.setattr(cpu_experts.numba, "set_num_threads", set_to.append)
-    monkeypatch.setattr(cpu_experts._launching, "threads", None, raising=False)
+    monkeypatch.setattr(pool._launching, "threads", None, raising=False)
     cpu_experts.default_threads.cache_clear()
-    monkeypatch.setattr(cpu_experts, "_threads", None)
+    monkeypatch.setattr(pool, "_threads", None)
     try:
         assert [cpu_experts.threads() for _ in range(3)] == [min(2, cpu_experts.numba.config.NUMBA_NUM_THREADS)] * 3
         assert asked == [False]
@@ -364,7 +369,7 @@ def test_bf16_activations_with_one_global_scale_for_the_matrix(encoding):
     for e, expert in enumerate(experts):
         layout.write(records[e], expert)
     kernel = CpuExpertKernel(layout, "bf16")
-    assert (kernel._meta[:, cpu_experts.M_GLOBAL_COUNT] == 1).all()
+    assert (kernel._meta[:, meta_fields.M_GLOBAL_COUNT] == 1).all()
     x = torch.randn(1, 128, generator=generator)
     ids, weights = routing(1)
     on_cpu = torch.ones_like(ids, dtype=torch.bool)
@@ -376,18 +381,20 @@ def test_bf16_activations_with_one_global_scale_for_the_matrix(encoding):
 @pytest.mark.skipif(not cpu_experts.bf16_dot_supported(), reason="needs a CPU with AVX512-BF16 (Zen 4, Xeon SPR+)")
 def test_bf16_rows_give_the_same_bits_whatever_range_they_are_asked_in():
     """Rows go four a call and the rest one a call; either way a row's sums are added in the same order."""
+    from engine.kernels.cpu_experts import rows as row_kernels
+
     layout, records = packed("nvfp4", 256, 128)
     kernel = CpuExpertKernel(layout, "bf16")
     record, meta = records[0].numpy(), kernel._meta[0]
     x = torch.randn(1, 256, generator=torch.Generator().manual_seed(13)).numpy()
     laid, laid16 = np.empty_like(x), np.empty(x.shape, np.uint16)
-    cpu_experts._lay_out(x[0], laid[0], meta)
-    cpu_experts._lay_out_bf16(x[0], laid16[0])
+    row_kernels._lay_out(x[0], laid[0], meta)
+    row_kernels._lay_out_bf16(x[0], laid16[0])
     picks = np.zeros(1, np.int64)
     whole, parts = np.zeros((1, 256), np.float32), np.zeros((1, 256), np.float32)
-    cpu_experts._rows(record, meta, 0, 256, laid, laid16, picks, whole, True)
+    row_kernels._rows(record, meta, 0, 256, laid, laid16, picks, whole, True)
     for first, last in ((0, 3), (3, 10), (10, 32), (32, 256)):
-        cpu_experts._rows(record, meta, first, last, laid, laid16, picks, parts, True)
+        row_kernels._rows(record, meta, first, last, laid, laid16, picks, parts, True)
     assert (whole == parts).all()
 
 
@@ -397,6 +404,8 @@ def test_bf16_rows_of_several_tokens_are_each_tokens_rows_alone(hidden, intermed
     """Several tokens of an expert go 4, 2 or 1 a call and rows 2 or 1 a call, over any range of rows, each token
     any row of the inputs: each (row, token) equal to the one-token path's row for that token alone, and the rows
     equal to dequantise-then-matmul fed bf16-rounded inputs."""
+    from engine.kernels.cpu_experts import rows as row_kernels
+
     layout, records = packed("nvfp4", hidden, intermediate)
     kernel = CpuExpertKernel(layout, "bf16")
     record, meta = records[1].numpy(), kernel._meta[0]
@@ -404,17 +413,17 @@ def test_bf16_rows_of_several_tokens_are_each_tokens_rows_alone(hidden, intermed
     x = torch.randn(12, hidden, generator=torch.Generator().manual_seed(15)).numpy()
     laid, laid16 = np.empty_like(x), np.empty(x.shape, np.uint16)
     for t in range(x.shape[0]):
-        cpu_experts._lay_out(x[t], laid[t], meta)
-        cpu_experts._lay_out_bf16(x[t], laid16[t])
+        row_kernels._lay_out(x[t], laid[t], meta)
+        row_kernels._lay_out_bf16(x[t], laid16[t])
     alone = np.zeros((x.shape[0], rows), np.float32)
     for t in range(x.shape[0]):
-        cpu_experts._rows(record, meta, 0, rows, laid, laid16, np.array([t]), alone[t:t + 1], True)
+        row_kernels._rows(record, meta, 0, rows, laid, laid16, np.array([t]), alone[t:t + 1], True)
     order = np.random.default_rng(16).permutation(x.shape[0])
     for count in (2, 3, 4, 5, 7, 9, 12):
         picks = order[:count].copy()
         together = np.zeros((count, rows), np.float32)
         for first, last in ((0, 3), (3, 10), (10, 11), (11, 32), (32, rows)):
-            cpu_experts._rows(record, meta, first, last, laid, laid16, picks, together, True)
+            row_kernels._rows(record, meta, first, last, laid, laid16, picks, together, True)
         assert np.isfinite(together).all()
         assert np.abs(together - alone[picks]).max() <= 1e-6 * np.abs(alone[picks]).max()
     weights = layout.view(records)["gate_up"].select(1).dequantize(torch.float32)
@@ -423,7 +432,7 @@ def test_bf16_rows_of_several_tokens_are_each_tokens_rows_alone(hidden, intermed
 
 
 def test_bf16_activations_are_refused_where_the_cpu_lacks_them(monkeypatch):
-    monkeypatch.setattr(cpu_experts, "bf16_dot_supported", lambda: False)
+    monkeypatch.setattr(kernel_module, "bf16_dot_supported", lambda: False)
     layout, _ = packed("nvfp4", 128, 64)
     assert CpuExpertKernel(layout).activations == "float32"
     with pytest.raises(ValueError, match="AVX512-BF16"):

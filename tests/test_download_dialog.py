@@ -9,6 +9,7 @@ its widgets show what the worker reported.
 from __future__ import annotations
 
 import gc
+import shutil
 import weakref
 
 import pytest
@@ -241,7 +242,7 @@ def test_disk_refusal_and_offline_mode(qtbot, dialog, monkeypatch, private_libra
     import collections
 
     usage = collections.namedtuple("usage", "total used free")
-    monkeypatch.setattr(hub.shutil, "disk_usage", lambda path: usage(2**30, 2**30 - 1000, 1000))
+    monkeypatch.setattr(shutil, "disk_usage", lambda path: usage(2**30, 2**30 - 1000, 1000))
     _choose(dialog, TINY)
     with qtbot.waitSignal(dialog.runEnded, timeout=TIMEOUT_MS) as ended:
         dialog.download_button.click()

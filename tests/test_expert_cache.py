@@ -7,7 +7,8 @@ import torch
 import engine
 from engine.checkpoint.formats import DENSE, StoredWeight
 from engine.experts.cache import ExpertCache
-from engine.experts.packed import RecordLayout, pack_banks
+from engine.experts.packed import pack_banks
+from engine.kernels.record_layout import RecordLayout
 
 
 class Bank:

@@ -12,6 +12,7 @@ import errno
 import hashlib
 import json
 import os
+import shutil
 import stat
 import threading
 
@@ -33,7 +34,7 @@ ENGINE_FILES = {"chat_template.jinja", "config.json", "generation_config.json", 
 @pytest.fixture
 def every_piece(monkeypatch):
     """Progress is reported for every piece received (normally at most ten times a second)."""
-    monkeypatch.setattr(hub, "PROGRESS_INTERVAL_S", 0.0)
+    monkeypatch.setattr(hub.downloader, "PROGRESS_INTERVAL_S", 0.0)
 
 
 def _plan(fake_hub, tmp_path, repo=TINY, **hub_options):
@@ -293,7 +294,7 @@ def test_small_file_hash_is_checked_too(fake_hub, tmp_path):
 def test_not_enough_disk_is_refused_before_anything_is_written(fake_hub, tmp_path, monkeypatch):
     client, plan = _plan(fake_hub, tmp_path)
     usage = collections.namedtuple("usage", "total used free")
-    monkeypatch.setattr(hub.shutil, "disk_usage", lambda path: usage(10 * 2**30, 10 * 2**30 - 5_000_000, 5_000_000))
+    monkeypatch.setattr(shutil, "disk_usage", lambda path: usage(10 * 2**30, 10 * 2**30 - 5_000_000, 5_000_000))
     plan_again = hub.plan_download(client, TINY, models_dir=tmp_path / "models", with_fit=False)
     assert not plan_again.disk_ok and plan_again.free_bytes == 5_000_000
     fake_hub.wait_quiet()  # the planning requests' server threads may still be counting their bytes
@@ -330,7 +331,7 @@ def test_disk_filling_up_mid_download_is_a_plain_error(fake_hub, tmp_path, monke
         handle = real_open(path, mode, *args, **kwargs)
         return FullDisk(handle) if "a" in mode and str(path).endswith(SHARD1 + hub.INCOMPLETE_SUFFIX) else handle
 
-    monkeypatch.setattr(hub, "open", fake_open, raising=False)
+    monkeypatch.setattr(hub.downloader, "open", fake_open, raising=False)
     with pytest.raises(hub.HubError) as error:
         hub.download(client, plan)
     assert error.value.kind == "disk" and str(error.value).startswith("The disk is full:")

@@ -64,7 +64,7 @@ def test_a_shard_claiming_a_huge_header_is_refused_without_fetching_it(claimed, 
 
 
 def test_the_remote_and_local_header_caps_are_one_constant():
-    assert hub.MAX_HEADER_BYTES is safetensors_file.MAX_HEADER_BYTES
+    assert hub.remote_fit.MAX_HEADER_BYTES is safetensors_file.MAX_HEADER_BYTES
 
 
 def test_a_config_file_listed_as_huge_is_not_read(fake_hub, tmp_path):
@@ -79,7 +79,7 @@ def test_a_server_ignoring_ranges_gives_the_same_fit(fake_hub, tmp_path, monkeyp
     """Whole files (200) answer the header reads; only the asked bytes are kept, taken from the right offset."""
     client, _ = _hub(fake_hub)
     expected = hub.plan_download(client, TINY, models_dir=tmp_path / "models").fit
-    monkeypatch.setattr(hub, "HEADER_PROBE_BYTES", 16)  # so the rest of each header is a second, offset read
+    monkeypatch.setattr(hub.remote_fit, "HEADER_PROBE_BYTES", 16)  # so the rest of each header is a second, offset read
     fake_hub.ignore_ranges = True
     fake_hub.requests.clear()
     assert hub.plan_download(client, TINY, models_dir=tmp_path / "models").fit == expected

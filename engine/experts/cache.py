@@ -23,7 +23,8 @@ from collections import OrderedDict
 import torch
 
 from engine.experts.link import LinkThrottle
-from engine.experts.packed import PackedExperts, RecordLayout
+from engine.experts.packed import PackedExperts
+from engine.kernels.record_layout import RecordLayout
 
 
 DEVICE_TICKS = 2**31 - 2**20  # the device table's int32 clock, with a margin

@@ -19,9 +19,10 @@ import platform
 import statistics
 import time
 from dataclasses import asdict, dataclass, replace
-from pathlib import Path
 
 import torch
+
+from engine.paths import calibration_file
 
 BACKENDS = ("auto", "gpu", "offload", "cpu", "hybrid")
 CALIBRATION_RECORDS = 16  # records copied, and experts computed, per measurement: a few ms of work each
@@ -219,12 +220,6 @@ class BackendTrial:
         the order they are timed."""
         return {"chosen": self.chosen, "step_seconds": {backend: statistics.median(seconds) if seconds else None
                                                         for backend, seconds in self.seconds.items()}}
-
-
-def calibration_file() -> Path:
-    """Next to the downloaded models, in the user's data folder (engine/hub.py)."""
-    from engine.hub import default_models_dir
-    return default_models_dir().parent / "calibration.json"
 
 
 def machine_key(device: torch.device, record_bytes: int, threads: int) -> str:

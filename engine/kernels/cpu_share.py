@@ -12,7 +12,7 @@ The protocol, one sequence number per MoE layer of a step, chosen by the host (`
   sets `request` to the layer's number;
 - every CPU thread waits for that number, reads the layer, and checks `done` is still below it (the GPU
   rewrites the mailbox only after `done` reaches the number, so the layer it read is whole);
-- the threads take work items from the layer's counters (cpu_experts._layer_part): blocks of 64 gate_up rows
+- the threads take work items from the layer's counters (cpu_experts.scheduler._layer_part): blocks of 64 gate_up rows
   of one expert (whoever ends an expert's last block computes its activation), then blocks of 64 down rows of
   one expert (eight experts make 256 such items, enough to keep 15 threads evenly busy; dealt statically
   instead, threads waited up to 96 us a layer at the barrier on the H200 machine's Xeon); once every down item
@@ -33,7 +33,8 @@ import numpy as np
 import torch
 
 from engine.kernels import cpu_experts
-from engine.kernels.cpu_experts import COUNTER_STRIDE, numba
+from engine.kernels.cpu_experts.cpu import numba
+from engine.kernels.cpu_experts.pool import _launch
 
 REQUEST, DONE, CANCEL = 0, 1, 2  # the mailbox's flags (int32)
 LAST_SEQUENCE = 2**31 - 1  # sequence numbers are int32 on the GPU: the host starts again at 1 before this
@@ -135,7 +136,7 @@ class CpuShareWorker:
     def _serve(self, first: int, layers: int) -> int:
         flags, ids, weights, x, out = self._views
         try:
-            with cpu_experts._launch:
+            with _launch:
                 cpu_experts.numba_threads(self.threads)
                 return int(_serve_step(self._addresses, self._records[0].shape[0], self._record_bytes,
                                        self.kernel._meta, flags, ids, weights, x, out, first, layers, self._counters,
@@ -147,9 +148,11 @@ class CpuShareWorker:
 
 
 if numba is not None:
-    from engine.kernels.cpu_experts import (ENDED_GATE_UP, FINISHER, M_OUT, _counter, _fetch_add, _group_rows,
-                                            _lay_out, _lay_out_bf16, _layer_part, _load_acquire, _raise_to,
-                                            _wait_for)
+    from engine.kernels.cpu_experts.atomics import _fetch_add, _load_acquire, _raise_to, _wait_for
+    from engine.kernels.cpu_experts.meta import M_OUT
+    from engine.kernels.cpu_experts.rows import _lay_out, _lay_out_bf16
+    from engine.kernels.cpu_experts.scheduler import (COUNTER_STRIDE, ENDED_GATE_UP, FINISHER, Groups, LayerRecords,
+                                                      RowBuffers, Tokens, _counter, _group_rows, _layer_part)
 
     @numba.njit(nogil=True, cache=True)
     def _serve_layers(addresses, num_experts, record_bytes, meta, flags, ids, weights, x, out, first, layers,
@@ -188,9 +191,10 @@ if numba is not None:
                 if _fetch_add(_counter(counters_at, FINISHER), 1) == 0:
                     _raise_to(done_at, sequence)
                 continue
-            summed = _layer_part(addresses[layer], record_bytes, meta, groups, group_experts, starts, token_of_row,
-                                 own_rows, row_of, weights.reshape((1, top_k)), laid, laid16, counters_at,
-                                 hidden_rows, acts, acts16, outputs, out.reshape((1, hidden)), bf16, cancel_at)
+            summed = _layer_part(LayerRecords(addresses[layer], record_bytes, meta),
+                                 Groups(groups, group_experts, starts, token_of_row, row_of),
+                                 Tokens(weights.reshape((1, top_k)), laid, laid16, out.reshape((1, hidden))),
+                                 RowBuffers(hidden_rows, acts, acts16, outputs, own_rows), counters_at, bf16, cancel_at)
             if summed < 0:
                 return -1
             if summed:

@@ -43,7 +43,8 @@ from engine.checkpoint.formats import IGNORED_ROLES
 from engine.config import ModelConfig, read_config
 from engine.errors import CheckpointError
 from engine.experts.bank import ExpertBank
-from engine.experts.packed import RecordLayout, expert_matrices
+from engine.experts.packed import expert_matrices
+from engine.kernels.record_layout import RecordLayout
 from engine.kernels.reference import GDN_CHUNK
 from engine.layers.source import WeightSource
 from engine.synthetic import SYNTHETIC_MODELS
