@@ -1,7 +1,7 @@
 """The transcript: a scrollable column of message bubbles.
 
-User messages are plain text with an Edit action; assistant replies render Markdown, give each fenced
-code block a Copy button, keep the reasoning in a collapsible, muted section and end with a stats
+User messages and assistant replies render Markdown safely (app/widgets/rich_text.py: raw HTML stays text);
+user messages have an Edit action; replies give each fenced code block token colours and a Copy button, keep the reasoning in a collapsible, muted section and end with a stats
 line. A streaming reply re-renders at most RENDER_INTERVAL_MS apart however fast the deltas come,
 and the view follows the bottom only while the user is there.
 """
@@ -11,12 +11,13 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from PySide6.QtCore import QSize, Qt, QTimer, Signal
+from PySide6.QtCore import QEvent, QSize, Qt, QTimer, Signal
 from PySide6.QtGui import QFontDatabase, QGuiApplication
 from PySide6.QtWidgets import (QFrame, QHBoxLayout, QLabel, QPlainTextEdit, QPushButton, QScrollArea,
                                QSizePolicy, QToolButton, QVBoxLayout, QWidget)
 
 from app.widgets.chat_input import ChatInput
+from app.widgets.rich_text import CodeHighlighter, markdown_html, natural_width, open_link
 
 RENDER_INTERVAL_MS = 50  # at most 20 re-renders a second while a reply streams
 FOLLOW_SLACK_PX = 24  # "at the bottom" allows for a line's worth of rounding
@@ -95,27 +96,42 @@ def format_stats(stats: dict) -> str:
 
 
 def _make_selectable(label: QLabel, text_format: Qt.TextFormat) -> QLabel:
-    """A wrapping label whose text can be selected and whose links open."""
+    """A wrapping label whose text can be selected and whose safe links (web, mail) open."""
     label.setTextFormat(text_format)
     label.setWordWrap(True)
     label.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse
                                   | Qt.TextInteractionFlag.LinksAccessibleByMouse)
-    label.setOpenExternalLinks(True)
+    label.setOpenExternalLinks(False)  # a link goes through open_link, which refuses javascript:, file: and the like
+    label.linkActivated.connect(open_link)
     return label
 
 
-class MarkdownPart(QLabel):
+class _MarkdownLabel(QLabel):
+    """A label showing Markdown as safe rich text, rendered again in the new colours when the theme changes."""
+
+    def __init__(self, parent: QWidget | None = None):
+        super().__init__(parent)
+        _make_selectable(self, Qt.TextFormat.RichText)
+        self.source = ""
+
+    def set_markdown(self, source: str) -> None:
+        if source != self.source:
+            self.source = source
+            self.setText(markdown_html(source))
+
+    def changeEvent(self, event: QEvent) -> None:
+        super().changeEvent(event)
+        if event.type() == QEvent.Type.PaletteChange and self.source:
+            self.setText(markdown_html(self.source))
+
+
+class MarkdownPart(_MarkdownLabel):
     """A run of Markdown prose."""
 
     kind = "markdown"
 
-    def __init__(self, parent: QWidget | None = None):
-        super().__init__(parent)
-        _make_selectable(self, Qt.TextFormat.MarkdownText)
-
     def show_block(self, block: Block) -> None:
-        if block.text != self.text():
-            self.setText(block.text)
+        self.set_markdown(block.text)
 
 
 class CodeBlock(QFrame):
@@ -138,6 +154,7 @@ class CodeBlock(QFrame):
         self.editor.setFrameShape(QFrame.Shape.NoFrame)
         self.editor.setVerticalScrollBarPolicy(Qt.ScrollBarPolicy.ScrollBarAlwaysOff)
         self.editor.viewport().setAutoFillBackground(False)  # the frame's tint shows through
+        self.highlighter = CodeHighlighter(self.editor.document())
         self._copied_timer = QTimer(self, singleShot=True, interval=COPIED_FEEDBACK_MS)
 
         header = QHBoxLayout()
@@ -160,10 +177,16 @@ class CodeBlock(QFrame):
 
     def show_block(self, block: Block) -> None:
         self.language_label.setText(block.language)
-        if block.text == self.code():
+        if block.text == self.code() and block.language == self.highlighter.language:
             return
         self.editor.setPlainText(block.text)
+        self.highlighter.highlight(block.language)
         self._fit_height()
+
+    def changeEvent(self, event: QEvent) -> None:
+        super().changeEvent(event)
+        if event.type() == QEvent.Type.PaletteChange:  # the theme changed: its token colours too
+            self.highlighter.highlight(self.highlighter.language)
 
     def _fit_height(self) -> None:
         """As tall as the code, so only the transcript scrolls vertically."""
@@ -252,17 +275,16 @@ class ReasoningSection(QWidget):
         self.text_label.setVisible(expanded)
 
 
-class _MessageText(QLabel):
-    """Plain message text that prefers its natural width, up to MESSAGE_WIDTH_PX, before wrapping."""
+class _MessageText(_MarkdownLabel):
+    """The user's message as Markdown, preferring its natural width, up to MESSAGE_WIDTH_PX, before wrapping."""
 
     def __init__(self, text: str):
         super().__init__()
-        _make_selectable(self, Qt.TextFormat.PlainText)
-        self.setText(text)
+        self.set_markdown(text)
 
     def sizeHint(self) -> QSize:
-        natural = max((self.fontMetrics().horizontalAdvance(line) for line in self.text().split("\n")), default=0)
-        width = min(natural + 2 * self.margin() + 2, MESSAGE_WIDTH_PX)  # a pixel each side against rounding
+        natural = natural_width(self.text(), self.font())
+        width = min(round(natural) + 2 * self.margin() + 2, MESSAGE_WIDTH_PX)  # a pixel each side against rounding
         return QSize(width, self.heightForWidth(width))
 
 
