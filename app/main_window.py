@@ -7,8 +7,8 @@ from __future__ import annotations
 import gc
 from pathlib import Path
 
-from PySide6.QtCore import QSize, Qt, Signal
-from PySide6.QtGui import QKeySequence, QShortcut
+from PySide6.QtCore import QByteArray, QRect, QSize, Qt, Signal
+from PySide6.QtGui import QGuiApplication, QKeySequence, QShortcut
 from PySide6.QtWidgets import (QApplication, QFrame, QHBoxLayout, QLabel, QListWidget, QMainWindow, QPushButton,
                                QStackedWidget, QVBoxLayout, QWidget)
 
@@ -31,6 +31,22 @@ from app.widgets.gauges import SystemFooter
 PAGES = ("Chat", "Models", "Engine", "Logs", "Settings")
 WORKER_SHUTDOWN_MS = 5000
 SIDEBAR_ROW_HEIGHT = 36
+SIDEBAR_WIDTH_PX = 180
+DEFAULT_WINDOW_SIZE = QSize(1200, 780)
+SCREEN_SHARE = 0.9  # a first window leaves some of the screen around it
+MIN_WINDOW_SIZE = QSize(760, 480)  # a 1600x1000 screen at 200 % is 800x500 logical, less the task bar
+
+
+def available_geometry() -> QRect:
+    """The primary screen's area free of task bars and docks, in logical pixels."""
+    screen = QGuiApplication.primaryScreen()
+    return screen.availableGeometry() if screen is not None else QRect(0, 0, 1024, 640)
+
+
+def first_window_size(available: QSize) -> QSize:
+    """The size of a first window: the default, shrunk to SCREEN_SHARE of a smaller screen."""
+    return QSize(min(DEFAULT_WINDOW_SIZE.width(), int(available.width() * SCREEN_SHARE)),
+                 min(DEFAULT_WINDOW_SIZE.height(), int(available.height() * SCREEN_SHARE)))
 
 
 class MainWindow(QMainWindow):
@@ -43,7 +59,6 @@ class MainWindow(QMainWindow):
     def __init__(self, store: ConversationStore, settings: AppSettings, model_folder: Path | None = None):
         super().__init__()
         self.setWindowTitle("MoE Desk")
-        self.resize(1200, 780)
         self.store, self.settings = store, settings
         self.worker, self.worker_thread = start_worker()
         self.loadRequested.connect(self.worker.load)
@@ -78,12 +93,12 @@ class MainWindow(QMainWindow):
         self.sidebar.addItems(PAGES)
         for row in range(self.sidebar.count()):  # style sheets pad the text, not the row: size rows here
             self.sidebar.item(row).setSizeHint(QSize(0, SIDEBAR_ROW_HEIGHT))
-        self.sidebar.setFixedWidth(180)
         self.sidebar.currentRowChanged.connect(self.pages.setCurrentIndex)
         self.footer = SystemFooter()
         self.model_label = QLabel("No model loaded")
         self.model_label.setProperty("role", "muted")
         self.model_label.setWordWrap(True)
+        self.model_label.setContentsMargins(8, 4, 8, 0)  # in line with the footer's gauges
 
         left = QVBoxLayout()
         left.setContentsMargins(0, 0, 0, 0)
@@ -92,7 +107,7 @@ class MainWindow(QMainWindow):
         left.addWidget(self.footer)
         left_panel = QWidget()
         left_panel.setLayout(left)
-        left_panel.setFixedWidth(200)
+        left_panel.setFixedWidth(SIDEBAR_WIDTH_PX)
         body = QHBoxLayout()
         body.setContentsMargins(0, 0, 0, 0)
         body.addWidget(left_panel)
@@ -101,6 +116,7 @@ class MainWindow(QMainWindow):
         central.setLayout(body)
         self.setCentralWidget(central)
         self.sidebar.setCurrentRow(0)
+        self._restore_geometry()
 
         self.model_info: dict | None = None
         self.load_error: str | None = None
@@ -117,6 +133,24 @@ class MainWindow(QMainWindow):
         self.use_engine(self.models_page.chosen_remote_id())
         self.reserveRequested.emit()  # measured on a clean GPU, before any model takes its memory
         self.load_model(model_folder or self._startup_model())
+
+    def _restore_geometry(self) -> None:
+        """The size, place and maximized state of the last session, else a size that fits this screen."""
+        available = available_geometry()
+        self.setMinimumSize(MIN_WINDOW_SIZE.boundedTo(available.size()))
+        saved = self.settings.get("window_geometry")
+        if saved and self.restoreGeometry(QByteArray.fromBase64(saved.encode("ascii"))):
+            if available.contains(self.frameGeometry()) or self.isMaximized():
+                return
+        # nothing saved, or a window bigger than this screen (another monitor, another scale): fit it anew
+        size = first_window_size(available.size())
+        self.resize(size)
+        self.move(available.center() - QRect(0, 0, size.width(), size.height()).center())
+
+    def save_geometry(self) -> None:
+        """Remember the window's size, place and maximized state, and the chat's splitter, for the next start."""
+        self.settings.set("window_geometry", bytes(self.saveGeometry().toBase64()).decode("ascii"))
+        self.settings.set("chat_splitter", self.chat_page.splitter.sizes())
 
     def _wire_api_server(self) -> None:
         """The Settings page's Local API section drives the server; its state shows there and in the status bar."""
@@ -261,6 +295,7 @@ class MainWindow(QMainWindow):
         self.sidebar.setCurrentRow(PAGES.index(name))
 
     def closeEvent(self, event) -> None:
+        self.save_geometry()
         for worker, thread in ((self.worker, self.worker_thread), (self.remote_worker, self.remote_thread)):
             worker.stop()
             thread.quit()

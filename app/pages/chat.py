@@ -21,11 +21,13 @@ from app.settings import AppSettings
 from app.storage import DEFAULT_TITLE, ConversationStore, chat_history
 from app.widgets.chat_input import ChatInput
 from app.widgets.conversation_list import ConversationList
+from app.widgets.eliding_label import ElidingLabel
 from app.widgets.transcript import AssistantBubble, Transcript
 
 TITLE_CHARS = 40
 DRAFT_SAVE_MS = 300  # the draft is written once typing pauses, not on every key
 REPLY_SAVE_MS = 500  # a streaming reply reaches the disk at most twice a second
+DEFAULT_SPLITTER_SIZES = [220, 780]  # conversation list, chat
 
 
 def title_from(text: str) -> str:
@@ -106,11 +108,10 @@ class ChatPage(QWidget):
         self._api_busy = False
 
         self.conversation_list = ConversationList(store)
-        self.title_label = QLabel()
+        self.title_label = ElidingLabel()
         self.title_label.setStyleSheet("font-weight: 600; font-size: 14px;")
-        self.engine_label = QLabel()
+        self.engine_label = ElidingLabel()  # plain text: names from a server are data
         self.engine_label.setProperty("role", "muted")
-        self.engine_label.setTextFormat(Qt.TextFormat.PlainText)  # names from a server are data
         self.thinking_box = QCheckBox("Thinking")
         self.thinking_box.setToolTip("Let the model reason before it answers (slower, often better)")
         self.system_prompt_button = QPushButton("System prompt…")
@@ -127,8 +128,8 @@ class ChatPage(QWidget):
         self._reply_save_timer = QTimer(self, singleShot=True, interval=REPLY_SAVE_MS)
 
         header = QHBoxLayout()
-        header.addWidget(self.title_label, 1)
-        header.addWidget(self.engine_label)
+        header.addWidget(self.title_label, 2)
+        header.addWidget(self.engine_label, 1)
         header.addWidget(self.thinking_box)
         header.addWidget(self.system_prompt_button)
         buttons = QVBoxLayout()
@@ -144,14 +145,15 @@ class ChatPage(QWidget):
         chat_layout.addWidget(self.transcript, 1)
         chat_layout.addWidget(self.api_note)
         chat_layout.addLayout(input_row)
-        splitter = QSplitter(Qt.Orientation.Horizontal)
-        splitter.addWidget(self.conversation_list)
-        splitter.addWidget(chat)
-        splitter.setStretchFactor(1, 1)
-        splitter.setSizes([240, 760])
+        self.splitter = QSplitter(Qt.Orientation.Horizontal)
+        self.splitter.addWidget(self.conversation_list)
+        self.splitter.addWidget(chat)
+        self.splitter.setStretchFactor(1, 1)
+        self.splitter.setChildrenCollapsible(False)
+        self.splitter.setSizes(settings.get("chat_splitter") or DEFAULT_SPLITTER_SIZES)
         layout = QVBoxLayout(self)
         layout.setContentsMargins(0, 0, 0, 0)
-        layout.addWidget(splitter)
+        layout.addWidget(self.splitter)
 
         self.conversation_list.conversationSelected.connect(self.open_conversation)
         self.conversation_list.newChatRequested.connect(self.new_chat)

@@ -4,6 +4,7 @@ links are links, no image is fetched; and Pygments token colours for code blocks
 from __future__ import annotations
 
 import html
+import re
 from collections import defaultdict
 
 from markdown_it import MarkdownIt
@@ -17,6 +18,9 @@ from app.theme import theme_colours
 
 SAFE_LINK_SCHEMES = ("http", "https", "mailto")
 QUOTE_BAR_PX = 3
+LONG_WORD_CHARS = 24  # a longer run without spaces gets break points, so a narrow window wraps it
+BREAK_POINT = "\u200b"  # zero-width space: Qt's labels wrap only at word boundaries
+_LONG_WORD = re.compile(rf"\S{{{LONG_WORD_CHARS + 1},}}")
 
 
 def is_safe_link(url: str) -> bool:
@@ -62,13 +66,25 @@ def _parser(colours: dict) -> MarkdownIt:
 _parsers: dict[tuple, MarkdownIt] = {}  # one per theme: the renderer rules carry its colours
 
 
+def breakable(text: str) -> str:
+    """Text with a zero-width break point every LONG_WORD_CHARS characters of a long word (URLs, hashes)."""
+    return _LONG_WORD.sub(lambda m: BREAK_POINT.join(m[0][i:i + LONG_WORD_CHARS]
+                                                     for i in range(0, len(m[0]), LONG_WORD_CHARS)), text)
+
+
 def markdown_html(source: str, theme: str | None = None) -> str:
     """Markdown as rich text in the colours of `theme` (the app's theme when None)."""
     colours = theme_colours(theme)
     key = tuple(sorted(colours.items()))
     if key not in _parsers:
         _parsers[key] = _parser(colours)
-    return _parsers[key].render(source)
+    parser = _parsers[key]
+    tokens = parser.parse(source)
+    for token in tokens:
+        for child in token.children or ():
+            if child.type in ("text", "code_inline"):
+                child.content = breakable(child.content)
+    return parser.renderer.render(tokens, parser.options, {})
 
 
 def natural_width(rich_text: str, font: QFont) -> float:

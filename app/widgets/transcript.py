@@ -23,6 +23,7 @@ RENDER_INTERVAL_MS = 50  # at most 20 re-renders a second while a reply streams
 FOLLOW_SLACK_PX = 24  # "at the bottom" allows for a line's worth of rounding
 COPIED_FEEDBACK_MS = 1500
 MESSAGE_WIDTH_PX = 560  # a user message wraps here, or earlier in a narrow window
+READABLE_WIDTH_PX = 880  # the column of messages in a wide or maximized window: lines stay easy to read
 USER_INDENT_PX = 64  # user bubbles never span the whole width, so the two sides read apart
 
 # A fence opens with ``` or ~~~ (three or more) indented by at most three spaces, then an optional language.
@@ -383,6 +384,7 @@ class AssistantBubble(QFrame):
         self.error_label.setObjectName("errorText")
         self.stats_label = QLabel()
         self.stats_label.setObjectName("statsLine")
+        self.stats_label.setWordWrap(True)  # a narrow window wraps the stats rather than cutting Regenerate
         self.stats_label.setTextFormat(Qt.TextFormat.PlainText)  # a remote engine's name is data, never markup
         self.regenerate_button = QToolButton()
         self.regenerate_button.setText("Regenerate")
@@ -390,9 +392,8 @@ class AssistantBubble(QFrame):
         self._render_timer = QTimer(self, singleShot=True, interval=RENDER_INTERVAL_MS)
 
         footer = QHBoxLayout()
-        footer.addWidget(self.stats_label)
-        footer.addStretch(1)
-        footer.addWidget(self.regenerate_button)
+        footer.addWidget(self.stats_label, 1)
+        footer.addWidget(self.regenerate_button, 0, Qt.AlignmentFlag.AlignTop)
         layout = QVBoxLayout(self)
         layout.setContentsMargins(12, 8, 12, 4)
         layout.addWidget(self.reasoning_section)
@@ -470,11 +471,18 @@ class Transcript(QScrollArea):
         self.setFrameShape(QFrame.Shape.NoFrame)
         column = QWidget()
         column.setStyleSheet(STYLE)
+        column.setMaximumWidth(READABLE_WIDTH_PX)
         self._column = QVBoxLayout(column)
         self._column.setContentsMargins(16, 16, 16, 16)
         self._column.setSpacing(12)
         self._column.addStretch(1)  # bubbles sit at the top of a short chat
-        self.setWidget(column)
+        centred = QWidget()  # a wide window puts the column in its middle, with margins either side
+        row = QHBoxLayout(centred)
+        row.setContentsMargins(0, 0, 0, 0)
+        row.addStretch(1)
+        row.addWidget(column, 100)
+        row.addStretch(1)
+        self.setWidget(centred)
         self._bubbles: list[UserBubble | AssistantBubble] = []
         self._busy = False
         self._follow_bottom = True
