@@ -250,7 +250,8 @@ class MainWindow(QMainWindow):
         self.model_info = info
         placement = info.get("placement") or {}
         where = "GPU" if placement.get("device") == "cuda" else "CPU"
-        self.model_label.setText(f"{info['name']}\n{info['model_type']}, {info['context_tokens']:,} tokens, {where}")
+        architecture = self.models_page.architecture_of(info["path"], info["model_type"])  # as the Models list says
+        self.model_label.setText(f"{info['name']}\n{architecture}, {info['context_tokens']:,} tokens, {where}")
         self.model_label.setToolTip(placement.get("note", ""))
         self.engine_page.set_model_footprint(info["footprint"])
         self.settings_page.set_model(info)

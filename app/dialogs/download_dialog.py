@@ -29,6 +29,7 @@ from engine import hub
 CURATED_COLUMNS = ("Model", "Format", "Download ≈", "RAM ≈", "Fits", "Here")
 FILE_COLUMNS = ("File", "Size", "Status")
 PRESET_NAMES = {"4gb": "4 GB", "8gb": "8 GB", "12gb": "12 GB"}
+ASKING_THE_HUB = "Asking the Hub for the file list…"
 BAR_STEPS = 1000  # progress bars count in thousandths: byte counts overflow a QProgressBar's int
 BANNER_STYLES = {
     "error": "background: #fdecec; color: #8a1c1c; border: 1px solid #f2b8b8;",
@@ -328,7 +329,7 @@ class DownloadDialog(QDialog):
             return
         request = self.request()
         if request is not None:
-            self._begin("Asking the Hub for the file list…")
+            self._begin(ASKING_THE_HUB)
             signal.emit(request)
 
     def _begin(self, text: str) -> None:
@@ -410,6 +411,8 @@ class DownloadDialog(QDialog):
     def _on_failed(self, kind: str, message: str) -> None:
         self.outcome = ("failed", kind)
         self.speed_label.setText("")
+        if self.summary_label.text() == ASKING_THE_HUB:  # the Hub answered, with an error: the banner says it
+            self.summary_label.setText("")
         self.show_banner("error", message)
         self.curated.refresh_status()
 

@@ -322,10 +322,12 @@ class UserBubble(QWidget):
     def start_editing(self) -> None:
         if self.editor is not None:
             return
-        self.editor = ChatInput()
+        self.editor = ChatInput(cancel_on_escape=True)
+        self.editor.setPlaceholderText("Edit the message (Enter to send, Esc to cancel)")
         self.editor.setPlainText(self.text)
         self.editor.setMaximumHeight(self.editor.fontMetrics().lineSpacing() * 8)
         self.editor.submitted.connect(self._submit)
+        self.editor.cancelled.connect(self.stop_editing)
         self.save_button = QPushButton("Send")
         self.cancel_button = QPushButton("Cancel")
         self.save_button.clicked.connect(self._submit_editor_text)
@@ -463,6 +465,9 @@ class Transcript(QScrollArea):
 
     editSubmitted = Signal(int, str)  # message index, new text
     regenerateRequested = Signal()
+    EMPTY_HINT = ("Ask anything. For example: “Explain mixture-of-experts models in three sentences”, "
+                  "“Write a Python function that reverses a linked list”, or paste a text to summarise.\n"
+                  "Enter sends, Shift+Enter starts a new line; the System prompt button sets how this chat answers.")
 
     def __init__(self, parent: QWidget | None = None):
         super().__init__(parent)
@@ -475,6 +480,11 @@ class Transcript(QScrollArea):
         self._column = QVBoxLayout(column)
         self._column.setContentsMargins(16, 16, 16, 16)
         self._column.setSpacing(12)
+        self.empty_hint = QLabel(self.EMPTY_HINT)
+        self.empty_hint.setObjectName("emptyHint")
+        self.empty_hint.setWordWrap(True)
+        self.empty_hint.setProperty("role", "muted")
+        self._column.addWidget(self.empty_hint)
         self._column.addStretch(1)  # bubbles sit at the top of a short chat
         centred = QWidget()  # a wide window puts the column in its middle, with margins either side
         row = QHBoxLayout(centred)
@@ -551,6 +561,7 @@ class Transcript(QScrollArea):
         self.editSubmitted.emit(self._bubbles.index(self.sender()), text)
 
     def _update_actions(self) -> None:
+        self.empty_hint.setVisible(not self._bubbles)
         for i, bubble in enumerate(self._bubbles):
             if isinstance(bubble, UserBubble):
                 bubble.set_actions_enabled(not self._busy)
