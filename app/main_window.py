@@ -117,6 +117,7 @@ class MainWindow(QMainWindow):
         self.setCentralWidget(central)
         self.sidebar.setCurrentRow(0)
         self._restore_geometry()
+        self.chat_page.focus_input()  # the window opens ready to type in
 
         self.model_info: dict | None = None
         self.load_error: str | None = None

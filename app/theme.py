@@ -1,5 +1,6 @@
 """Light and dark themes: a Fusion palette with every colour group (Disabled included) and style rules that give
-buttons, fields and lists visible hover, pressed, checked, focus and disabled states."""
+buttons, fields and lists visible hover, pressed, checked, focus and disabled states (spin boxes and combo boxes
+keep Fusion's own drawing, which follows the palette: a style sheet on them loses their arrows)."""
 
 from __future__ import annotations
 
@@ -58,7 +59,7 @@ def style_sheet(colours: dict) -> str:
         #sidebar::item {{ padding-left: 12px; border-radius: 6px; margin: 2px 6px; }}
         #sidebar::item:hover {{ background: {c['hover']}; }}
         #sidebar::item:selected {{ background: {c['accent']}; color: #ffffff; }}
-        #sidebar:focus {{ border: {FOCUS_RING_PX}px solid {c['accent']}; }}
+        #sidebar:focus {{ border: 1px solid {c['accent']}; }}
         QLabel[role="muted"] {{ color: {c['muted']}; }}
         QLabel[role="error"] {{ color: {c['error']}; }}
         QLabel[role="status"] {{ padding: 4px 10px; }}
@@ -75,12 +76,12 @@ def style_sheet(colours: dict) -> str:
         QToolButton:pressed, QToolButton:checked {{ background: {c['pressed']}; }}
         QToolButton:focus {{ border: {FOCUS_RING_PX}px solid {c['accent']}; }}
         QToolButton:disabled {{ color: {c['disabled_text']}; }}
-        QLineEdit, QPlainTextEdit, QTextEdit, QSpinBox, QDoubleSpinBox, QComboBox {{
-            border: 1px solid {c['border']}; border-radius: 4px; padding: 2px 4px; }}
-        QLineEdit:focus, QPlainTextEdit:focus, QTextEdit:focus, QSpinBox:focus, QDoubleSpinBox:focus,
-            QComboBox:focus {{ border: {FOCUS_RING_PX}px solid {c['accent']}; padding: 1px 3px; }}
-        QLineEdit:disabled, QPlainTextEdit:disabled, QSpinBox:disabled, QDoubleSpinBox:disabled,
-            QComboBox:disabled {{ background: {c['disabled_base']}; color: {c['disabled_text']}; }}
+        QLineEdit, QPlainTextEdit, QTextEdit {{ border: 1px solid {c['border']}; border-radius: 4px;
+            padding: 2px 4px; }}
+        QLineEdit:focus, QPlainTextEdit:focus, QTextEdit:focus {{ border: {FOCUS_RING_PX}px solid {c['accent']};
+            padding: 1px 3px; }}
+        QLineEdit:disabled, QPlainTextEdit:disabled {{ background: {c['disabled_base']};
+            color: {c['disabled_text']}; }}
         QListView:focus, QTableView:focus, QTreeView:focus {{ border: {FOCUS_RING_PX}px solid {c['accent']}; }}
         QCheckBox:focus, QRadioButton:focus {{ color: {c['accent']}; }}
         QCheckBox:disabled, QRadioButton:disabled {{ color: {c['disabled_text']}; }}

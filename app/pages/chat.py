@@ -137,8 +137,8 @@ class ChatPage(QWidget):
         self._reply_save_timer = QTimer(self, singleShot=True, interval=REPLY_SAVE_MS)
 
         header = QHBoxLayout()
-        header.addWidget(self.title_label, 2)
-        header.addWidget(self.engine_label, 1)
+        header.addWidget(self.title_label, 1)
+        header.addWidget(self.engine_label)  # whole while there is room; the title gives way first
         header.addWidget(self.thinking_box)
         header.addWidget(self.system_prompt_button)
         buttons = QVBoxLayout()

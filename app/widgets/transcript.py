@@ -33,6 +33,7 @@ STYLE = """
 QFrame#userBubble { background: rgba(64, 128, 255, 0.14); border-radius: 10px; }
 QFrame#assistantBubble { border: 1px solid rgba(128, 128, 128, 0.25); border-radius: 10px; }
 QFrame#codeBlock { background: rgba(128, 128, 128, 0.12); border-radius: 6px; }
+QFrame#codeBlock QPlainTextEdit { border: none; background: transparent; }
 QLabel#codeLanguage, QLabel#statsLine, QLabel#reasoningText, QToolButton#reasoningToggle
     { color: rgba(128, 128, 128, 0.95); }
 QToolButton#reasoningToggle { border: none; background: transparent; }
