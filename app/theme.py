@@ -92,7 +92,7 @@ def apply_theme(app: QApplication, name: str) -> None:
     """Switch the whole app to theme `name` ("light" or "dark"; anything else is light)."""
     name = name if name in COLOURS else "light"
     colours = COLOURS[name]
+    app.setProperty("moedeskTheme", name)  # first: widgets re-render on the change events that follow
     app.setStyle("Fusion")
-    app.setProperty("moedeskTheme", name)
     app.setPalette(_palette(colours))
     app.setStyleSheet(style_sheet(colours))

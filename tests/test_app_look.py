@@ -73,6 +73,21 @@ def test_inline_code_and_quotes_are_styled_in_the_theme(theme):
     assert f'bgcolor="{colours["quote_bar"]}"' in rich  # the quote's bar
 
 
+def test_a_theme_switch_recolours_shown_replies(qtbot):
+    bubble = AssistantBubble({"role": "assistant", "content": "Run `ls`.\n\n```python\ndef f(): pass\n```",
+                              "reasoning": "", "stats": {}})
+    qtbot.addWidget(bubble)
+    prose, code = bubble.answer_view.parts
+    apply_theme(QApplication.instance(), "dark")
+    try:
+        assert COLOURS["dark"]["code_background"] in prose.text()
+        dark_keyword = get_style_by_name(COLOURS["dark"]["pygments_style"]).style_for_token(Keyword)["color"]
+        assert _colours_in(code)["def"] == f"#{dark_keyword}"
+    finally:
+        apply_theme(QApplication.instance(), "light")
+    assert COLOURS["light"]["code_background"] in prose.text()
+
+
 def test_the_users_own_markdown_is_rendered(qtbot):
     bubble = UserBubble("Make it **bold** and <b>not this</b>")
     qtbot.addWidget(bubble)

@@ -26,6 +26,8 @@ MESSAGE_WIDTH_PX = 560  # a user message wraps here, or earlier in a narrow wind
 READABLE_WIDTH_PX = 880  # the column of messages in a wide or maximized window: lines stay easy to read
 USER_INDENT_PX = 64  # user bubbles never span the whole width, so the two sides read apart
 
+THEME_EVENTS = (QEvent.Type.PaletteChange, QEvent.Type.StyleChange)  # apply_theme's palette and style sheet
+
 # A fence opens with ``` or ~~~ (three or more) indented by at most three spaces, then an optional language.
 _OPENING_FENCE = re.compile(r"^ {0,3}(`{3,}|~{3,})\s*([^\s`]*)")
 
@@ -123,7 +125,7 @@ class _MarkdownLabel(QLabel):
 
     def changeEvent(self, event: QEvent) -> None:
         super().changeEvent(event)
-        if event.type() == QEvent.Type.PaletteChange and self.source:
+        if event.type() in THEME_EVENTS and self.source:
             self.setText(markdown_html(self.source))
 
 
@@ -187,7 +189,7 @@ class CodeBlock(QFrame):
 
     def changeEvent(self, event: QEvent) -> None:
         super().changeEvent(event)
-        if event.type() == QEvent.Type.PaletteChange:  # the theme changed: its token colours too
+        if event.type() in THEME_EVENTS:  # the theme changed: its token colours too
             self.highlighter.highlight(self.highlighter.language)
 
     def _fit_height(self) -> None:
