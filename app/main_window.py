@@ -251,7 +251,7 @@ class MainWindow(QMainWindow):
         self.model_info = info
         placement = info.get("placement") or {}
         where = "GPU" if placement.get("device") == "cuda" else "CPU"
-        architecture = self.models_page.architecture_of(info["path"], info["model_type"])  # as the Models list says
+        architecture = info.get("architecture") or info["model_type"]  # as the Models list names it
         self.model_label.setText(f"{info['name']}\n{architecture}, {info['context_tokens']:,} tokens, {where}")
         self.model_label.setToolTip(placement.get("note", ""))
         self.engine_page.set_model_footprint(info["footprint"])

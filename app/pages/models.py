@@ -400,11 +400,6 @@ class ModelsPage(QWidget):
         return next((added[key] for key in (_same_path_key(str(path)), _same_path_key(str(path.parent)))
                      if key in added), "")
 
-    def architecture_of(self, path: str, fallback: str) -> str:
-        """The architecture the library lists for the model folder `path`, or `fallback` when it is not listed."""
-        row = self.library.row_of(path)
-        return (self.library.entry(row)["architecture"] if row >= 0 else "") or fallback
-
     def _remove_selected(self) -> None:
         folder = self.removable_folder()
         if folder:
@@ -474,7 +469,7 @@ class ModelsPage(QWidget):
         self.error_banner.hide()
         self.status_label.setText(
             f"<b>Loaded {html.escape(info['name'])}</b>: "
-            f"{html.escape(self.architecture_of(info['path'], info['model_type']))}, {info['layers']} layers, "
+            f"{html.escape(info.get('architecture') or info['model_type'])}, {info['layers']} layers, "
             f"{info['experts']} experts ({info.get('experts_per_token', '?')} per token), "
             f"context {info['context_tokens']:,} tokens")
 
