@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
+import shutil
 import sys
 import tempfile
 from pathlib import Path
@@ -133,6 +134,8 @@ def main(argv: list[str] | None = None) -> int:
         if args.smoke_test:
             code = loop.run_until_complete(smoke_test(window, args.smoke_test))
             window.close()
+            store.close()
+            shutil.rmtree(scratch, ignore_errors=True)  # the run's chat and settings copy, nobody's to keep
             return code
         closed = asyncio.Event()
         app.lastWindowClosed.connect(closed.set)

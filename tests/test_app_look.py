@@ -125,7 +125,7 @@ def test_a_python_block_gets_token_colours(qtbot, theme):
 # ---- every page fits small windows --------------------------------------------------------------
 
 LONG_WORD = "supercalifragilisticexpialidocious" * 3
-FIT_SIZES = [QSize(1024, 640), QSize(800, 500)]  # the smallest target, and 1600x1000 at 200 %
+FIT_SIZES = [QSize(1092, 614), QSize(1024, 640), QSize(800, 500)]  # 1366x768 @125 %, target, 1600x1000 @200 %
 
 
 def _seed_chat(store) -> None:
