@@ -25,8 +25,9 @@ from app.remote_store import RemoteStore
 from app.remote_worker import start_remote_worker
 from app.settings import AppSettings, load_options
 from app.storage import ConversationStore
-from app.theme import apply_theme
+from app.theme import apply_theme, theme_colours
 from app.widgets.gauges import SystemFooter
+from app.widgets.page_icons import ICON_PX, page_icon
 
 PAGES = ("Chat", "Models", "Engine", "Logs", "Settings")
 WORKER_SHUTDOWN_MS = 5000
@@ -93,6 +94,8 @@ class MainWindow(QMainWindow):
         self.sidebar.addItems(PAGES)
         for row in range(self.sidebar.count()):  # style sheets pad the text, not the row: size rows here
             self.sidebar.item(row).setSizeHint(QSize(0, SIDEBAR_ROW_HEIGHT))
+        self.sidebar.setIconSize(QSize(ICON_PX, ICON_PX))
+        self._show_sidebar_icons()
         self.sidebar.currentRowChanged.connect(self.pages.setCurrentIndex)
         self.footer = SystemFooter()
         self.model_label = QLabel("No model loaded")
@@ -127,13 +130,23 @@ class MainWindow(QMainWindow):
         self.engine_page.planChanged.connect(self.logs_page.set_plan)
         self.models_page.log.connect(self.logs_page.add_record)  # downloads report to the Logs page too
         self.models_page.engineChosen.connect(self.use_engine)
-        self.settings_page.themeChanged.connect(lambda name: apply_theme(QApplication.instance(), name))
+        self.settings_page.themeChanged.connect(self._use_theme)
         self.settings_page.aboutRequested.connect(self.show_about)
         self.about_dialog: AboutDialog | None = None
         self._shortcuts()
         self.use_engine(self.models_page.chosen_remote_id())
         self.reserveRequested.emit()  # measured on a clean GPU, before any model takes its memory
         self.load_model(model_folder or self._startup_model())
+
+    def _use_theme(self, name: str) -> None:
+        apply_theme(QApplication.instance(), name)
+        self._show_sidebar_icons()
+
+    def _show_sidebar_icons(self) -> None:
+        """Page icons in the current theme's text colour."""
+        colour, scale = theme_colours()["text"], self.devicePixelRatioF()
+        for row, page in enumerate(PAGES):
+            self.sidebar.item(row).setIcon(page_icon(page, colour, scale))
 
     def _restore_geometry(self) -> None:
         """The size, place and maximized state of the last session, else a size that fits this screen."""

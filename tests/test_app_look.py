@@ -236,3 +236,20 @@ def test_a_saved_window_too_big_for_this_screen_is_fitted_again(qtbot, fit_windo
     small = fit_window(QSize(800, 500))  # the same settings on a smaller (or more scaled) screen
     assert small.width() <= 800 and small.height() <= 500
     small.close()
+
+
+def _icon_colours(icon, mode=None) -> set[str]:
+    image = icon.pixmap(QSize(18, 18), mode or icon.Mode.Normal).toImage()
+    return {image.pixelColor(x, y).name() for x in range(image.width()) for y in range(image.height())
+            if image.pixelColor(x, y).alpha() == 255}
+
+
+def test_sidebar_icons_follow_the_theme(qtbot, fit_window):
+    window = fit_window(QSize(1024, 640))
+    for theme_name in ("dark", "light"):
+        window._use_theme(theme_name)
+        for row, page in enumerate(PAGES):
+            icon = window.sidebar.item(row).icon()
+            assert _icon_colours(icon) == {COLOURS[theme_name]["text"]}, page  # drawn, in the text colour
+            assert _icon_colours(icon, icon.Mode.Selected) == {"#ffffff"}  # on the accent of the selected row
+    window.close()
