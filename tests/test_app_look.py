@@ -214,11 +214,11 @@ def test_size_maximized_state_and_splitter_are_remembered(qtbot, fit_window, set
     window = fit_window(QSize(1600, 1000))
     assert window.size() == first_window_size(QSize(1600, 1000)) == QSize(1200, 780)
     window.resize(780, 560)  # within the offscreen platform's own 800x600 screen, which restoreGeometry checks
-    window.chat_page.splitter.setSizes([300, 300])
+    window.chat_page.splitter.setSizes([150, 630])
     qtbot.wait(50)
     kept = window.chat_page.splitter.sizes()
     window.close()
-    assert settings.get("chat_splitter") == kept and kept[0] > DEFAULT_SPLITTER_SIZES[0]  # moved by the user
+    assert settings.get("chat_splitter") == kept and kept[0] < DEFAULT_SPLITTER_SIZES[0]  # moved by the user
     again = fit_window(QSize(1600, 1000))
     assert again.size() == QSize(780, 560) and again.chat_page.splitter.sizes() == kept
     again.showMaximized()
