@@ -316,7 +316,8 @@ class ModelsPage(QWidget):
             else:
                 self.error_banner.hide()
         else:
-            self.log.emit("warning", f"no model found in {path}: open a folder with a config.json, or one that holds model folders")
+            self.log.emit("warning", f"no model found in {path}: open a folder with a config.json, "
+                                     "or one that holds model folders")
 
     def open_download_dialog(self):
         """Open (or bring back) the download dialog; returns it."""

@@ -1,9 +1,10 @@
 """The transcript: a scrollable column of message bubbles.
 
 User messages and assistant replies render Markdown safely (app/widgets/rich_text.py: raw HTML stays text);
-user messages have an Edit action; replies give each fenced code block token colours and a Copy button, keep the reasoning in a collapsible, muted section and end with a stats
-line. A streaming reply re-renders at most RENDER_INTERVAL_MS apart however fast the deltas come,
-and the view follows the bottom only while the user is there.
+user messages have an Edit action; replies give each fenced code block token colours and a Copy button, keep
+the reasoning in a collapsible, muted section and end with a stats line. A streaming reply re-renders at most
+RENDER_INTERVAL_MS apart however fast the deltas come, and the view follows the bottom only while the user is
+there. The column keeps a readable width in a wide window.
 """
 
 from __future__ import annotations
