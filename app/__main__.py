@@ -9,7 +9,9 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
+import shutil
 import sys
+import tempfile
 from pathlib import Path
 
 SMOKE_QUESTION = "What is 2 + 3?"
@@ -77,6 +79,20 @@ async def smoke_test(window, out: Path) -> int:
     return 0 if reply.strip() and stats.get("stop_reason") != "error" else 1
 
 
+def private_settings(user_settings, path: Path):
+    """A copy of the user's settings in its own INI file, so a smoke run (its preset, its offscreen window
+    geometry) changes nothing of the user's."""
+    from PySide6.QtCore import QSettings
+
+    from app.settings import DEFAULTS, AppSettings
+
+    private = AppSettings(QSettings(str(path), QSettings.Format.IniFormat))
+    for key in DEFAULTS:
+        if key not in ("window_geometry", "chat_splitter"):
+            private.set(key, user_settings.get(key))
+    return private
+
+
 def main(argv: list[str] | None = None) -> int:
     args = _parse(sys.argv[1:] if argv is None else argv)
     if args.smoke_test:
@@ -99,8 +115,12 @@ def main(argv: list[str] | None = None) -> int:
     app.setDesktopFileName(DESKTOP_FILE_NAME)  # ties the window to the installed moedesk.desktop (Wayland app id)
     app.setWindowIcon(app_icon())
     settings = AppSettings()
+    database = conversations_db()
+    if args.smoke_test:  # its chat and settings go to a scratch folder, never the user's history
+        scratch = Path(tempfile.mkdtemp(prefix="moedesk-smoke-"))
+        settings, database = private_settings(settings, scratch / "settings.ini"), scratch / "chats.sqlite3"
     apply_theme(app, settings.get("theme"))
-    store, store_note = open_conversations(conversations_db(), ask_about_store)
+    store, store_note = open_conversations(database, ask_about_store)
     if store is None:
         print(store_note, file=sys.stderr)
         return 1
@@ -114,6 +134,8 @@ def main(argv: list[str] | None = None) -> int:
         if args.smoke_test:
             code = loop.run_until_complete(smoke_test(window, args.smoke_test))
             window.close()
+            store.close()
+            shutil.rmtree(scratch, ignore_errors=True)  # the run's chat and settings copy, nobody's to keep
             return code
         closed = asyncio.Event()
         app.lastWindowClosed.connect(closed.set)

@@ -227,6 +227,7 @@ class EngineWorker(QObject):
 
     @Slot(str, dict)
     def load(self, path: str, options: dict) -> None:
+        from app.model_library import folder_architecture
         from engine.errors import CheckpointError
         from engine.runtime.placement import load_placed
         from engine.runtime.planner import footprint_from_checkpoint
@@ -272,6 +273,8 @@ class EngineWorker(QObject):
                                                  **session_options)
             self.model_info = {
                 "name": Path(path).name, "path": str(path), "model_type": config.model_type,
+                # named as the Models list names it (a text-only config's model_type differs)
+                "architecture": folder_architecture(Path(path)) or config.model_type,
                 "layers": config.num_hidden_layers, "experts": config.num_experts,
                 "experts_per_token": config.num_experts_per_tok, "vocab_size": config.vocab_size,
                 "context_tokens": context, "max_context_tokens": config.max_position_embeddings,

@@ -7,8 +7,8 @@ from __future__ import annotations
 import gc
 from pathlib import Path
 
-from PySide6.QtCore import QSize, Qt, Signal
-from PySide6.QtGui import QKeySequence, QShortcut
+from PySide6.QtCore import QByteArray, QRect, QSize, Qt, Signal
+from PySide6.QtGui import QGuiApplication, QKeySequence, QShortcut
 from PySide6.QtWidgets import (QApplication, QFrame, QHBoxLayout, QLabel, QListWidget, QMainWindow, QPushButton,
                                QStackedWidget, QVBoxLayout, QWidget)
 
@@ -25,12 +25,29 @@ from app.remote_store import RemoteStore
 from app.remote_worker import start_remote_worker
 from app.settings import AppSettings, load_options
 from app.storage import ConversationStore
-from app.theme import apply_theme
+from app.theme import apply_theme, theme_colours
 from app.widgets.gauges import SystemFooter
+from app.widgets.page_icons import ICON_PX, page_icon
 
 PAGES = ("Chat", "Models", "Engine", "Logs", "Settings")
 WORKER_SHUTDOWN_MS = 5000
 SIDEBAR_ROW_HEIGHT = 36
+SIDEBAR_WIDTH_PX = 180
+DEFAULT_WINDOW_SIZE = QSize(1200, 780)
+SCREEN_SHARE = 0.9  # a first window leaves some of the screen around it
+MIN_WINDOW_SIZE = QSize(760, 480)  # a 1600x1000 screen at 200 % is 800x500 logical, less the task bar
+
+
+def available_geometry() -> QRect:
+    """The primary screen's area free of task bars and docks, in logical pixels."""
+    screen = QGuiApplication.primaryScreen()
+    return screen.availableGeometry() if screen is not None else QRect(0, 0, 1024, 640)
+
+
+def first_window_size(available: QSize) -> QSize:
+    """The size of a first window: the default, shrunk to SCREEN_SHARE of a smaller screen."""
+    return QSize(min(DEFAULT_WINDOW_SIZE.width(), int(available.width() * SCREEN_SHARE)),
+                 min(DEFAULT_WINDOW_SIZE.height(), int(available.height() * SCREEN_SHARE)))
 
 
 class MainWindow(QMainWindow):
@@ -43,7 +60,6 @@ class MainWindow(QMainWindow):
     def __init__(self, store: ConversationStore, settings: AppSettings, model_folder: Path | None = None):
         super().__init__()
         self.setWindowTitle("MoE Desk")
-        self.resize(1200, 780)
         self.store, self.settings = store, settings
         self.worker, self.worker_thread = start_worker()
         self.loadRequested.connect(self.worker.load)
@@ -78,12 +94,14 @@ class MainWindow(QMainWindow):
         self.sidebar.addItems(PAGES)
         for row in range(self.sidebar.count()):  # style sheets pad the text, not the row: size rows here
             self.sidebar.item(row).setSizeHint(QSize(0, SIDEBAR_ROW_HEIGHT))
-        self.sidebar.setFixedWidth(180)
+        self.sidebar.setIconSize(QSize(ICON_PX, ICON_PX))
+        self._show_sidebar_icons()
         self.sidebar.currentRowChanged.connect(self.pages.setCurrentIndex)
         self.footer = SystemFooter()
         self.model_label = QLabel("No model loaded")
         self.model_label.setProperty("role", "muted")
         self.model_label.setWordWrap(True)
+        self.model_label.setContentsMargins(8, 4, 8, 0)  # in line with the footer's gauges
 
         left = QVBoxLayout()
         left.setContentsMargins(0, 0, 0, 0)
@@ -92,7 +110,7 @@ class MainWindow(QMainWindow):
         left.addWidget(self.footer)
         left_panel = QWidget()
         left_panel.setLayout(left)
-        left_panel.setFixedWidth(200)
+        left_panel.setFixedWidth(SIDEBAR_WIDTH_PX)
         body = QHBoxLayout()
         body.setContentsMargins(0, 0, 0, 0)
         body.addWidget(left_panel)
@@ -101,6 +119,8 @@ class MainWindow(QMainWindow):
         central.setLayout(body)
         self.setCentralWidget(central)
         self.sidebar.setCurrentRow(0)
+        self._restore_geometry()
+        self.chat_page.focus_input()  # the window opens ready to type in
 
         self.model_info: dict | None = None
         self.load_error: str | None = None
@@ -110,13 +130,41 @@ class MainWindow(QMainWindow):
         self.engine_page.planChanged.connect(self.logs_page.set_plan)
         self.models_page.log.connect(self.logs_page.add_record)  # downloads report to the Logs page too
         self.models_page.engineChosen.connect(self.use_engine)
-        self.settings_page.themeChanged.connect(lambda name: apply_theme(QApplication.instance(), name))
+        self.settings_page.themeChanged.connect(self._use_theme)
         self.settings_page.aboutRequested.connect(self.show_about)
         self.about_dialog: AboutDialog | None = None
         self._shortcuts()
         self.use_engine(self.models_page.chosen_remote_id())
         self.reserveRequested.emit()  # measured on a clean GPU, before any model takes its memory
         self.load_model(model_folder or self._startup_model())
+
+    def _use_theme(self, name: str) -> None:
+        apply_theme(QApplication.instance(), name)
+        self._show_sidebar_icons()
+
+    def _show_sidebar_icons(self) -> None:
+        """Page icons in the current theme's text colour."""
+        colour, scale = theme_colours()["text"], self.devicePixelRatioF()
+        for row, page in enumerate(PAGES):
+            self.sidebar.item(row).setIcon(page_icon(page, colour, scale))
+
+    def _restore_geometry(self) -> None:
+        """The size, place and maximized state of the last session, else a size that fits this screen."""
+        available = available_geometry()
+        self.setMinimumSize(MIN_WINDOW_SIZE.boundedTo(available.size()))
+        saved = self.settings.get("window_geometry")
+        if saved and self.restoreGeometry(QByteArray.fromBase64(saved.encode("ascii"))):
+            if available.contains(self.frameGeometry()) or self.isMaximized():
+                return
+        # nothing saved, or a window bigger than this screen (another monitor, another scale): fit it anew
+        size = first_window_size(available.size())
+        self.resize(size)
+        self.move(available.center() - QRect(0, 0, size.width(), size.height()).center())
+
+    def save_geometry(self) -> None:
+        """Remember the window's size, place and maximized state, and the chat's splitter, for the next start."""
+        self.settings.set("window_geometry", bytes(self.saveGeometry().toBase64()).decode("ascii"))
+        self.settings.set("chat_splitter", self.chat_page.splitter.sizes())
 
     def _wire_api_server(self) -> None:
         """The Settings page's Local API section drives the server; its state shows there and in the status bar."""
@@ -216,7 +264,8 @@ class MainWindow(QMainWindow):
         self.model_info = info
         placement = info.get("placement") or {}
         where = "GPU" if placement.get("device") == "cuda" else "CPU"
-        self.model_label.setText(f"{info['name']}\n{info['model_type']}, {info['context_tokens']:,} tokens, {where}")
+        architecture = info.get("architecture") or info["model_type"]  # as the Models list names it
+        self.model_label.setText(f"{info['name']}\n{architecture}, {info['context_tokens']:,} tokens, {where}")
         self.model_label.setToolTip(placement.get("note", ""))
         self.engine_page.set_model_footprint(info["footprint"])
         self.settings_page.set_model(info)
@@ -261,6 +310,7 @@ class MainWindow(QMainWindow):
         self.sidebar.setCurrentRow(PAGES.index(name))
 
     def closeEvent(self, event) -> None:
+        self.save_geometry()
         for worker, thread in ((self.worker, self.worker_thread), (self.remote_worker, self.remote_thread)):
             worker.stop()
             thread.quit()

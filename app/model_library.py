@@ -175,6 +175,11 @@ def _architecture(raw: dict | None) -> str:
     return str(raw.get("model_type") or "") if raw else ""
 
 
+def folder_architecture(folder: Path) -> str:
+    """The architecture the library lists for a model folder (config.json's model_type), "" without one."""
+    return _architecture(_raw_config(folder))
+
+
 def size_on_disk(folder: Path) -> int:
     """Bytes of every file under the folder; links are followed because hub snapshots link into blobs/."""
     total = 0

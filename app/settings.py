@@ -43,6 +43,8 @@ DEFAULTS = {
     "api_port": 1919,
     "api_key": "",  # "" means no key (loopback only); kept here, never logged (SECRET_SETTINGS)
     "api_allow_lan": False,  # listen on every interface (needs a key) instead of 127.0.0.1
+    "window_geometry": "",  # QMainWindow.saveGeometry() in base64 (size, position, maximized); "" sizes to the screen
+    "chat_splitter": [],  # the Chat page's [conversation list, chat] widths; [] means the default
 }
 SECRET_SETTINGS = frozenset({"api_key"})  # a refused value of these is not quoted in the warning
 
@@ -111,6 +113,9 @@ CHECKS = {
     "api_port": (lambda v: _whole(v, 1, 65535), "a port from 1 to 65535"),
     "api_key": (lambda v: isinstance(v, str), "text"),
     "api_allow_lan": (lambda v: isinstance(v, bool), "true or false"),
+    "window_geometry": (lambda v: isinstance(v, str), "saved window geometry"),
+    "chat_splitter": (lambda v: isinstance(v, list) and len(v) in (0, 2) and all(_whole(x, 0) for x in v),
+                      "two widths in pixels"),
 }
 
 

@@ -53,7 +53,7 @@ def type_and_send(qtbot, page: ChatPage, text: str) -> None:
 def shown_answer(bubble: AssistantBubble) -> str:
     """The answer as rendered: prose parts and code, in order."""
     parts = bubble.answer_view.parts
-    return "\n".join(part.text() if isinstance(part, MarkdownPart) else part.code() for part in parts)
+    return "\n".join(part.source if isinstance(part, MarkdownPart) else part.code() for part in parts)
 
 
 # ---- widgets ------------------------------------------------------------------------------------

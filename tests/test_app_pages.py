@@ -244,10 +244,12 @@ def test_live_gauges_follow_progress_and_replies(engine_page, worker):
     engine_page.set_preset("4gb")
     live = engine_page.live
     assert live.hit_rate_label.text() == NOT_MEASURED and live.vram_label.text() == NOT_MEASURED
+    assert live.last_reply_label.text() == "No reply yet."
     for rate, used in ((10.0, 120), (12.5, 140)):
         worker.progress.emit({"new_tokens": 5, "decode_tokens_per_s": rate, "context_used": used,
                               "context_tokens": 8192})
     assert live.decode_label.text() == "12.5 tok/s"
+    assert live.last_reply_label.text() == "The first reply is on its way…"  # not "No reply yet." while it streams
     assert live.decode_history.values() == [10.0, 12.5]
     assert live.context_label.text() == "140 / 8,192" and live.context_bar.value() == 140
     worker.replyFinished.emit({"answer": "5", "reasoning": "", "stats": {
@@ -421,6 +423,13 @@ def test_models_page_shows_why_a_folder_cannot_be_opened(qtbot, worker, settings
     assert _cell(page, 0, "Status").startswith("cannot open: has no config.json")
     assert not page.load_button.isEnabled()  # the bad row is selected and cannot be loaded
 
+    logged = []
+    page.log.connect(lambda level, text: logged.append((level, text)))
+    with qtbot.waitSignal(page.libraryScanned):
+        page.add_folder(bad)  # opened again: the Logs page hears of it too
+    assert logged and logged[-1][0] == "error" and "has no config.json" in logged[-1][1]
+    assert page.remove_button.isVisibleTo(page) and str(bad) in page.remove_button.toolTip()
+
     message = f"This folder cannot be opened as a model.\n{bad}: holds no .safetensors weights"
     page.error_banner.hide()
     worker.loadStarted.emit(str(bad))
@@ -428,6 +437,11 @@ def test_models_page_shows_why_a_folder_cannot_be_opened(qtbot, worker, settings
     assert page.error_banner.isVisibleTo(page) and page.error_banner.text() == message
     assert not page.busy_bar.isVisibleTo(page)
     assert page.status_label.text() == "No model loaded."
+
+    with qtbot.waitSignal(page.libraryScanned):
+        qtbot.mouseClick(page.remove_button, Qt.MouseButton.LeftButton)  # a folder that failed can be removed
+    assert settings.get("model_folders") == [] and page.library.rowCount() == 0
+    assert bad.is_dir()  # taken off the list, not deleted
 
 
 # ---- settings and logs -----------------------------------------------------------------------------

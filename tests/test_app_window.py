@@ -40,6 +40,8 @@ def test_qt_binding_does_not_leak_none(qtbot):
 def test_window_loads_the_model_and_pages_switch(qtbot, tmp_path, settings, model_folder):
     window = open_window(qtbot, ConversationStore(tmp_path / "c.sqlite3"), settings, model_folder)
     assert model_folder.name in window.model_label.text()
+    # the sidebar names the architecture as the Models list does (config.json's model_type, not the text config's)
+    assert "\nqwen3_5_moe, " in window.model_label.text() and window.model_info["architecture"] == "qwen3_5_moe"
     assert f"of host RAM for {model_folder.name}." in window.settings_page.snapshots_cost.text()  # what it costs
     for name in ("Models", "Engine", "Logs", "Settings", "Chat"):
         window.show_page(name)

@@ -50,7 +50,7 @@ def send(qtbot, page: ChatPage, text: str) -> None:
 def shown_texts(page: ChatPage) -> list[str]:
     """Each bubble's text as shown: a user message's text, a reply's rendered answer."""
     return [b.text if not isinstance(b, AssistantBubble) else
-            "\n".join(p.text() if isinstance(p, MarkdownPart) else p.code() for p in b.answer_view.parts)
+            "\n".join(p.source if isinstance(p, MarkdownPart) else p.code() for p in b.answer_view.parts)
             for b in page.transcript.bubbles]
 
 

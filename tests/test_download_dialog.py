@@ -211,6 +211,7 @@ def test_hub_errors_are_shown_in_plain_words(qtbot, dialog, repo, message):
     assert ended.args[0] == "failed"
     assert dialog.banner.isVisible() and dialog.banner.property("kind") == "error"
     assert dialog.banner.text().startswith(message)
+    assert "Asking the Hub" not in dialog.summary_label.text()  # the question was answered, with an error
     assert dialog.check_button.isEnabled()
 
 

@@ -32,6 +32,7 @@ from engine.runtime.planner import footprint_from_synthetic
 CURATED_COLUMNS = ("Model", "Format", "Download ≈", "RAM ≈", "This PC", "Presets", "Here")
 FILE_COLUMNS = ("File", "Size", "Status")
 PRESET_NAMES = {"4gb": "4 GB", "8gb": "8 GB", "12gb": "12 GB"}
+ASKING_THE_HUB = "Asking the Hub for the file list…"
 FIT_COLOURS = {"too_big": QColor("#d14343"), "no_disk": QColor("#d14343"), "tight": QColor("#c47f00")}
 BAR_STEPS = 1000  # progress bars count in thousandths: byte counts overflow a QProgressBar's int
 BANNER_STYLES = {
@@ -345,7 +346,7 @@ class DownloadDialog(QDialog):
             return
         request = self.request()
         if request is not None:
-            self._begin("Asking the Hub for the file list…")
+            self._begin(ASKING_THE_HUB)
             signal.emit(request)
 
     def _begin(self, text: str) -> None:
@@ -427,6 +428,8 @@ class DownloadDialog(QDialog):
     def _on_failed(self, kind: str, message: str) -> None:
         self.outcome = ("failed", kind)
         self.speed_label.setText("")
+        if self.summary_label.text() == ASKING_THE_HUB:  # the Hub answered, with an error: the banner says it
+            self.summary_label.setText("")
         self.show_banner("error", message)
         self.curated.refresh_status()
 

@@ -26,11 +26,18 @@ from app.settings import AppSettings
 from app.storage import DEFAULT_TITLE, ConversationStore, chat_history
 from app.widgets.chat_input import ChatInput
 from app.widgets.conversation_list import ConversationList
+from app.widgets.eliding_label import ElidingLabel
 from app.widgets.transcript import AssistantBubble, Transcript
 
 TITLE_CHARS = 40
 DRAFT_SAVE_MS = 300  # the draft is written once typing pauses, not on every key
 REPLY_SAVE_MS = 500  # a streaming reply reaches the disk at most twice a second
+DEFAULT_SPLITTER_SIZES = [220, 780]  # conversation list, chat
+BUSY_NOTE_REPLY = ("A reply is still on its way: your message stays here. Send it when the reply ends, "
+                   "or press Stop (Esc) first.")
+BUSY_NOTE_ENGINE = "The engine is busy (loading a model or answering): your message stays here until it is free."
+SYSTEM_PROMPT_SET = "System prompt ●"
+SYSTEM_PROMPT_UNSET = "System prompt…"
 UNDO_MS = 8000  # how long a deleted chat or message can be brought back
 
 
@@ -116,14 +123,13 @@ class ChatPage(QWidget):
         self._api_busy = False
 
         self.conversation_list = ConversationList(store)
-        self.title_label = QLabel()
+        self.title_label = ElidingLabel()
         self.title_label.setStyleSheet("font-weight: 600; font-size: 14px;")
-        self.engine_label = QLabel()
+        self.engine_label = ElidingLabel()  # plain text: names from a server are data
         self.engine_label.setProperty("role", "muted")
-        self.engine_label.setTextFormat(Qt.TextFormat.PlainText)  # names from a server are data
         self.thinking_box = QCheckBox("Thinking")
         self.thinking_box.setToolTip("Let the model reason before it answers (slower, often better)")
-        self.system_prompt_button = QPushButton("System prompt…")
+        self.system_prompt_button = QPushButton(SYSTEM_PROMPT_UNSET)
         self.transcript = Transcript()
         self.input = ChatInput()
         self.input.setMaximumHeight(self.input.fontMetrics().lineSpacing() * 6)
@@ -133,6 +139,10 @@ class ChatPage(QWidget):
         self.api_note = QLabel()
         self.api_note.setProperty("role", "muted")
         self.api_note.hide()
+        self.busy_note = QLabel()
+        self.busy_note.setProperty("role", "muted")
+        self.busy_note.setWordWrap(True)
+        self.busy_note.hide()
         self.export_button = QToolButton()
         self.export_button.setText("Export")
         self.export_button.setPopupMode(QToolButton.ToolButtonPopupMode.InstantPopup)
@@ -157,7 +167,7 @@ class ChatPage(QWidget):
 
         header = QHBoxLayout()
         header.addWidget(self.title_label, 1)
-        header.addWidget(self.engine_label)
+        header.addWidget(self.engine_label)  # whole while there is room; the title gives way first
         header.addWidget(self.thinking_box)
         header.addWidget(self.system_prompt_button)
         header.addWidget(self.export_button)
@@ -173,16 +183,18 @@ class ChatPage(QWidget):
         chat_layout.addLayout(header)
         chat_layout.addWidget(self.transcript, 1)
         chat_layout.addWidget(self.api_note)
+        chat_layout.addWidget(self.busy_note)
         chat_layout.addWidget(self.undo_bar)
         chat_layout.addLayout(input_row)
-        splitter = QSplitter(Qt.Orientation.Horizontal)
-        splitter.addWidget(self.conversation_list)
-        splitter.addWidget(chat)
-        splitter.setStretchFactor(1, 1)
-        splitter.setSizes([240, 760])
+        self.splitter = QSplitter(Qt.Orientation.Horizontal)
+        self.splitter.addWidget(self.conversation_list)
+        self.splitter.addWidget(chat)
+        self.splitter.setStretchFactor(1, 1)
+        self.splitter.setChildrenCollapsible(False)
+        self.splitter.setSizes(settings.get("chat_splitter") or DEFAULT_SPLITTER_SIZES)
         layout = QVBoxLayout(self)
         layout.setContentsMargins(0, 0, 0, 0)
-        layout.addWidget(splitter)
+        layout.addWidget(self.splitter)
 
         self.conversation_list.conversationSelected.connect(self.open_conversation)
         self.conversation_list.newChatRequested.connect(self.new_chat)
@@ -254,11 +266,25 @@ class ChatPage(QWidget):
 
     @Slot()
     def new_chat(self) -> None:
-        conversation_id = self.store.create(enable_thinking=bool(self.settings.get("enable_thinking")))
+        """Open a new chat, or the newest one again when it is still empty (Ctrl+N twice makes one chat)."""
+        conversation_id = self._empty_chat()
+        if conversation_id is None:
+            conversation_id = self.store.create(enable_thinking=bool(self.settings.get("enable_thinking")))
         self.conversation_list.clear_search()  # a search would hide the new chat
         self.conversation_list.refresh()
         self.open_conversation(conversation_id)
         self.focus_input()
+
+    def _empty_chat(self) -> int | None:
+        """The open or newest chat when it has no message and no title of its own yet, else None."""
+        newest = self.store.conversations()[:1]
+        for conversation_id in dict.fromkeys([self._conversation_id] + [c["id"] for c in newest]):
+            conversation = None if conversation_id is None else self.store.conversation(conversation_id)
+            if (conversation is not None and conversation["title"] == DEFAULT_TITLE
+                    and not self.store.messages(conversation_id)
+                    and (self._reply is None or self._reply.conversation_id != conversation_id)):
+                return conversation_id
+        return None
 
     def focus_input(self) -> None:
         self.input.setFocus()
@@ -280,7 +306,11 @@ class ChatPage(QWidget):
     def send_current(self) -> None:
         """Send what is in the input box as the next message of the open chat."""
         text = self.input.toPlainText().strip()
-        if not text or self._busy():
+        if not text:
+            return
+        if self._busy():  # said, not silent: the message stays in the box
+            self.busy_note.setText(BUSY_NOTE_REPLY if self._reply is not None else BUSY_NOTE_ENGINE)
+            self.busy_note.show()
             return
         conversation_id = self._conversation_id
         earlier = self.store.messages(conversation_id)
@@ -435,7 +465,7 @@ class ChatPage(QWidget):
         self.title_label.setText(conversation["title"])
         with QSignalBlocker(self.thinking_box):  # showing the chat's setting is not changing it
             self.thinking_box.setChecked(conversation["enable_thinking"])
-        self.system_prompt_button.setToolTip(conversation["system_prompt"] or "No system prompt")
+        self._show_system_prompt(conversation["system_prompt"])
 
     def _show_transcript(self) -> None:
         """Show the open chat's messages; a reply still streaming into it gets its live bubble back."""
@@ -528,7 +558,12 @@ class ChatPage(QWidget):
             return  # deleted while the dialog was open
         self.store.set_options(conversation_id, system_prompt=prompt)
         if conversation_id == self._conversation_id:
-            self.system_prompt_button.setToolTip(prompt or "No system prompt")
+            self._show_system_prompt(prompt)
+
+    def _show_system_prompt(self, prompt: str) -> None:
+        """The button says whether the open chat has a system prompt; its tooltip shows the prompt."""
+        self.system_prompt_button.setText(SYSTEM_PROMPT_SET if prompt else SYSTEM_PROMPT_UNSET)
+        self.system_prompt_button.setToolTip(prompt or "No system prompt")
 
     # ---- the draft ------------------------------------------------------------------------------
 
@@ -646,6 +681,8 @@ class ChatPage(QWidget):
 
     def _update_controls(self) -> None:
         busy = self._busy()
+        if not busy:
+            self.busy_note.hide()
         self.send_button.setEnabled(not busy)
         self.stop_button.setEnabled(self._reply is not None)
         self.transcript.set_busy(busy)

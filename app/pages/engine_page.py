@@ -32,6 +32,8 @@ PRESET_NAMES = {key: label for label, key in PRESET_CHOICES}
 MAX_BUDGET_GIB = 1024.0
 HISTORY_LENGTH = 60
 NOT_MEASURED = "not measured in CPU mode"
+NO_REPLY_YET = "No reply yet."
+REPLYING_NOW = "The first reply is on its way…"
 NO_GPU_BUDGET = ("{preset} plans for the card in this machine, and there is none: set a VRAM budget above to see "
                  "the plan a card of that size would get.")
 CPU_MODE = "CPU mode: the plan is not used."
@@ -157,7 +159,7 @@ class LiveGauges(QGroupBox):
         self.context_bar.setFixedHeight(8)
         self.context_label = QLabel("—")
         self.hit_rate_label, self.vram_label = QLabel(NOT_MEASURED), QLabel(NOT_MEASURED)
-        self.last_reply_label = QLabel("No reply yet.")
+        self.last_reply_label = QLabel(NO_REPLY_YET)
         self.backend_title, self.backend_label = QLabel("Expert backend"), QLabel()
         for label in (self.hit_rate_label, self.vram_label, self.backend_label, self.last_reply_label):
             label.setProperty("role", "muted")
@@ -193,6 +195,8 @@ class LiveGauges(QGroupBox):
         self._show_backend(None)
 
     def on_progress(self, progress: dict) -> None:
+        if self.last_reply_label.text() == NO_REPLY_YET:  # the first reply is streaming: it is not "no reply"
+            self.last_reply_label.setText(REPLYING_NOW)
         rate = progress.get("decode_tokens_per_s")
         if rate is not None:
             self.decode_label.setText(f"{rate:.1f} tok/s")

@@ -318,8 +318,12 @@ class ModelsPage(QWidget):
             entry = self.library.entry(row)
             if entry["error"]:
                 self.show_error(f"This folder cannot be opened as a model.\n{entry['error']}")
+                self.log.emit("error", f"{path} cannot be opened as a model: {entry['error']}")
             else:
                 self.error_banner.hide()
+        else:
+            self.log.emit("warning", f"no model found in {path}: open a folder with a config.json, "
+                                     "or one that holds model folders")
 
     def open_download_dialog(self):
         """Open (or bring back) the download dialog; returns it."""
@@ -393,7 +397,24 @@ class ModelsPage(QWidget):
             self.status_label.setText(f"Chats are answered by remote: {self.remotes.get(endpoint_id).label()}")
         self.engineChosen.emit(endpoint_id)
 
+    def removable_folder(self) -> str:
+        """The folder the user added that the selected row came from, when that row failed to open; else ""."""
+        row = self.selected_row()
+        if row < 0 or self.selected_remote_id() or not self.library.entry(row)["error"]:
+            return ""
+        path = Path(self.library.entry(row)["path"])
+        added = {_same_path_key(folder): folder for folder in self.settings.get("model_folders")}
+        return next((added[key] for key in (_same_path_key(str(path)), _same_path_key(str(path.parent)))
+                     if key in added), "")
+
     def _remove_selected(self) -> None:
+        folder = self.removable_folder()
+        if folder:
+            self.settings.set("model_folders", [f for f in self.settings.get("model_folders") if f != folder])
+            self.log.emit("info", f"model folder removed from the list: {folder}")
+            self.error_banner.hide()
+            self.refresh()
+            return
         endpoint_id = self.selected_remote_id()
         if not endpoint_id:
             return
@@ -454,7 +475,8 @@ class ModelsPage(QWidget):
         self.busy_bar.hide()
         self.error_banner.hide()
         self.status_label.setText(
-            f"<b>Loaded {html.escape(info['name'])}</b>: {info['model_type']}, {info['layers']} layers, "
+            f"<b>Loaded {html.escape(info['name'])}</b>: "
+            f"{html.escape(info.get('architecture') or info['model_type'])}, {info['layers']} layers, "
             f"{info['experts']} experts ({info.get('experts_per_token', '?')} per token), "
             f"context {info['context_tokens']:,} tokens")
 
@@ -478,4 +500,7 @@ class ModelsPage(QWidget):
         remote = bool(self.selected_remote_id())
         self.load_button.setText("Use" if remote else "Load")
         self.load_button.setEnabled(remote or (not self._busy and row >= 0 and not self.library.entry(row)["error"]))
-        self.remove_button.setVisible(remote)
+        folder = self.removable_folder()
+        self.remove_button.setVisible(remote or bool(folder))
+        self.remove_button.setToolTip(f"Take {folder} off the list (nothing is deleted)" if folder
+                                      else "Forget the selected remote engine (its key too)")

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from PySide6.QtCore import QAbstractListModel, QModelIndex, QPersistentModelIndex, QPoint, Qt, Signal
 from PySide6.QtGui import QKeySequence, QShortcut
-from PySide6.QtWidgets import (QAbstractItemView, QLineEdit, QListView, QMenu, QMessageBox, QPushButton,
+from PySide6.QtWidgets import (QAbstractItemView, QLabel, QLineEdit, QListView, QMenu, QMessageBox, QPushButton,
                                QVBoxLayout, QWidget)
 
 from app.storage import ConversationStore
@@ -96,6 +96,12 @@ class ConversationList(QWidget):
         layout.setContentsMargins(0, 0, 0, 0)
         layout.addWidget(self.new_button)
         layout.addWidget(self.search_field)
+        self.no_results = QLabel()
+        self.no_results.setProperty("role", "muted")
+        self.no_results.setWordWrap(True)
+        self.no_results.setTextFormat(Qt.TextFormat.PlainText)  # the search text is the user's, never markup
+        self.no_results.hide()
+        layout.addWidget(self.no_results)
         layout.addWidget(self.view, 1)
 
         self.new_button.clicked.connect(self.newChatRequested)
@@ -143,6 +149,9 @@ class ConversationList(QWidget):
         return True
 
     def _show_current(self) -> None:
+        searching = bool(self.model.search)
+        self.no_results.setText(f"No chat title or message contains “{self.model.search}”." if searching else "")
+        self.no_results.setVisible(searching and self.model.rowCount() == 0)
         row = -1 if self._current_id is None else self.model.row_of(self._current_id)
         if row < 0:
             self.view.clearSelection()

@@ -1,8 +1,10 @@
 """The transcript: a scrollable column of message bubbles.
 
-User messages are plain text with an Edit action; assistant replies render Markdown, give each fenced
-code block a Copy button, keep the reasoning in a collapsible, muted section and end with a stats
-line. A message with other versions shows a ◀ n/m ▶ pager; each has Delete, and a cut last reply Continue. A streaming reply re-renders at most RENDER_INTERVAL_MS apart however fast the deltas come,
+User messages and assistant replies render Markdown safely (app/widgets/rich_text.py: raw HTML stays text);
+user messages have an Edit action; replies give each fenced code block token colours and a Copy button, keep the
+reasoning in a collapsible, muted section and end with a stats line. A message with other versions shows a ◀ n/m ▶
+pager; each has Delete, and a cut last reply Continue. A streaming reply re-renders at most RENDER_INTERVAL_MS apart
+however fast the deltas come,
 and the view follows the bottom only while the user is there.
 """
 
@@ -11,19 +13,23 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from PySide6.QtCore import QSize, Qt, QTimer, Signal
+from PySide6.QtCore import QEvent, QSize, Qt, QTimer, Signal
 from PySide6.QtGui import QFontDatabase, QGuiApplication
 from PySide6.QtWidgets import (QFrame, QHBoxLayout, QLabel, QPlainTextEdit, QPushButton, QScrollArea,
                                QSizePolicy, QToolButton, QVBoxLayout, QWidget)
 
 from app.widgets.chat_input import ChatInput
+from app.widgets.rich_text import CodeHighlighter, markdown_html, natural_width, open_link
 
 RENDER_INTERVAL_MS = 50  # at most 20 re-renders a second while a reply streams
 FOLLOW_SLACK_PX = 24  # "at the bottom" allows for a line's worth of rounding
 COPIED_FEEDBACK_MS = 1500
 CUT_REASONS = ("length", "cancelled")  # a reply that ended so can be continued
 MESSAGE_WIDTH_PX = 560  # a user message wraps here, or earlier in a narrow window
+READABLE_WIDTH_PX = 880  # the column of messages in a wide or maximized window: lines stay easy to read
 USER_INDENT_PX = 64  # user bubbles never span the whole width, so the two sides read apart
+
+THEME_EVENTS = (QEvent.Type.PaletteChange, QEvent.Type.StyleChange)  # apply_theme's palette and style sheet
 
 # A fence opens with ``` or ~~~ (three or more) indented by at most three spaces, then an optional language.
 _OPENING_FENCE = re.compile(r"^ {0,3}(`{3,}|~{3,})\s*([^\s`]*)")
@@ -32,6 +38,7 @@ STYLE = """
 QFrame#userBubble { background: rgba(64, 128, 255, 0.14); border-radius: 10px; }
 QFrame#assistantBubble { border: 1px solid rgba(128, 128, 128, 0.25); border-radius: 10px; }
 QFrame#codeBlock { background: rgba(128, 128, 128, 0.12); border-radius: 6px; }
+QFrame#codeBlock QPlainTextEdit { border: none; background: transparent; }
 QLabel#codeLanguage, QLabel#statsLine, QLabel#reasoningText, QToolButton#reasoningToggle
     { color: rgba(128, 128, 128, 0.95); }
 QToolButton#reasoningToggle { border: none; background: transparent; }
@@ -96,27 +103,42 @@ def format_stats(stats: dict) -> str:
 
 
 def _make_selectable(label: QLabel, text_format: Qt.TextFormat) -> QLabel:
-    """A wrapping label whose text can be selected and whose links open."""
+    """A wrapping label whose text can be selected and whose safe links (web, mail) open."""
     label.setTextFormat(text_format)
     label.setWordWrap(True)
     label.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse
                                   | Qt.TextInteractionFlag.LinksAccessibleByMouse)
-    label.setOpenExternalLinks(True)
+    label.setOpenExternalLinks(False)  # a link goes through open_link, which refuses javascript:, file: and the like
+    label.linkActivated.connect(open_link)
     return label
 
 
-class MarkdownPart(QLabel):
+class _MarkdownLabel(QLabel):
+    """A label showing Markdown as safe rich text, rendered again in the new colours when the theme changes."""
+
+    def __init__(self, parent: QWidget | None = None):
+        super().__init__(parent)
+        _make_selectable(self, Qt.TextFormat.RichText)
+        self.source = ""
+
+    def set_markdown(self, source: str) -> None:
+        if source != self.source:
+            self.source = source
+            self.setText(markdown_html(source))
+
+    def changeEvent(self, event: QEvent) -> None:
+        super().changeEvent(event)
+        if event.type() in THEME_EVENTS and self.source:
+            self.setText(markdown_html(self.source))
+
+
+class MarkdownPart(_MarkdownLabel):
     """A run of Markdown prose."""
 
     kind = "markdown"
 
-    def __init__(self, parent: QWidget | None = None):
-        super().__init__(parent)
-        _make_selectable(self, Qt.TextFormat.MarkdownText)
-
     def show_block(self, block: Block) -> None:
-        if block.text != self.text():
-            self.setText(block.text)
+        self.set_markdown(block.text)
 
 
 class CodeBlock(QFrame):
@@ -139,6 +161,7 @@ class CodeBlock(QFrame):
         self.editor.setFrameShape(QFrame.Shape.NoFrame)
         self.editor.setVerticalScrollBarPolicy(Qt.ScrollBarPolicy.ScrollBarAlwaysOff)
         self.editor.viewport().setAutoFillBackground(False)  # the frame's tint shows through
+        self.highlighter = CodeHighlighter(self.editor.document())
         self._copied_timer = QTimer(self, singleShot=True, interval=COPIED_FEEDBACK_MS)
 
         header = QHBoxLayout()
@@ -161,10 +184,16 @@ class CodeBlock(QFrame):
 
     def show_block(self, block: Block) -> None:
         self.language_label.setText(block.language)
-        if block.text == self.code():
+        if block.text == self.code() and block.language == self.highlighter.language:
             return
         self.editor.setPlainText(block.text)
+        self.highlighter.highlight(block.language)
         self._fit_height()
+
+    def changeEvent(self, event: QEvent) -> None:
+        super().changeEvent(event)
+        if event.type() in THEME_EVENTS:  # the theme changed: its token colours too
+            self.highlighter.highlight(self.highlighter.language)
 
     def _fit_height(self) -> None:
         """As tall as the code, so only the transcript scrolls vertically."""
@@ -253,17 +282,16 @@ class ReasoningSection(QWidget):
         self.text_label.setVisible(expanded)
 
 
-class _MessageText(QLabel):
-    """Plain message text that prefers its natural width, up to MESSAGE_WIDTH_PX, before wrapping."""
+class _MessageText(_MarkdownLabel):
+    """The user's message as Markdown, preferring its natural width, up to MESSAGE_WIDTH_PX, before wrapping."""
 
     def __init__(self, text: str):
         super().__init__()
-        _make_selectable(self, Qt.TextFormat.PlainText)
-        self.setText(text)
+        self.set_markdown(text)
 
     def sizeHint(self) -> QSize:
-        natural = max((self.fontMetrics().horizontalAdvance(line) for line in self.text().split("\n")), default=0)
-        width = min(natural + 2 * self.margin() + 2, MESSAGE_WIDTH_PX)  # a pixel each side against rounding
+        natural = natural_width(self.text(), self.font())
+        width = min(round(natural) + 2 * self.margin() + 2, MESSAGE_WIDTH_PX)  # a pixel each side against rounding
         return QSize(width, self.heightForWidth(width))
 
 
@@ -355,10 +383,12 @@ class UserBubble(QWidget):
     def start_editing(self) -> None:
         if self.editor is not None:
             return
-        self.editor = ChatInput()
+        self.editor = ChatInput(cancel_on_escape=True)
+        self.editor.setPlaceholderText("Edit the message (Enter to send, Esc to cancel)")
         self.editor.setPlainText(self.text)
         self.editor.setMaximumHeight(self.editor.fontMetrics().lineSpacing() * 8)
         self.editor.submitted.connect(self._submit)
+        self.editor.cancelled.connect(self.stop_editing)
         self.save_button = QPushButton("Send")
         self.cancel_button = QPushButton("Cancel")
         self.save_button.clicked.connect(self._submit_editor_text)
@@ -421,6 +451,7 @@ class AssistantBubble(QFrame):
         self.error_label.setObjectName("errorText")
         self.stats_label = QLabel()
         self.stats_label.setObjectName("statsLine")
+        self.stats_label.setWordWrap(True)  # a narrow window wraps the stats rather than cutting Regenerate
         self.stats_label.setTextFormat(Qt.TextFormat.PlainText)  # a remote engine's name is data, never markup
         self.regenerate_button = QToolButton()
         self.regenerate_button.setText("Regenerate")
@@ -432,12 +463,11 @@ class AssistantBubble(QFrame):
         self._render_timer = QTimer(self, singleShot=True, interval=RENDER_INTERVAL_MS)
 
         footer = QHBoxLayout()
-        footer.addWidget(self.pager)
-        footer.addWidget(self.stats_label)
-        footer.addStretch(1)
-        footer.addWidget(self.delete_button)
-        footer.addWidget(self.continue_button)
-        footer.addWidget(self.regenerate_button)
+        footer.addWidget(self.pager, 0, Qt.AlignmentFlag.AlignTop)
+        footer.addWidget(self.stats_label, 1)
+        footer.addWidget(self.delete_button, 0, Qt.AlignmentFlag.AlignTop)
+        footer.addWidget(self.continue_button, 0, Qt.AlignmentFlag.AlignTop)
+        footer.addWidget(self.regenerate_button, 0, Qt.AlignmentFlag.AlignTop)
         layout = QVBoxLayout(self)
         layout.setContentsMargins(12, 8, 12, 4)
         layout.addWidget(self.reasoning_section)
@@ -527,6 +557,9 @@ class Transcript(QScrollArea):
 
     editSubmitted = Signal(int, str)  # message index, new text
     regenerateRequested = Signal()
+    EMPTY_HINT = ("Ask anything. For example: “Explain mixture-of-experts models in three sentences”, "
+                  "“Write a Python function that reverses a linked list”, or paste a text to summarise.\n"
+                  "Enter sends, Shift+Enter starts a new line; the System prompt button sets how this chat answers.")
     continueRequested = Signal()
     versionRequested = Signal(int, int)  # message index, step (-1 previous, 1 next)
     deleteRequested = Signal(int)  # message index
@@ -538,11 +571,23 @@ class Transcript(QScrollArea):
         self.setFrameShape(QFrame.Shape.NoFrame)
         column = QWidget()
         column.setStyleSheet(STYLE)
+        column.setMaximumWidth(READABLE_WIDTH_PX)
         self._column = QVBoxLayout(column)
         self._column.setContentsMargins(16, 16, 16, 16)
         self._column.setSpacing(12)
+        self.empty_hint = QLabel(self.EMPTY_HINT)
+        self.empty_hint.setObjectName("emptyHint")
+        self.empty_hint.setWordWrap(True)
+        self.empty_hint.setProperty("role", "muted")
+        self._column.addWidget(self.empty_hint)
         self._column.addStretch(1)  # bubbles sit at the top of a short chat
-        self.setWidget(column)
+        centred = QWidget()  # a wide window puts the column in its middle, with margins either side
+        row = QHBoxLayout(centred)
+        row.setContentsMargins(0, 0, 0, 0)
+        row.addStretch(1)
+        row.addWidget(column, 100)
+        row.addStretch(1)
+        self.setWidget(centred)
         self._bubbles: list[UserBubble | AssistantBubble] = []
         self._busy = False
         self._follow_bottom = True
@@ -624,6 +669,7 @@ class Transcript(QScrollArea):
         self.versionRequested.emit(index, step)
 
     def _update_actions(self) -> None:
+        self.empty_hint.setVisible(not self._bubbles)
         for i, bubble in enumerate(self._bubbles):
             bubble.set_actions_enabled(not self._busy)
             if isinstance(bubble, AssistantBubble):
