@@ -81,3 +81,31 @@ def settings(tmp_path):
     from app.settings import AppSettings
 
     return AppSettings(QSettings(str(tmp_path / "s.ini"), QSettings.Format.IniFormat))
+
+
+@pytest.fixture
+def store(tmp_path):
+    """A chat store in a private SQLite file."""
+    from app.storage import ConversationStore
+
+    return ConversationStore(tmp_path / "c.sqlite3")
+
+
+@pytest.fixture
+def fake():
+    """An engine worker that answers from a script (tests/app_fakes.py)."""
+    from app_fakes import FakeWorker
+
+    return FakeWorker()
+
+
+@pytest.fixture
+def page(qtbot, store, fake, settings):
+    """A shown ChatPage over `store` and the fake worker."""
+    from app.pages.chat import ChatPage
+
+    chat = ChatPage(store, fake, settings)
+    qtbot.addWidget(chat)
+    chat.resize(1000, 700)
+    chat.show()
+    return chat

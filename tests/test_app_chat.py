@@ -14,7 +14,7 @@ from PySide6.QtWidgets import QLineEdit, QMessageBox
 
 from app.engine_worker import start_worker
 from app.pages.chat import ChatPage, SystemPromptDialog, engine_history, title_from
-from app.storage import ConversationStore, chat_history
+from app.storage import chat_history
 from app.widgets.chat_input import ChatInput
 from app.widgets.conversation_list import ConversationList
 from app.widgets.transcript import (RENDER_INTERVAL_MS, AssistantBubble, Block, CodeBlock, MarkdownPart,
@@ -23,14 +23,6 @@ from app.widgets.transcript import (RENDER_INTERVAL_MS, AssistantBubble, Block, 
 REAL_REPLY_TIMEOUT_MS = 20_000
 
 
-@pytest.fixture
-def store(tmp_path):
-    return ConversationStore(tmp_path / "c.sqlite3")
-
-
-@pytest.fixture
-def fake():
-    return FakeWorker()
 
 
 def make_page(qtbot, store, worker, settings) -> ChatPage:

@@ -2,35 +2,16 @@
 
 from __future__ import annotations
 
-import pytest
-from app_fakes import FakeWorker
 from PySide6.QtCore import QSettings, Qt
 from PySide6.QtGui import QKeySequence, QShortcut
 
 from app.__main__ import private_settings
-from app.pages.chat import BUSY_NOTE_REPLY, SYSTEM_PROMPT_SET, SYSTEM_PROMPT_UNSET, ChatPage
+from app.pages.chat import BUSY_NOTE_REPLY, SYSTEM_PROMPT_SET, SYSTEM_PROMPT_UNSET
 from app.settings import AppSettings
-from app.storage import ConversationStore
 from app.widgets.transcript import UserBubble
 
 
-@pytest.fixture
-def store(tmp_path):
-    return ConversationStore(tmp_path / "c.sqlite3")
 
-
-@pytest.fixture
-def fake():
-    return FakeWorker()
-
-
-@pytest.fixture
-def page(qtbot, store, fake, settings):
-    chat = ChatPage(store, fake, settings)
-    qtbot.addWidget(chat)
-    chat.resize(1000, 700)
-    chat.show()
-    return chat
 
 
 def send(qtbot, page, text):

@@ -9,7 +9,6 @@ import sqlite3
 from pathlib import Path
 
 import pytest
-from app_fakes import FakeWorker
 from PySide6.QtCore import Qt
 from PySide6.QtWidgets import QMessageBox
 
@@ -23,23 +22,7 @@ from app.widgets.transcript import AssistantBubble, MarkdownPart
 SCHEMA0_FILE = Path(__file__).parent / "fixtures" / "chats-schema0.sqlite3"
 
 
-@pytest.fixture
-def store(tmp_path):
-    return ConversationStore(tmp_path / "c.sqlite3")
 
-
-@pytest.fixture
-def fake():
-    return FakeWorker()
-
-
-@pytest.fixture
-def page(qtbot, store, fake, settings):
-    page = ChatPage(store, fake, settings)
-    qtbot.addWidget(page)
-    page.resize(1000, 700)
-    page.show()
-    return page
 
 
 def send(qtbot, page: ChatPage, text: str) -> None:
