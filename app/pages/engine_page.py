@@ -12,14 +12,15 @@ from __future__ import annotations
 import html
 
 from PySide6.QtCore import QSignalBlocker, Qt, Signal
-from PySide6.QtWidgets import (QCheckBox, QComboBox, QDoubleSpinBox, QFormLayout, QFrame, QGridLayout, QGroupBox,
-                               QHBoxLayout, QLabel, QProgressBar, QScrollArea, QSpinBox, QVBoxLayout, QWidget)
+from PySide6.QtWidgets import (QCheckBox, QComboBox, QDoubleSpinBox, QFormLayout, QGridLayout, QGroupBox,
+                               QHBoxLayout, QLabel, QProgressBar, QSpinBox, QVBoxLayout, QWidget)
 
 from app import system_info
 from app.machine_fit import Machine, judge
 from app.system_info import GIB, format_bytes
 from app.widgets.gauges import Sparkline
 from app.widgets.plan_bar import PlanBar
+from app.widgets.scrolling import scroll_into
 from engine.runtime.planner import (
     DEFAULT_RESERVE_SOURCE, KV_TOKEN_GRANULE, OVERLAP_MIN_LAYERS, PREFILL_CHUNK_MAX, PREFILL_CHUNK_MIN,
     REPLY_RESERVE_TOKENS, ModelFootprint, PlanError, footprint_from_synthetic, plan_memory,
@@ -328,13 +329,7 @@ class EnginePage(QWidget):
         layout.addLayout(plan_row)
         layout.addWidget(self.live)
         layout.addStretch(1)
-        scroll = QScrollArea()
-        scroll.setWidgetResizable(True)
-        scroll.setFrameShape(QFrame.Shape.NoFrame)
-        scroll.setWidget(content)
-        outer = QVBoxLayout(self)
-        outer.setContentsMargins(0, 0, 0, 0)
-        outer.addWidget(scroll)
+        scroll_into(self, content)  # the sections outgrow a small window: they scroll rather than squeeze
 
         self._show_model_label(synthetic=True)
         self.custom_editor.set_footprint(self.footprint)

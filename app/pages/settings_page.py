@@ -11,12 +11,13 @@ from __future__ import annotations
 
 
 from PySide6.QtCore import Qt, Signal
-from PySide6.QtWidgets import (QCheckBox, QComboBox, QDoubleSpinBox, QFormLayout, QFrame, QGroupBox, QHBoxLayout,
-                               QLabel, QLineEdit, QPushButton, QScrollArea, QSpinBox, QVBoxLayout, QWidget)
+from PySide6.QtWidgets import (QCheckBox, QComboBox, QDoubleSpinBox, QFormLayout, QGroupBox, QHBoxLayout,
+                               QLabel, QLineEdit, QPushButton, QSpinBox, QVBoxLayout, QWidget)
 
 from app import system_info
 from app.pages.server_section import ServerSection
 from app.settings import MAX_CONTEXT_TOKENS, MAX_TURN_SNAPSHOTS, MIN_CONTEXT_TOKENS, max_cpu_threads
+from app.widgets.scrolling import scroll_into
 from engine.runtime.sampling import MAX_SEED, SamplingParams
 
 # (settings key = SamplingParams field, label, type, placeholder)
@@ -226,13 +227,7 @@ class SettingsPage(QWidget):
         about_row.addStretch(1)
         layout.addLayout(about_row)
         layout.addStretch(1)
-        scroll = QScrollArea()  # the sections outgrow a small window: they scroll rather than squeeze
-        scroll.setWidgetResizable(True)
-        scroll.setFrameShape(QFrame.Shape.NoFrame)
-        scroll.setWidget(content)
-        outer = QVBoxLayout(self)
-        outer.setContentsMargins(0, 0, 0, 0)
-        outer.addWidget(scroll)
+        scroll_into(self, content)  # the sections outgrow a small window: they scroll rather than squeeze
 
     def set_model(self, info: dict | None) -> None:
         """Show what restore points cost for the loaded model (`info` from the worker), or in general for None."""
