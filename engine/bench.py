@@ -24,8 +24,7 @@ from engine.experts.routing import NOTES as ROUTING_NOTES
 from engine.experts.routing import ForcedRouting, force_routing
 from engine.experts.split import BackendTrial
 from engine.layers.source import WeightSource
-from engine.loader import expert_executor
-from engine.models import BUILDERS
+from engine.loader import build_model, expert_executor
 from engine.models.base import CausalLM
 from engine.runtime.planner import MemoryPlan, footprint_from_synthetic, plan_memory, preset_budget_bytes
 from engine.runtime.vram import cap_process_memory, measured_peak
@@ -56,7 +55,7 @@ def build_random_model(name: str, device: str, dtype: torch.dtype, expert_cache_
     checkpoint = Checkpoint(where, synthetic.quantization_config, shards=[TensorShard(tensors, where)])
     source = WeightSource(checkpoint, config, torch.device(device), dtype)
     executor = expert_executor(device, expert_cache_slots, pin_budget_bytes, expert_backend, cpu_threads, link)
-    return BUILDERS[config.model_type](source, executor)
+    return build_model(source, executor)
 
 
 def _sync(device: str) -> None:
@@ -136,7 +135,7 @@ def measure(model: CausalLM, device: str, prompt_tokens: int, decode_tokens: int
     for backend in (backends or [None]) if decode_tokens else []:
         if backend is not None:
             executor.choose_backend(backend)
-        # untimed: the first step on a new state captures its decode graphs (engine/runtime/decode_graphs.py),
+        # untimed: the first step on a new state captures its decode graphs (engine/runtime/graph_runner.py),
         # and auto's trial steps time its candidates (BackendTrial.STEPS: the longest trial)
         for _ in range(1 + (BackendTrial.STEPS if getattr(executor, "backend_trial", None) else 0)):
             token = step(token)

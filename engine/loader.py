@@ -16,6 +16,7 @@ from engine.experts.packed import default_pin_budget_bytes
 from engine.layers.source import WeightSource
 from engine.models import BUILDERS
 from engine.models.base import CausalLM
+from engine.runtime.graph_runner import attach_graph_runner
 
 
 if sys.platform.startswith("linux"):
@@ -40,7 +41,14 @@ def load_model(path: str | Path, device: str | torch.device = "cpu", dtype: torc
     checkpoint = Checkpoint(folder, config.quantization_config)
     source = WeightSource(checkpoint, config, torch.device(device), dtype)
     executor = expert_executor(device, expert_cache_slots, pin_budget_bytes, expert_backend, cpu_threads)
-    return BUILDERS[config.model_type](source, executor)
+    return build_model(source, executor)
+
+
+def build_model(source: WeightSource, executor) -> CausalLM:
+    """The model of `source`'s config, its one-token calls run by a graph runner where they can be captured."""
+    model = BUILDERS[source.config.model_type](source, executor)
+    attach_graph_runner(model)
+    return model
 
 
 def expert_executor(device, expert_cache_slots: int | None, pin_budget_bytes: int | None = None,

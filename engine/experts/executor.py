@@ -19,7 +19,9 @@ from __future__ import annotations
 
 import time
 import warnings
+from collections.abc import Hashable
 from dataclasses import dataclass
+from typing import Protocol
 
 import torch
 import torch.nn.functional as F
@@ -27,12 +29,44 @@ import torch.nn.functional as F
 from engine import kernels
 from engine.experts.bank import ExpertBank, run_expert
 from engine.experts.cache import ExpertCache
+from engine.experts.decode_step import ExpertDecodeStep
 from engine.experts.link import LinkLimit, LinkThrottle
 from engine.experts.packed import PackedExperts, pack_banks
 from engine.experts.split import (BACKENDS, CALIBRATION_RECORDS, TOKEN_MISSES, BackendTrial, HybridBalance,
                                   cached_calibration, calibrate, cpu_faster_for_chunk, cpu_share, machine_key, resolve,
                                   trial_candidates)
 from engine.kernels.groups import ExpertGroups
+from engine.layers.step import DecodeStep
+
+
+class ExpertExecutor(Protocol):
+    """What the MoE layers and the model ask of an expert executor, for prompt chunks and decode steps."""
+
+    host_report: dict
+
+    def prepare(self, banks: dict[int, ExpertBank], dtype: torch.dtype = torch.float32) -> None: ...
+
+    def start(self, bank: ExpertBank, layer: int, x, expert_ids, expert_weights): ...
+
+    def decode_capturable(self) -> bool: ...
+
+    def note_decode_step(self, position: int) -> None: ...
+
+    def decode_key(self) -> Hashable: ...
+
+    def plan_decode(self, top_k: int, hidden: int, graphed: bool) -> None: ...
+
+    def begin_decode(self) -> None: ...
+
+    def decode_layer(self, layer: int, y, ids, weights, residual, shared, step: DecodeStep): ...
+
+    def end_decode(self) -> None: ...
+
+    def abandon_decode(self) -> None: ...
+
+    def end_trial(self) -> None: ...
+
+    def stats(self) -> dict: ...
 
 
 class ReferenceExpertExecutor:
@@ -40,9 +74,11 @@ class ReferenceExpertExecutor:
 
     def __init__(self):
         self.expert_calls = 0  # experts computed so far
+        self._banks: dict[int, ExpertBank] = {}
 
     def prepare(self, banks: dict[int, ExpertBank], dtype: torch.dtype = torch.float32) -> None:
-        """Nothing to set up: experts are computed from the banks as they are."""
+        """Keep the banks: experts are computed from them as they are."""
+        self._banks = dict(banks)
 
     def start(self, bank: ExpertBank, layer: int, x, expert_ids, expert_weights) -> Ready:
         out = torch.zeros_like(x)
@@ -53,6 +89,36 @@ class ReferenceExpertExecutor:
             y = run_expert(x[token_idx], weights, bank.intermediate)
             out.index_add_(0, token_idx, y * expert_weights[token_idx, slot, None].to(x.dtype))
         return Ready(out)
+
+    def decode_capturable(self) -> bool:
+        """Never: the host reads the router's choice to pick each expert."""
+        return False
+
+    def note_decode_step(self, position: int) -> None:
+        """Nothing to time: there is one backend."""
+
+    def decode_key(self) -> Hashable:
+        return None
+
+    def plan_decode(self, top_k: int, hidden: int, graphed: bool) -> None:
+        """Nothing to plan: every layer runs as in a prompt chunk."""
+
+    def begin_decode(self) -> None:
+        """Nothing to start."""
+
+    def decode_layer(self, layer: int, y, ids, weights, residual, shared, step: DecodeStep):
+        """`residual` plus one token's routed experts of `layer` (and its shared expert)."""
+        routed = self.start(self._banks[layer], layer, y, ids.reshape(1, -1), weights.reshape(1, -1)).wait()
+        return residual + (routed if shared is None else routed + shared(y))
+
+    def end_decode(self) -> None:
+        """Nothing to wait for."""
+
+    def abandon_decode(self) -> None:
+        """Nothing to stop."""
+
+    def end_trial(self) -> None:
+        """No trial runs."""
 
     def stats(self) -> dict:
         return {"expert_calls": self.expert_calls}
@@ -77,16 +143,19 @@ class CachedExpertExecutor:
         self.calibration = None
         self._gather_works = False  # a decode step's misses copied by the gather kernel (probed in prepare)
         self.expert_calls = self.cpu_expert_calls = 0
+        self._dtype = torch.float32  # the model's activations (prepare)
         self._calibration_calls = 0  # CPU calls the calibration made: where the next one's experts start
         self.hybrid_balance: HybridBalance | None = None  # hybrid's split where the device applies it
         self.backend_trial: BackendTrial | None = None  # auto timing the backends that can win here
         self._calibrated_backend = backend  # what auto stands for by the calibration alone (`resolve`)
         self.clock = time.perf_counter  # what the trial's steps are timed with
         self._last_decode_step: tuple[float, int] | None = None  # (clock, position) when the last step began
+        self.decode: ExpertDecodeStep | None = None  # the MoE layers' part of decode steps, made by plan_decode
 
     def prepare(self, banks: dict[int, ExpertBank], dtype: torch.dtype = torch.float32) -> None:
         """Repack every layer's experts into host records (pinned within the budget) and allocate the cache.
         dtype: the model's activations; 16-bit ones let the CPU kernel round its inputs to bf16 like the GPU's."""
+        self._dtype = dtype
         self.packed, self.host_report = pack_banks(banks, self.pin_budget_bytes, pin=self.device.type == "cuda")
         layers = sorted(self.packed)
         self._next_layer = dict(zip(layers, layers[1:]))
@@ -227,13 +296,49 @@ class CachedExpertExecutor:
         gate, up = kernels.grouped_linear(rows, weights["gate_up"], groups).split(intermediate, dim=-1)
         return kernels.grouped_linear(F.silu(gate) * up, weights["down"], groups)
 
-    # ---- the graphed decode step's two halves (engine/runtime/decode_graphs.py) ------------------------------
+    # ---- decode steps (engine/experts/decode_step.py) ---------------------------------------------------
 
-    def step_capturable(self) -> bool:
+    def decode_capturable(self) -> bool:
         """Whether a decode step's expert matmuls can be captured in CUDA graphs (their format has a kernel that
         reads the slots on the device)."""
         return self.device.type == "cuda" and all(kernels.slot_linear_capturable(w, self.device)
                                                   for w in self.cache.weights.values())
+
+    def cpu_share_wanted(self) -> bool:
+        """Whether the backend of the moment leaves some of a step's misses to the CPU."""
+        return self.cpu_kernel is not None and self.backend in ("cpu", "hybrid")
+
+    def decode_key(self) -> Hashable:
+        """What a decode step's shape depends on: whether it carries a CPU share (offload's graphs carry none)."""
+        return self.cpu_share_wanted()
+
+    def plan_decode(self, top_k: int, hidden: int, graphed: bool) -> None:
+        """Decide how the MoE layers of the decode steps to come choose slots and share work with the CPU."""
+        if self.decode is None:
+            self.decode = ExpertDecodeStep(self, top_k, hidden, self._dtype)
+        self.decode.plan(graphed)
+
+    def begin_decode(self) -> None:
+        """Start a planned decode step's host work: the device's slot table, the CPU threads' share."""
+        self.decode.begin()
+
+    def decode_layer(self, layer: int, y, ids, weights, residual, shared, step: DecodeStep):
+        """`residual` plus one token's experts of `layer` (ids [k] and weights on the device)."""
+        return self.decode.layer(layer, y, ids, weights, residual, shared, step)
+
+    def end_decode(self) -> None:
+        """Wait for the CPU threads' share of the step just queued."""
+        self.decode.end()
+
+    def abandon_decode(self) -> None:
+        """Stop the CPU threads of a step that failed, so the next one starts clean."""
+        if self.decode is not None:
+            self.decode.abandon()
+
+    def count_cpu_share(self, computed: int) -> None:
+        """`computed` of the experts the step's lookups counted for the GPU ran on the CPU instead."""
+        self.expert_calls -= computed
+        self.cpu_expert_calls += computed
 
     def copies_by_kernel(self, layer: int) -> bool:
         """Whether a decode step copies `layer`'s misses with `gather_misses` (on CUDA a kernel inside the step's
