@@ -34,7 +34,7 @@ def load_model(path: str | Path, device: str | torch.device = "cpu", dtype: torc
     cache slots on `device` (the plan's expert-cache layers x experts); without, each chosen expert
     is computed from the host bank directly. `pin_budget_bytes` caps the page-locked host memory of the
     expert records (default: half of physical RAM); the split is in `model.expert_executor.stats()`.
-    On a GPU, `expert_backend` says where a decode step's cache misses run (engine/experts/split.py: auto,
+    On a GPU, `expert_backend` says where a decode step's cache misses run (engine/experts/backend.py: auto,
     gpu, offload, cpu, hybrid) and `cpu_threads` how many threads compute the CPU's share (default: cores)."""
     folder = Path(path).expanduser()
     config = read_config(folder)

@@ -90,7 +90,8 @@ def test_decode_with_the_cpu_computing_misses_matches_the_cpu_reference(tiny_che
     """The cpu and hybrid expert backends inside captured decode graphs: the CPU's share goes up as one row. Auto's
     trial switches among hybrid, cpu and offload mid-sequence, capturing the graphs again for and after offload;
     with no record pinned (pin budget 0, as where pinning fails) the host copies and computes every layer's share."""
-    from engine.experts.split import BackendTrial, Calibration
+    from engine.experts.calibration import Calibration
+    from engine.experts.policy import BackendTrial
     folder = tiny_checkpoint("qwen3_5_moe", "nvfp4", False)
     model = engine.load_model(folder, device="cuda", expert_cache_slots=8, pin_budget_bytes=pin_budget_bytes,
                               expert_backend="hybrid" if backend == "auto" else backend)

@@ -117,7 +117,7 @@ def test_the_plan_goes_when_its_state_goes(tiny_checkpoint):
 def test_misses_computed_on_the_cpu_give_the_same_step(tiny_checkpoint, backend, layout):
     """The cpu and hybrid backends, for each stored format: some (cpu: all) misses of a step are computed by the
     CPU threads from the host records and added back as one row, the GPU share keeps its slots."""
-    from engine.experts.split import Calibration
+    from engine.experts.calibration import Calibration
     from engine.kernels.cpu_experts import CpuExpertKernel
     folder = tiny_checkpoint(*layout)
     plain = engine.load_model(folder, expert_cache_slots=8)
@@ -162,7 +162,8 @@ def test_auto_times_the_backends_that_can_win_and_keeps_the_fastest(tiny_checkpo
     gives the CPU nothing, cpu is still timed against offload. With `host_copies` the host copies every layer's
     misses and computes the CPU's share, as for pageable records on CUDA. A prompt between two steps is not a
     step's time."""
-    from engine.experts.split import BackendTrial, Calibration
+    from engine.experts.calibration import Calibration
+    from engine.experts.policy import BackendTrial
     from engine.kernels.cpu_experts import CpuExpertKernel
     folder = tiny_checkpoint("qwen3_5_moe", "nvfp4")
     plain, auto = engine.load_model(folder, expert_cache_slots=8), engine.load_model(folder, expert_cache_slots=8)
@@ -206,7 +207,7 @@ def test_auto_times_the_backends_that_can_win_and_keeps_the_fastest(tiny_checkpo
 def test_hybrid_s_balance_hears_only_its_own_steps(tiny_checkpoint):
     """cpu and hybrid share the step's graphs, and a step's waits for the CPU are read at the next one: the waits
     of a cpu step of auto's trial (the GPU waits for the CPU in most layers) must not move hybrid's split."""
-    from engine.experts.split import Calibration
+    from engine.experts.calibration import Calibration
     from engine.kernels.cpu_experts import CpuExpertKernel
     folder = tiny_checkpoint("qwen3_5_moe", "nvfp4")
     plain, model = engine.load_model(folder, expert_cache_slots=8), engine.load_model(folder, expert_cache_slots=8)
@@ -236,7 +237,7 @@ def test_a_failed_capture_hands_decode_to_the_plain_forward_and_ends_auto_s_tria
                                                                                   calibration, calibrated):
     """A step that cannot be captured: a warning, the plain forward takes that step and the rest with the same
     logits, and auto's trial, which only graphed steps can time, ends on the calibration's choice."""
-    from engine.experts.split import Calibration
+    from engine.experts.calibration import Calibration
     from engine.kernels.cpu_experts import CpuExpertKernel
     folder = tiny_checkpoint("qwen3_5_moe", "nvfp4")
     plain, model = engine.load_model(folder, expert_cache_slots=8), engine.load_model(folder, expert_cache_slots=8)
@@ -272,7 +273,7 @@ def test_a_layer_the_host_copies_keeps_every_slot_choice_on_the_host(tiny_checkp
     and the host's bookkeeping cannot both be the truth in one step, so no layer chooses on the device. The CPU's
     share (cpu, hybrid) is then fetched and computed by the host after each router too (as on Windows, without
     Triton), with the same logits."""
-    from engine.experts.split import Calibration
+    from engine.experts.calibration import Calibration
     from engine.kernels.cpu_experts import CpuExpertKernel
     folder = tiny_checkpoint("qwen3_5_moe", "nvfp4")
     plain = engine.load_model(folder, expert_cache_slots=8)
@@ -331,7 +332,7 @@ def test_a_failed_cpu_share_ends_the_step_in_a_plain_error_and_the_next_conversa
                                                                                           monkeypatch):
     """The CPU threads fail mid-step: the GPU's waits are released (no hang), the step says what happened and what
     to do, and the mailbox is ready for the next step."""
-    from engine.experts.split import Calibration
+    from engine.experts.calibration import Calibration
     from engine.kernels import cpu_share
     from engine.kernels.cpu_experts import CpuExpertKernel
     folder = tiny_checkpoint("qwen3_5_moe", "nvfp4")

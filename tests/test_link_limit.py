@@ -8,7 +8,8 @@ import torch
 
 import engine
 from engine.experts.link import LinkLimit, LinkLimitError, LinkThrottle, copied_records
-from engine.experts.split import Calibration, resolve
+from engine.experts.calibration import Calibration
+from engine.experts.policy import resolve
 from engine.runtime.graph_runner import GraphRunner
 
 

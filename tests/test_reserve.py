@@ -114,7 +114,7 @@ def test_a_measurement_is_cached_by_gpu_driver_cuda_and_torch(card, monkeypatch)
 
 
 def test_the_reserve_file_lies_beside_the_calibration(card):
-    from engine.experts.split import calibration_file
+    from engine.experts.calibration import calibration_file
     assert reserve.reserve_file() == calibration_file().parent / "runtime_reserve.json"
 
 

@@ -32,9 +32,11 @@ from engine.experts.cache import ExpertCache
 from engine.experts.decode_step import ExpertDecodeStep
 from engine.experts.link import LinkLimit, LinkThrottle
 from engine.experts.packed import PackedExperts, pack_banks
-from engine.experts.split import (BACKENDS, CALIBRATION_RECORDS, TOKEN_MISSES, BackendTrial, HybridBalance,
-                                  cached_calibration, calibrate, cpu_faster_for_chunk, cpu_share, machine_key, resolve,
-                                  trial_candidates)
+from engine.experts.backend import BACKENDS, Backend
+from engine.experts.calibration import (CALIBRATION_RECORDS, TOKEN_MISSES, Calibration, cached_calibration, calibrate,
+                                        machine_key)
+from engine.experts.policy import (BackendTrial, HybridBalance, cpu_faster_for_chunk, cpu_share, resolve,
+                                   trial_candidates)
 from engine.kernels.groups import ExpertGroups
 from engine.layers.step import DecodeStep
 
@@ -42,7 +44,10 @@ from engine.layers.step import DecodeStep
 class ExpertExecutor(Protocol):
     """What the MoE layers and the model ask of an expert executor, for prompt chunks and decode steps."""
 
-    host_report: dict
+    host_report: dict  # where the expert records lie (pinned, pageable), for reports
+    packed: dict[int, PackedExperts]  # each MoE layer's host records, where the executor repacks them
+    calibration: Calibration | None  # the machine's CPU and PCIe figures, where a backend needs them
+    backend_trial: BackendTrial | None  # auto's trial of the backends, while it runs or once it chose
 
     def prepare(self, banks: dict[int, ExpertBank], dtype: torch.dtype = torch.float32) -> None: ...
 
@@ -71,6 +76,8 @@ class ExpertExecutor(Protocol):
 
 class ReferenceExpertExecutor:
     host_report: dict = {}  # nothing is repacked or pinned: experts are read where the checkpoint keeps them
+    packed: dict = {}
+    calibration = backend_trial = None  # one backend, nothing to measure or to try
 
     def __init__(self):
         self.expert_calls = 0  # experts computed so far
@@ -126,12 +133,13 @@ class ReferenceExpertExecutor:
 
 class CachedExpertExecutor:
     def __init__(self, device: torch.device | str, slots: int, pin_budget_bytes: int | None = None,
-                 backend: str = "offload", cpu_threads: int | None = None, link: LinkLimit | None = None):
+                 backend: Backend | str = Backend.OFFLOAD, cpu_threads: int | None = None,
+                 link: LinkLimit | None = None):
         if backend not in BACKENDS:
             raise ValueError(f"unknown expert backend {backend!r}; choose one of {', '.join(BACKENDS)}")
         self.device = torch.device(device)
         self.slots, self.pin_budget_bytes = slots, pin_budget_bytes
-        self.requested_backend = self.backend = backend
+        self.requested_backend = self.backend = Backend(backend)
         self.cpu_threads = cpu_threads
         self.link = link  # an emulated narrower host->GPU link (benchmarks), or None: the machine's own
         self._gather_link: LinkThrottle | None = None  # holds the decode step's gathers to it
@@ -140,7 +148,7 @@ class CachedExpertExecutor:
         self._next_layer: dict[int, int] = {}
         self.host_report: dict = {}
         self.cpu_kernel = None  # the CPU's experts (engine/kernels/cpu_experts.py), for the cpu and hybrid backends
-        self.calibration = None
+        self.calibration: Calibration | None = None
         self._gather_works = False  # a decode step's misses copied by the gather kernel (probed in prepare)
         self.expert_calls = self.cpu_expert_calls = 0
         self._dtype = torch.float32  # the model's activations (prepare)
@@ -162,21 +170,31 @@ class CachedExpertExecutor:
         first = self.packed[layers[0]]
         self.cache = ExpertCache(self.device, self.slots, first.layout, first.records.shape[0], self._throttle())
         self._gather_link = self._throttle()  # its own mark: the gathers run on the step's streams, not the copy stream
-        if self.requested_backend == "gpu" and self.cache.blocks < len(layers):
+        if self.requested_backend is Backend.GPU and self.cache.blocks < len(layers):
             raise ValueError(f"the gpu expert backend keeps every expert in VRAM: {len(layers)} layers of slots, "
                              f"but the cache holds {self.cache.blocks}; choose offload, cpu, hybrid or auto")
         self._gather_works = self.device.type == "cuda" and self._probe_gather()
-        if self.requested_backend in ("auto", "cpu", "hybrid") and self.device.type == "cuda":
+        if (self.requested_backend is Backend.AUTO or self.requested_backend.shares_with_cpu) \
+                and self.device.type == "cuda":
             self._prepare_cpu(first.layout, dtype)
         self.choose_backend(self.requested_backend)
-        if self.backend not in ("cpu", "hybrid") and self.backend_trial is None:
+        if not self.backend.shares_with_cpu and self.backend_trial is None:
             self.cpu_kernel = None
+
+    @property
+    def backend(self) -> Backend:
+        """The backend the next decode step runs (auto resolved to one of the others)."""
+        return self._backend
+
+    @backend.setter
+    def backend(self, backend: Backend | str) -> None:
+        self._backend = Backend(backend)
 
     def _throttle(self) -> LinkThrottle | None:
         """A throttle holding one stream's copies to the emulated link, if there is one."""
         return LinkThrottle(self.link, self.device) if self.link is not None else None
 
-    def choose_backend(self, backend: str) -> None:
+    def choose_backend(self, backend: Backend | str) -> None:
         """Run `backend` from the next step on; `auto` resolves by the calibration, and where the CPU kernel is
         ready and more than one backend can win (`trial_candidates`), decode steps time them in turn
         (`note_decode_step`) before the fastest stays."""
@@ -186,7 +204,7 @@ class CachedExpertExecutor:
         self.backend = self._calibrated_backend = resolve(backend, self.calibration, record_bytes, all_pinned,
                                                           all_resident)
         candidates = trial_candidates(self.calibration, record_bytes, all_pinned, all_resident) \
-            if backend == "auto" and self.cpu_kernel is not None else ()
+            if Backend(backend) is Backend.AUTO and self.cpu_kernel is not None else ()
         self.backend_trial = BackendTrial(candidates) if candidates else None
         if self.backend_trial is not None:
             self.backend = self.backend_trial.backend
@@ -268,7 +286,7 @@ class CachedExpertExecutor:
     def _chunk_on_cpu(self, layer: int, counts: list[int], experts: list[int], streaming: bool) -> bool:
         """Whether the CPU computes this prompt chunk's experts of `layer` (cpu and hybrid backends): when its
         calibrated time beats copying what the GPU lacks, as for a short follow-up message on a narrow link."""
-        if self.backend not in ("cpu", "hybrid") or self.cpu_kernel is None or self.calibration is None:
+        if not self.backend.shares_with_cpu or self.cpu_kernel is None or self.calibration is None:
             return False
         record_bytes = self.cache.layout.record_bytes
         if streaming:
@@ -306,7 +324,7 @@ class CachedExpertExecutor:
 
     def cpu_share_wanted(self) -> bool:
         """Whether the backend of the moment leaves some of a step's misses to the CPU."""
-        return self.cpu_kernel is not None and self.backend in ("cpu", "hybrid")
+        return self.cpu_kernel is not None and self.backend.shares_with_cpu
 
     def decode_key(self) -> Hashable:
         """What a decode step's shape depends on: whether it carries a CPU share (offload's graphs carry none)."""
@@ -397,16 +415,16 @@ class CachedExpertExecutor:
         device applies when it chooses the slots (engine/kernels/cpu_share.py); hybrid's is balanced by the
         steps themselves (`balance_share`), from the calibration's."""
         record_bytes = self.cache.layout.record_bytes
-        if self.backend != "hybrid" or self.calibration is None:
+        if self.backend is not Backend.HYBRID or self.calibration is None:
             return [cpu_share(m, self.backend, self.calibration, record_bytes) for m in range(top_k + 1)]
         if self.hybrid_balance is None:
             self.hybrid_balance = HybridBalance(
-                cpu_share(TOKEN_MISSES, "hybrid", self.calibration, record_bytes) / TOKEN_MISSES)
+                cpu_share(TOKEN_MISSES, Backend.HYBRID, self.calibration, record_bytes) / TOKEN_MISSES)
         return self.hybrid_balance.counts(top_k)
 
     def balance_share(self, waited: int, layers: int) -> None:
         """A device-split step's outcome: in `waited` of its `layers` layers with CPU experts, the GPU waited."""
-        if self.backend == "hybrid" and self.hybrid_balance is not None:
+        if self.backend is Backend.HYBRID and self.hybrid_balance is not None:
             self.hybrid_balance.update(waited, layers)
 
     def compute_on_cpu(self, layer: int, x: torch.Tensor, expert_ids: torch.Tensor, expert_weights: torch.Tensor,
@@ -422,7 +440,7 @@ class CachedExpertExecutor:
 
     def stats(self) -> dict:
         computed = self.expert_calls + self.cpu_expert_calls
-        return {"expert_calls": self.expert_calls, "expert_backend": self.backend,
+        return {"expert_calls": self.expert_calls, "expert_backend": str(self.backend),
                 "cpu_expert_calls": self.cpu_expert_calls,
                 **({"hybrid_cpu_fraction": self.hybrid_balance.fraction} if self.hybrid_balance else {}),
                 **({"expert_backend_trial": self.backend_trial.to_dict()} if self.backend_trial else {}),

@@ -92,7 +92,7 @@ def formula_estimate(device: torch.device, why: str) -> RuntimeReserve:
 
 def reserve_file() -> Path:
     """runtime_reserve.json, beside calibration.json in the user's data folder."""
-    from engine.experts.split import calibration_file
+    from engine.experts.calibration import calibration_file
     return calibration_file().parent / RESERVE_FILE_NAME
 
 
