@@ -288,3 +288,18 @@ def test_hybrid_balance_leaves_a_far_start_in_a_few_steps_and_stays_within_bound
     assert balance.fraction == 0.0 and balance.counts(8) == [0] * 9
     balance.update(waited=0, layers=0)  # from nothing it tries again, a small step
     assert balance.fraction == HybridBalance.NOTCH
+
+
+def test_hybrid_s_policy_balances_from_the_calibration_once_a_step_made_its_split():
+    from engine.experts.policy import HybridBalance, policy_for
+    calibration = Calibration(1e9, 1e9, 0.0, 1)  # half of a token's misses to the CPU
+    policy = policy_for("hybrid")
+    policy.hear(8, 8)  # no device-split step yet: nothing to move
+    assert policy.balance is None
+    assert policy.cpu_counts(8, calibration, RECORD) == HybridBalance(0.5).counts(8)
+    policy.hear(8, 8)  # the GPU waited in every layer: the CPU gets less
+    assert policy.balance.fraction < 0.5
+    assert policy_for("cpu").cpu_counts(4, None, RECORD) == [0, 1, 2, 3, 4]
+    assert policy_for("offload").cpu_counts(4, calibration, RECORD) == [0] * 5
+    with pytest.raises(ValueError, match="resolve it first"):
+        policy_for("auto")

@@ -33,10 +33,9 @@ from engine.experts.decode_step import ExpertDecodeStep
 from engine.experts.link import LinkLimit, LinkThrottle
 from engine.experts.packed import PackedExperts, pack_banks
 from engine.experts.backend import BACKENDS, Backend
-from engine.experts.calibration import (CALIBRATION_RECORDS, TOKEN_MISSES, Calibration, cached_calibration, calibrate,
-                                        machine_key)
-from engine.experts.policy import (BackendTrial, HybridBalance, cpu_faster_for_chunk, cpu_share, resolve,
-                                   trial_candidates)
+from engine.experts.calibration import CALIBRATION_RECORDS, Calibration, cached_calibration, calibrate, machine_key
+from engine.experts.policy import (BackendPolicy, BackendTrial, HybridBalance, cpu_faster_for_chunk, policy_for,
+                                   resolve, trial_candidates)
 from engine.kernels.groups import ExpertGroups
 from engine.layers.step import DecodeStep
 
@@ -153,7 +152,7 @@ class CachedExpertExecutor:
         self.expert_calls = self.cpu_expert_calls = 0
         self._dtype = torch.float32  # the model's activations (prepare)
         self._calibration_calls = 0  # CPU calls the calibration made: where the next one's experts start
-        self.hybrid_balance: HybridBalance | None = None  # hybrid's split where the device applies it
+        self._policies: dict[Backend, BackendPolicy] = {}  # each backend run so far: hybrid's keeps its balance
         self.backend_trial: BackendTrial | None = None  # auto timing the backends that can win here
         self._calibrated_backend = backend  # what auto stands for by the calibration alone (`resolve`)
         self.clock = time.perf_counter  # what the trial's steps are timed with
@@ -189,6 +188,20 @@ class CachedExpertExecutor:
     @backend.setter
     def backend(self, backend: Backend | str) -> None:
         self._backend = Backend(backend)
+
+    @property
+    def policy(self) -> BackendPolicy:
+        """The split of the backend of the moment, kept while the backend changes (auto's trial) and back."""
+        policy = self._policies.get(self.backend)
+        if policy is None:
+            policy = self._policies[self.backend] = policy_for(self.backend)
+        return policy
+
+    @property
+    def hybrid_balance(self) -> HybridBalance | None:
+        """Hybrid's split where the device applies it, once a hybrid step made it."""
+        hybrid = self._policies.get(Backend.HYBRID)
+        return hybrid.balance if hybrid is not None else None
 
     def _throttle(self) -> LinkThrottle | None:
         """A throttle holding one stream's copies to the emulated link, if there is one."""
@@ -399,8 +412,8 @@ class CachedExpertExecutor:
         with `deferred`, their (expert, slot) pairs go there for `gather_misses`. Compute that reads the slots
         must be followed by `cache.release`. A CPU expert's slot is any slot: the step gives its row no weight."""
         misses = [e for e in experts if not self.cache.holds(layer, e)]
-        share = cpu_share(len(misses), self.backend, self.calibration, self.cache.layout.record_bytes,
-                          self.packed[layer].pinned)
+        share = self.policy.cpu_misses(len(misses), self.calibration, self.cache.layout.record_bytes,
+                                       self.packed[layer].pinned)
         on_cpu_experts = set(misses[len(misses) - share:])
         on_gpu = [e for e in experts if e not in on_cpu_experts]
         self.expert_calls += len(on_gpu)
@@ -414,18 +427,11 @@ class CachedExpertExecutor:
         """How many of a token's m misses in a pinned layer the CPU computes, for m = 0..top_k: the split the
         device applies when it chooses the slots (engine/kernels/cpu_share.py); hybrid's is balanced by the
         steps themselves (`balance_share`), from the calibration's."""
-        record_bytes = self.cache.layout.record_bytes
-        if self.backend is not Backend.HYBRID or self.calibration is None:
-            return [cpu_share(m, self.backend, self.calibration, record_bytes) for m in range(top_k + 1)]
-        if self.hybrid_balance is None:
-            self.hybrid_balance = HybridBalance(
-                cpu_share(TOKEN_MISSES, Backend.HYBRID, self.calibration, record_bytes) / TOKEN_MISSES)
-        return self.hybrid_balance.counts(top_k)
+        return self.policy.cpu_counts(top_k, self.calibration, self.cache.layout.record_bytes)
 
     def balance_share(self, waited: int, layers: int) -> None:
         """A device-split step's outcome: in `waited` of its `layers` layers with CPU experts, the GPU waited."""
-        if self.backend is Backend.HYBRID and self.hybrid_balance is not None:
-            self.hybrid_balance.update(waited, layers)
+        self.policy.hear(waited, layers)
 
     def compute_on_cpu(self, layer: int, x: torch.Tensor, expert_ids: torch.Tensor, expert_weights: torch.Tensor,
                        on_cpu: torch.Tensor) -> torch.Tensor:

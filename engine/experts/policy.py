@@ -20,20 +20,95 @@ from engine.experts.calibration import TOKEN_MISSES, Calibration
 def cpu_share(misses: int, backend: Backend, calibration: Calibration | None, record_bytes: int,
               pinned: bool = True) -> int:
     """How many of a step's `misses` (records of `record_bytes`, `pinned` or beyond the pin budget) the CPU
-    computes: none (offload), all (cpu), or (hybrid) the count that minimises the later of the two finishing
-    times, the copies of the rest (at the pinned or the pageable bandwidth) and the CPU's call with its experts."""
-    backend = Backend(backend)
-    if misses == 0 or not backend.shares_with_cpu:
-        return 0
-    if backend is Backend.CPU:
-        return misses
-    copy_seconds = record_bytes / calibration.copy_bytes_per_s(pinned)
-    cpu_seconds = record_bytes / calibration.cpu_bytes_per_s
+    computes under `backend` (`BackendPolicy.cpu_misses`)."""
+    return policy_for(backend).cpu_misses(misses, calibration, record_bytes, pinned)
 
-    def finish(m: int) -> float:
-        cpu = calibration.cpu_call_seconds + m * cpu_seconds if m else 0.0
-        return max((misses - m) * copy_seconds, cpu)
-    return min(range(misses + 1), key=lambda m: (finish(m), m))
+
+class BackendPolicy:
+    """How one backend splits a decode step's misses between copies to the GPU and the CPU: offload's way, none
+    to the CPU; each other backend is a subclass."""
+
+    backend = Backend.OFFLOAD
+
+    def cpu_misses(self, misses: int, calibration: Calibration | None, record_bytes: int, pinned: bool = True) -> int:
+        """How many of a layer's `misses` the CPU computes."""
+        return 0
+
+    def cpu_counts(self, top_k: int, calibration: Calibration | None, record_bytes: int) -> list[int]:
+        """Of m misses in a pinned layer (m = 0..top_k), how many the CPU computes: the table the device applies
+        where it chooses the slots."""
+        return [self.cpu_misses(m, calibration, record_bytes) for m in range(top_k + 1)]
+
+    def hear(self, waited: int, layers: int) -> None:
+        """Take a device-split step's outcome: in `waited` of its `layers` layers with CPU experts, the GPU waited."""
+
+    @property
+    def balance(self) -> HybridBalance | None:
+        """The split the steps themselves balance, where the backend keeps one."""
+        return None
+
+
+class GpuPolicy(BackendPolicy):
+    """Every expert resident in VRAM: misses only while the cache warms, copied as offload copies them."""
+
+    backend = Backend.GPU
+
+
+class CpuPolicy(BackendPolicy):
+    """Every miss computed by the CPU from host RAM."""
+
+    backend = Backend.CPU
+
+    def cpu_misses(self, misses: int, calibration: Calibration | None, record_bytes: int, pinned: bool = True) -> int:
+        return misses
+
+
+class HybridPolicy(BackendPolicy):
+    """Misses split so the copies and the CPU finish together, then balanced by the steps (`HybridBalance`)."""
+
+    backend = Backend.HYBRID
+
+    def __init__(self):
+        self._balance: HybridBalance | None = None  # made by the first device-split step, from the calibration
+
+    @property
+    def balance(self) -> HybridBalance | None:
+        return self._balance
+
+    def cpu_misses(self, misses: int, calibration: Calibration | None, record_bytes: int, pinned: bool = True) -> int:
+        """The count that minimises the later of the two finishing times: the copies of the rest (at the pinned or
+        the pageable bandwidth) and the CPU's call with its experts."""
+        if misses == 0:
+            return 0
+        copy_seconds = record_bytes / calibration.copy_bytes_per_s(pinned)
+        cpu_seconds = record_bytes / calibration.cpu_bytes_per_s
+
+        def finish(m: int) -> float:
+            cpu = calibration.cpu_call_seconds + m * cpu_seconds if m else 0.0
+            return max((misses - m) * copy_seconds, cpu)
+        return min(range(misses + 1), key=lambda m: (finish(m), m))
+
+    def cpu_counts(self, top_k: int, calibration: Calibration | None, record_bytes: int) -> list[int]:
+        if calibration is None:
+            return super().cpu_counts(top_k, calibration, record_bytes)
+        if self._balance is None:
+            self._balance = HybridBalance(self.cpu_misses(TOKEN_MISSES, calibration, record_bytes) / TOKEN_MISSES)
+        return self._balance.counts(top_k)
+
+    def hear(self, waited: int, layers: int) -> None:
+        if self._balance is not None:
+            self._balance.update(waited, layers)
+
+
+POLICIES = {policy.backend: policy for policy in (BackendPolicy, GpuPolicy, CpuPolicy, HybridPolicy)}
+
+
+def policy_for(backend: Backend | str) -> BackendPolicy:
+    """A fresh policy of `backend` (not auto: resolve it first)."""
+    backend = Backend(backend)
+    if backend not in POLICIES:
+        raise ValueError(f"{backend} is not a backend a step runs: resolve it first")
+    return POLICIES[backend]()
 
 
 class HybridBalance:
