@@ -358,3 +358,76 @@ def test_a_failed_cpu_share_ends_the_step_in_a_plain_error_and_the_next_conversa
     plain.forward(prompt, states[0])
     split.forward(prompt, states[1])
     _step_alongside(plain, steps, states, 4, 3)
+
+
+class _FakeCapture:
+    """torch.cuda.graph for the CPU: the captured work runs once, as it is captured; its graph's replay is only
+    logged. What it checks is the runner's order of graphs and host actions, not the logits."""
+
+    def __init__(self, graph, log, fail_at=None, **kwargs):
+        self.graph, self.log, self.fail_at = graph, log, fail_at
+
+    def __enter__(self):
+        self.log.append("begin")
+
+    def __exit__(self, *error):
+        self.log.append("end")
+        if self.log.count("end") == self.fail_at:
+            raise RuntimeError("operation not permitted when stream is capturing")
+
+
+def _fake_graphs(monkeypatch, log, fail_at=None):
+    class FakeGraph:
+        def replay(self):
+            log.append("replay")
+    monkeypatch.setattr(torch.cuda, "CUDAGraph", FakeGraph)
+    monkeypatch.setattr(torch.cuda, "graph", lambda graph, **kwargs: _FakeCapture(graph, log, fail_at))
+    monkeypatch.setattr(torch.cuda, "graph_pool_handle", lambda: None)
+
+
+def test_a_captured_step_is_graphs_cut_at_the_host_actions_and_replayed_in_order(tiny_checkpoint, monkeypatch):
+    """Where the host copies every layer's misses, each MoE layer cuts the capture twice (the ids' mark before
+    the shared expert, the fetch), and attention once where the device has no kernel that reads the length
+    (the CPU): one graph more than cuts, replayed in the step's order with the host actions between them, and
+    each layer's slots released right after the graph that reads them."""
+    model = engine.load_model(tiny_checkpoint("qwen3_5_moe", "nvfp4"), expert_cache_slots=8)
+    executor = model.expert_executor
+    monkeypatch.setattr(executor, "copies_by_kernel", lambda layer: False)
+    log = []
+    _fake_graphs(monkeypatch, log)
+    fetch, release = executor.fetch_for_step, executor.cache.release
+    monkeypatch.setattr(executor, "fetch_for_step", lambda *args: log.append("fetch") or fetch(*args))
+    monkeypatch.setattr(executor.cache, "release", lambda slots: log.append("release") or release(slots))
+    runner = GraphRunner(model)
+    runner._warm = True  # on CUDA the first step, run eagerly, makes it so
+    state = model.new_state(30)
+    model.forward([3, 4, 5], state)
+    log.clear()  # the prompt's own releases
+    runner.step(6, state)
+    expected, released = [], []  # each graph's replay, then what ran after it; the release waits for its graph
+    for kind in model.config.layer_types:
+        cuts = ["attention"] * (kind == "full_attention") + ["ids", "fetch"]
+        for cut in cuts:
+            expected += ["replay", *released, *(["fetch"] if cut == "fetch" else [])]
+            released = []
+        released = ["release"]
+    expected += ["replay", *released]
+    assert len(runner.graphs) == expected.count("replay") and runner.state is state
+    assert log == ["begin", "end"] * len(runner.graphs) + expected  # captured (no host action), then replayed
+    log.clear()
+    runner.step(7, state)
+    assert log == expected
+    assert state.position == 5
+    assert all(s.length == 5 for s in state.layers if hasattr(s, "keys"))  # at_end moved the KV lengths on
+
+
+def test_a_capture_that_fails_part_way_says_so_and_keeps_nothing(tiny_checkpoint, monkeypatch):
+    model = engine.load_model(tiny_checkpoint("qwen3_5_moe", "nvfp4"), expert_cache_slots=8)
+    monkeypatch.setattr(model.expert_executor, "copies_by_kernel", lambda layer: False)
+    _fake_graphs(monkeypatch, [], fail_at=3)
+    runner = GraphRunner(model)
+    runner._warm = True
+    state = model.new_state(30)
+    with pytest.raises(GraphCaptureError, match="not permitted when stream is capturing"):
+        runner.step(6, state)
+    assert not runner.graphs and runner.state is None and state.position == 0
