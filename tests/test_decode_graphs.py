@@ -27,7 +27,7 @@ def _cuts(model, state) -> list:
     """The host actions that cut a captured step of `model` on `state`, recorded in a run that skips them (the
     state and the expert cache's bookkeeping take garbage: use fresh ones)."""
     cuts = []
-    model.plan_decode(False)
+    model.plan_decode()
     embedding = torch.zeros(1, model.config.hidden_size, dtype=model.dtype)
     skipped = DecodeStep(False, cut=cuts.append, queued=lambda action: None)
     model.decode_step(embedding, torch.zeros(1, dtype=torch.long), state, skipped)
@@ -198,7 +198,8 @@ def test_auto_times_the_backends_that_can_win_and_keeps_the_fastest(tiny_checkpo
     _step_alongside(plain, steps, states, token, 3)
     assert executor.backend == trial.chosen == fastest
     assert executor.decode.with_cpu_share == (fastest != "offload")
-    assert executor.decode.slots_on_device == (0 if host_copies else auto.config.num_hidden_layers)  # every layer is MoE
+    every_layer = auto.config.num_hidden_layers  # every layer is MoE
+    assert executor.decode.slots_on_device == (0 if host_copies else every_layer)
     seconds = executor.stats()["expert_backend_trial"]["step_seconds"]
     assert list(seconds) == list(timed) and seconds[fastest] == pytest.approx(0.001)
     assert all(seconds[other] >= 0.002 for other in timed if other != fastest)

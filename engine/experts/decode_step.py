@@ -66,7 +66,7 @@ class ExpertDecodeStep:
         self._job: tuple | None = None  # the CPU's share of the last fetched layer: (ids, y, weights, on_cpu)
         self._release: list[int] | None = None  # slots the layer's expert matmuls read, released after them
 
-    def plan(self, graphed: bool) -> None:
+    def plan(self) -> None:
         """Decide, for the steps until the next plan, which layers choose their slots on the device."""
         executor = self.executor
         self.forget()
@@ -90,7 +90,6 @@ class ExpertDecodeStep:
                 self.share = cpu_share.CpuShareWorker(executor.cpu_kernel, [executor.packed[i].records for i in moe],
                                                       mailbox)
             self._counts_sent = None
-        del graphed  # the plan is the same eager or captured; the step's cuts differ
 
     def begin(self) -> None:
         """Hand the slot table to the device for this step's lookups, and start the CPU threads' share."""

@@ -58,7 +58,7 @@ class ExpertExecutor(Protocol):
 
     def decode_key(self) -> Hashable: ...
 
-    def plan_decode(self, top_k: int, hidden: int, graphed: bool) -> None: ...
+    def plan_decode(self, top_k: int, hidden: int) -> None: ...
 
     def begin_decode(self) -> None: ...
 
@@ -106,7 +106,7 @@ class ReferenceExpertExecutor:
     def decode_key(self) -> Hashable:
         return None
 
-    def plan_decode(self, top_k: int, hidden: int, graphed: bool) -> None:
+    def plan_decode(self, top_k: int, hidden: int) -> None:
         """Nothing to plan: every layer runs as in a prompt chunk."""
 
     def begin_decode(self) -> None:
@@ -343,11 +343,11 @@ class CachedExpertExecutor:
         """What a decode step's shape depends on: whether it carries a CPU share (offload's graphs carry none)."""
         return self.cpu_share_wanted()
 
-    def plan_decode(self, top_k: int, hidden: int, graphed: bool) -> None:
+    def plan_decode(self, top_k: int, hidden: int) -> None:
         """Decide how the MoE layers of the decode steps to come choose slots and share work with the CPU."""
         if self.decode is None:
             self.decode = ExpertDecodeStep(self, top_k, hidden, self._dtype)
-        self.decode.plan(graphed)
+        self.decode.plan()
 
     def begin_decode(self) -> None:
         """Start a planned decode step's host work: the device's slot table, the CPU threads' share."""

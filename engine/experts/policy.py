@@ -2,10 +2,11 @@
 straight from host RAM (`cpu`), or split between the two so that both finish together (`hybrid`).
 
 On a laptop's narrow PCIe link the CPU's memory bandwidth is the faster path, on a desktop PCIe is; both
-together beat either. The split comes from the machine's calibration (engine/experts/calibration.py). `gpu` asks for every expert resident in VRAM (a cache of every layer), which never misses
-once warm; `auto` takes it where the cache holds every layer. Otherwise `auto` times decode steps under each
-backend that can win here (`trial_candidates`: cpu, hybrid and offload where the CPU would take some of a
-token's misses, cpu and offload where records are pageable) and keeps the fastest (`BackendTrial`); with
+together beat either. The split comes from the machine's calibration (engine/experts/calibration.py). `gpu`
+asks for every expert resident in VRAM (a cache of every layer), which never misses once warm; `auto` takes
+it where the cache holds every layer. Otherwise `auto` times decode steps under each backend that can win
+here (`trial_candidates`: cpu, hybrid and offload where the CPU would take some of a token's misses, cpu and
+offload where records are pageable) and keeps the fastest (`BackendTrial`); with
 nothing to try, offload.
 """
 

@@ -182,10 +182,9 @@ class CausalLM:
         self.expert_executor.note_decode_step(state.position)
         return self.expert_executor.decode_key()
 
-    def plan_decode(self, graphed: bool) -> None:
-        """Plan the decode steps of one shape; `graphed`: they are meant for capture."""
-        c = self.config
-        self.expert_executor.plan_decode(c.num_experts_per_tok, c.hidden_size, graphed)
+    def plan_decode(self) -> None:
+        """Plan the decode steps of one shape: how the MoE layers choose slots and share work with the CPU."""
+        self.expert_executor.plan_decode(self.config.num_experts_per_tok, self.config.hidden_size)
 
     def start_decode(self) -> None:
         """Start a planned step's host work that comes before its device work."""

@@ -101,7 +101,7 @@ class GraphRunner:
     def _prepare(self, state, key, capture: bool) -> None:
         """Plan the step for `state`, and capture it as graphs with `capture`."""
         self._forget()  # the last state's graphs go first, so their memory serves the new ones
-        self.model.plan_decode(self.use_graphs)
+        self.model.plan_decode()
         self._state = weakref.ref(state, lambda _: self._forget())  # the graphs hold the state's tensors
         self._key = key
         if not capture:
