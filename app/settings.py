@@ -13,7 +13,7 @@ from PySide6.QtCore import QSettings
 
 from app.paths import data_folder
 
-from engine.experts.split import BACKENDS
+from engine.experts.backend import BACKENDS
 from engine.runtime.sampling import SamplingParams
 from engine.runtime.session import DEFAULT_MAX_SNAPSHOTS
 
@@ -33,7 +33,7 @@ DEFAULTS = {
     "last_model": "",  # "" means the built-in demo model
     "cpu_threads": 0,  # 0: physical cores
     "pin_budget_gib": 0.0,  # 0: sized from free RAM
-    "expert_backend": "auto",  # where a GPU run's expert-cache misses run: engine.experts.split.BACKENDS
+    "expert_backend": "auto",  # where a GPU run's expert-cache misses run: engine.experts.backend.BACKENDS
     "hf_endpoint": "",  # a Hub mirror's address; "" means HF_ENDPOINT or huggingface.co (the token is never here)
     "hub_offline": False,  # never contact the Hub
     "cpu_notice_seen": "",  # the CPU-mode reason the user last acknowledged; a different one is shown again

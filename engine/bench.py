@@ -22,10 +22,9 @@ from engine.checkpoint import Checkpoint, TensorShard
 from engine.experts.link import LinkLimit, LinkLimitError
 from engine.experts.routing import NOTES as ROUTING_NOTES
 from engine.experts.routing import ForcedRouting, force_routing
-from engine.experts.split import BackendTrial
+from engine.experts.policy import BackendTrial
 from engine.layers.source import WeightSource
-from engine.loader import expert_executor
-from engine.models import BUILDERS
+from engine.loader import build_model, expert_executor
 from engine.models.base import CausalLM
 from engine.runtime.planner import MemoryPlan, footprint_from_synthetic, plan_memory, preset_budget_bytes
 from engine.runtime.vram import cap_process_memory, measured_peak
@@ -56,7 +55,7 @@ def build_random_model(name: str, device: str, dtype: torch.dtype, expert_cache_
     checkpoint = Checkpoint(where, synthetic.quantization_config, shards=[TensorShard(tensors, where)])
     source = WeightSource(checkpoint, config, torch.device(device), dtype)
     executor = expert_executor(device, expert_cache_slots, pin_budget_bytes, expert_backend, cpu_threads, link)
-    return BUILDERS[config.model_type](source, executor)
+    return build_model(source, executor)
 
 
 def _sync(device: str) -> None:
@@ -103,7 +102,7 @@ def measure(model: CausalLM, device: str, prompt_tokens: int, decode_tokens: int
             routing: ForcedRouting | None = None) -> dict:
     """Prefill a random prompt in chunks, then decode; speeds, time to first token and cache traffic.
     `kv_tokens`: the plan's KV cache, allocated whole as the app would (default: just enough). `backends`:
-    decode `decode_tokens` with each expert backend in turn (engine/experts/split.py), one after the other on
+    decode `decode_tokens` with each expert backend in turn (engine/experts/backend.py), one after the other on
     the same sequence; the row's decode figures are the first one's, all are under "decode_by_backend".
     `decode_inputs`: "greedy" feeds each step the last one's argmax, "random" feeds random tokens. `routing`:
     the forced routing installed in the model (its next step's experts are drawn before each step). `auto` is
@@ -136,9 +135,9 @@ def measure(model: CausalLM, device: str, prompt_tokens: int, decode_tokens: int
     for backend in (backends or [None]) if decode_tokens else []:
         if backend is not None:
             executor.choose_backend(backend)
-        # untimed: the first step on a new state captures its decode graphs (engine/runtime/decode_graphs.py),
+        # untimed: the first step on a new state captures its decode graphs (engine/runtime/graph_runner.py),
         # and auto's trial steps time its candidates (BackendTrial.STEPS: the longest trial)
-        for _ in range(1 + (BackendTrial.STEPS if getattr(executor, "backend_trial", None) else 0)):
+        for _ in range(1 + (BackendTrial.STEPS if executor.backend_trial else 0)):
             token = step(token)
         _sync(device)
         inputs = torch.randint(0, model.config.vocab_size, (decode_tokens,), generator=generator).tolist()
@@ -288,9 +287,9 @@ def run_bench(name: str, device: str, prompt_lengths: list[int], decode_tokens: 
     executor = model.expert_executor
     result["expert_placement"] = dict(executor.host_report)
     result["expert_backend"] = executor.stats().get("expert_backend")
-    if getattr(executor, "calibration", None) is not None:
+    if executor.calibration is not None:
         result["calibration"] = executor.calibration.to_dict()
-    packed = getattr(executor, "packed", {})
+    packed = executor.packed
     expert_bytes = sum(p.nbytes for p in packed.values())
     routing = force_routing(model, modes[0], seed) if modes != [MODEL_ROUTING] else None
     if routing is not None and slots:

@@ -15,7 +15,7 @@ import time
 from pathlib import Path
 
 from engine.errors import CheckpointError
-from engine.experts.split import BACKENDS
+from engine.experts.backend import BACKENDS
 from engine.resources import DEMO_MODEL, DEMO_NAME, resolve_model
 from engine.runtime.events import AnswerDelta, ReasoningDelta, TurnFinished
 from engine.runtime.sampling import SamplingParams

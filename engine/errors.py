@@ -34,3 +34,7 @@ class NonFiniteLogitsError(RuntimeError):
     def __init__(self):
         super().__init__("the model produced NaN/inf logits: its weights are damaged or the format is misread; "
                          "re-download it")
+
+
+class GraphCaptureError(RuntimeError):
+    """A decode step could not be captured as CUDA graphs (an op that cannot be captured)."""

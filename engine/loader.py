@@ -16,6 +16,7 @@ from engine.experts.packed import default_pin_budget_bytes
 from engine.layers.source import WeightSource
 from engine.models import BUILDERS
 from engine.models.base import CausalLM
+from engine.runtime.graph_runner import attach_graph_runner
 
 
 if sys.platform.startswith("linux"):
@@ -33,14 +34,21 @@ def load_model(path: str | Path, device: str | torch.device = "cpu", dtype: torc
     cache slots on `device` (the plan's expert-cache layers x experts); without, each chosen expert
     is computed from the host bank directly. `pin_budget_bytes` caps the page-locked host memory of the
     expert records (default: half of physical RAM); the split is in `model.expert_executor.stats()`.
-    On a GPU, `expert_backend` says where a decode step's cache misses run (engine/experts/split.py: auto,
+    On a GPU, `expert_backend` says where a decode step's cache misses run (engine/experts/backend.py: auto,
     gpu, offload, cpu, hybrid) and `cpu_threads` how many threads compute the CPU's share (default: cores)."""
     folder = Path(path).expanduser()
     config = read_config(folder)
     checkpoint = Checkpoint(folder, config.quantization_config)
     source = WeightSource(checkpoint, config, torch.device(device), dtype)
     executor = expert_executor(device, expert_cache_slots, pin_budget_bytes, expert_backend, cpu_threads)
-    return BUILDERS[config.model_type](source, executor)
+    return build_model(source, executor)
+
+
+def build_model(source: WeightSource, executor) -> CausalLM:
+    """The model of `source`'s config, its one-token calls run by a graph runner where they can be captured."""
+    model = BUILDERS[source.config.model_type](source, executor)
+    attach_graph_runner(model)
+    return model
 
 
 def expert_executor(device, expert_cache_slots: int | None, pin_budget_bytes: int | None = None,

@@ -20,8 +20,8 @@ def test_graphed_steps_follow_the_forced_routing_like_the_plain_forward(tiny_che
     folder = tiny_checkpoint("qwen3_5_moe", "nvfp4")
     graphed = engine.load_model(folder, device="cuda", expert_cache_slots=8)
     plain = engine.load_model(folder, device="cuda", expert_cache_slots=8)
-    plain.decode_steps = None
-    assert graphed.decode_steps is not None
+    plain.decode_runner = None
+    assert graphed.decode_runner is not None
     routings = force_routing(graphed, mode, seed=3), force_routing(plain, mode, seed=3)
     states = graphed.new_state(80), plain.new_state(80)
     prompt = torch.randint(2, 320, (40,), generator=torch.Generator().manual_seed(8))
@@ -36,7 +36,7 @@ def test_graphed_steps_follow_the_forced_routing_like_the_plain_forward(tiny_che
         error = float((got.float().cpu() - expected.cpu()).abs().max() / expected.abs().max())
         assert error <= FP32_TOLERANCE
         token = int(expected.argmax())
-    assert graphed.decode_steps._graphs
+    assert graphed.decode_runner.graphs
 
 
 @pytest.mark.parametrize("preset", ["4gb", "8gb", "12gb"])

@@ -90,7 +90,8 @@ def test_decode_with_the_cpu_computing_misses_matches_the_cpu_reference(tiny_che
     """The cpu and hybrid expert backends inside captured decode graphs: the CPU's share goes up as one row. Auto's
     trial switches among hybrid, cpu and offload mid-sequence, capturing the graphs again for and after offload;
     with no record pinned (pin budget 0, as where pinning fails) the host copies and computes every layer's share."""
-    from engine.experts.split import BackendTrial, Calibration
+    from engine.experts.calibration import Calibration
+    from engine.experts.policy import BackendTrial
     folder = tiny_checkpoint("qwen3_5_moe", "nvfp4", False)
     model = engine.load_model(folder, device="cuda", expert_cache_slots=8, pin_budget_bytes=pin_budget_bytes,
                               expert_backend="hybrid" if backend == "auto" else backend)
@@ -109,7 +110,7 @@ def test_decode_with_the_cpu_computing_misses_matches_the_cpu_reference(tiny_che
         assert executor.backend_trial.candidates == ("hybrid", "cpu", "offload")
         assert all(seconds is not None for seconds in stats["expert_backend_trial"]["step_seconds"].values())
     assert (stats["pinned_expert_bytes"] == 0) == (pin_budget_bytes == 0)
-    assert model.decode_steps._graphs and model.decode_steps._state() is state
+    assert model.decode_runner.graphs and model.decode_runner.state is state
 
 
 @pytest.mark.parametrize("kernel_works", [True, False])
@@ -132,14 +133,14 @@ def test_decode_copies_by_kernel_or_by_the_host_as_the_load_time_probe_found(tin
     assert executor.copies_by_kernel(next(iter(executor.packed))) == kernel_works
     cpu_model = engine.load_model(folder)
     state = decode_matches_the_cpu(model, cpu_model, prompt_tokens=12, steps=6, seed=2)
-    assert model.decode_steps._graphs and model.decode_steps._state() is state
-    assert (model.decode_steps._slots_on_device > 0) == kernel_works
+    assert model.decode_runner.graphs and model.decode_runner.state is state
+    assert (model.expert_executor.decode.slots_on_device > 0) == kernel_works
 
 
 def test_expert_formats_without_a_slot_kernel_decode_without_graphs(tiny_checkpoint):
     """FP8-block experts have no Triton kernel that reads its slots on the device: no capture is tried."""
     model = engine.load_model(tiny_checkpoint("qwen3_moe", "fp8_block", False), device="cuda", expert_cache_slots=8)
-    assert model.decode_steps is None
+    assert model.decode_runner is None
 
 
 @pytest.mark.parametrize("layout", LAYOUTS[:1] + LAYOUTS[5:], ids=lambda l: "-".join(map(str, l)))
@@ -148,8 +149,8 @@ def test_graphed_decode_equals_the_plain_forward_on_the_gpu(tiny_checkpoint, lay
     folder = tiny_checkpoint(*layout)
     graphed = engine.load_model(folder, device="cuda", expert_cache_slots=8)
     plain = engine.load_model(folder, device="cuda", expert_cache_slots=8)
-    plain.decode_steps = None
-    assert graphed.decode_steps is not None
+    plain.decode_runner = None
+    assert graphed.decode_runner is not None
     prompt = torch.randint(2, 320, (40,), generator=torch.Generator().manual_seed(8))
     for _ in range(2):  # a second state recaptures
         states = graphed.new_state(80), plain.new_state(80)
@@ -160,7 +161,7 @@ def test_graphed_decode_equals_the_plain_forward_on_the_gpu(tiny_checkpoint, lay
             got, expected = graphed.forward([token], states[0]), plain.forward([token], states[1])
             assert relative_error(got, expected.cpu()) <= FP32_TOLERANCE
             token = int(expected.argmax())
-    assert graphed.decode_steps._graphs  # the steps did replay graphs
+    assert graphed.decode_runner.graphs  # the steps did replay graphs
 
 
 def demo_session(device, dtype, chunk=256):

@@ -21,7 +21,7 @@ from app.pages.settings_page import EXPERT_BACKENDS, SettingsPage
 from app.settings import load_options
 from app.widgets.gauges import Sparkline, SystemFooter
 from app.widgets.plan_bar import PlanBar
-from engine.experts.split import BACKENDS
+from engine.experts.backend import BACKENDS
 from engine.runtime import reserve
 from engine.runtime.planner import GIB, footprint_from_checkpoint, footprint_from_synthetic, plan_memory
 from engine.runtime.session import DEFAULT_MAX_SNAPSHOTS

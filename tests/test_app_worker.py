@@ -11,7 +11,8 @@ import torch
 
 from app.engine_worker import EngineWorker
 from app.settings import load_options
-from engine.experts.split import BackendTrial, Calibration
+from engine.experts.calibration import Calibration
+from engine.experts.policy import BackendTrial
 from engine.loader import load_model
 from engine.runtime import placement, reserve
 from engine.runtime.planner import DEFAULT_RESERVE_SOURCE, DEFAULT_RUNTIME_RESERVE_BYTES

@@ -5,9 +5,9 @@ import json
 import pytest
 import torch
 
-from engine.experts import split
-from engine.experts.split import (BackendTrial, Calibration, cpu_faster_for_chunk, cpu_share, resolve,
-                                  trial_candidates)
+from engine.experts import calibration as machine_calibration
+from engine.experts.calibration import Calibration
+from engine.experts.policy import BackendTrial, cpu_faster_for_chunk, cpu_share, resolve, trial_candidates
 
 RECORD = 1_000_000  # bytes of one expert record
 
@@ -131,14 +131,14 @@ def test_calibration_is_measured_once_per_machine(tmp_path, monkeypatch):
         measured.append(1)
         return Calibration(40e9, 20e9, 1e-5, 8)
 
-    first = split.cached_calibration("machine a", measure)
-    again = split.cached_calibration("machine a", measure)
-    other = split.cached_calibration("machine b", measure)
+    first = machine_calibration.cached_calibration("machine a", measure)
+    again = machine_calibration.cached_calibration("machine a", measure)
+    other = machine_calibration.cached_calibration("machine b", measure)
     assert first == again == other == Calibration(40e9, 20e9, 1e-5, 8)
     assert len(measured) == 2  # machine a once, machine b once
-    assert split.calibration_file() == tmp_path / "calibration.json"
-    split.calibration_file().write_text("not json", encoding="utf-8")
-    assert split.cached_calibration("machine a", measure) == first  # a damaged file is measured again
+    assert machine_calibration.calibration_file() == tmp_path / "calibration.json"
+    machine_calibration.calibration_file().write_text("not json", encoding="utf-8")
+    assert machine_calibration.cached_calibration("machine a", measure) == first  # a damaged file is measured again
     assert len(measured) == 3
 
 
@@ -149,11 +149,11 @@ def test_an_implausible_calibration_is_neither_kept_nor_trusted_from_the_file(tm
     busy, sane = Calibration(47e9, 1.8e15, 0.0065, 16), Calibration(47e9, 28e9, 5e-4, 16)
     assert not busy.plausible() and sane.plausible()
     results = [busy, sane]
-    assert split.cached_calibration("machine", lambda: results.pop(0)) == busy
-    assert split.cached_calibration("machine", lambda: results.pop(0)) == sane  # nothing saved: measured again
-    assert split.cached_calibration("machine", lambda: pytest.fail("measured a third time")) == sane
-    split.calibration_file().write_text(json.dumps({"machine": busy.to_dict()}), encoding="utf-8")
-    assert split.cached_calibration("machine", lambda: sane) == sane
+    assert machine_calibration.cached_calibration("machine", lambda: results.pop(0)) == busy
+    assert machine_calibration.cached_calibration("machine", lambda: results.pop(0)) == sane  # nothing saved: measured again
+    assert machine_calibration.cached_calibration("machine", lambda: pytest.fail("measured a third time")) == sane
+    machine_calibration.calibration_file().write_text(json.dumps({"machine": busy.to_dict()}), encoding="utf-8")
+    assert machine_calibration.cached_calibration("machine", lambda: sane) == sane
 
 
 def test_calibration_measures_the_cpu_again_when_the_figures_cannot_be_real():
@@ -168,7 +168,7 @@ def test_calibration_measures_the_cpu_again_when_the_figures_cannot_be_real():
             return calls * 0.010
         # then 0.2 ms a call, 0.8 ms an expert, 0.1 ms each further token of an expert
         return calls * (0.0002 + per_call * (0.0008 + (tokens - 1) * 0.0001))
-    calibration = split.calibrate_cpu(47e9, 1_769_472, cpu_seconds, 15e9)  # one NVFP4 expert of Qwen3.6
+    calibration = machine_calibration.calibrate_cpu(47e9, 1_769_472, cpu_seconds, 15e9)  # one NVFP4 expert of Qwen3.6
     assert calibration.plausible() and len(measured) == 18
     assert calibration.cpu_bytes_per_s == pytest.approx(1_769_472 / 0.0008)
     assert calibration.cpu_call_seconds == pytest.approx(0.0002) and calibration.pageable_bytes_per_s == 15e9
@@ -256,7 +256,7 @@ def test_the_calibrations_cpu_calls_never_read_a_record_twice(tiny_checkpoint):
 
 
 def test_hybrid_balance_gives_the_cpu_less_when_the_gpu_waits_and_more_when_it_does_not():
-    from engine.experts.split import HybridBalance
+    from engine.experts.policy import HybridBalance
     notch = HybridBalance.NOTCH
     balance = HybridBalance(0.5)
     assert balance.counts(8) == [0, 1, 1, 2, 2, 3, 3, 4, 4]  # halves rounded up: a lone miss goes to the CPU
@@ -275,7 +275,7 @@ def test_hybrid_balance_gives_the_cpu_less_when_the_gpu_waits_and_more_when_it_d
 
 
 def test_hybrid_balance_leaves_a_far_start_in_a_few_steps_and_stays_within_bounds():
-    from engine.experts.split import HybridBalance
+    from engine.experts.policy import HybridBalance
     balance = HybridBalance(0.25)
     steps = 0
     while balance.fraction < 1.0:  # the CPU never kept the GPU waiting: all its misses go to the CPU
@@ -288,3 +288,18 @@ def test_hybrid_balance_leaves_a_far_start_in_a_few_steps_and_stays_within_bound
     assert balance.fraction == 0.0 and balance.counts(8) == [0] * 9
     balance.update(waited=0, layers=0)  # from nothing it tries again, a small step
     assert balance.fraction == HybridBalance.NOTCH
+
+
+def test_hybrid_s_policy_balances_from_the_calibration_once_a_step_made_its_split():
+    from engine.experts.policy import HybridBalance, policy_for
+    calibration = Calibration(1e9, 1e9, 0.0, 1)  # half of a token's misses to the CPU
+    policy = policy_for("hybrid")
+    policy.hear(8, 8)  # no device-split step yet: nothing to move
+    assert policy.balance is None
+    assert policy.cpu_counts(8, calibration, RECORD) == HybridBalance(0.5).counts(8)
+    policy.hear(8, 8)  # the GPU waited in every layer: the CPU gets less
+    assert policy.balance.fraction < 0.5
+    assert policy_for("cpu").cpu_counts(4, None, RECORD) == [0, 1, 2, 3, 4]
+    assert policy_for("offload").cpu_counts(4, calibration, RECORD) == [0] * 5
+    with pytest.raises(ValueError, match="resolve it first"):
+        policy_for("auto")

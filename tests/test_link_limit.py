@@ -8,8 +8,9 @@ import torch
 
 import engine
 from engine.experts.link import LinkLimit, LinkLimitError, LinkThrottle, copied_records
-from engine.experts.split import Calibration, resolve
-from engine.runtime.decode_graphs import DecodeSteps
+from engine.experts.calibration import Calibration
+from engine.experts.policy import resolve
+from engine.runtime.graph_runner import GraphRunner
 
 
 class FakeClock:
@@ -79,7 +80,7 @@ def test_held_copies_still_happen_and_the_held_time_is_their_bytes_over_the_link
     for model in (plain, held):
         state = model.new_state(16)
         model.forward(prompt, state)
-        steps = DecodeSteps(model, use_graphs=False)
+        steps = GraphRunner(model, use_graphs=False)
         for token in (5, 9, 14):
             model.last_logits = steps.step(token, state)
     assert torch.allclose(held.last_logits, plain.last_logits, rtol=0, atol=1e-5 * float(plain.last_logits.abs().max()))

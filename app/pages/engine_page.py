@@ -55,7 +55,7 @@ def _overlap_text(overlap: bool, layers: int) -> str:
 
 
 def _trial_text(trial: dict | None) -> str:
-    """Auto's trial of the backends that can win here (engine/experts/split.py BackendTrial), for the backend
+    """Auto's trial of the backends that can win here (engine/experts/policy.py BackendTrial), for the backend
     row: what it times, then the chosen one's step and the others' (by name: a signal's dict comes sorted)."""
     if not trial:
         return ""

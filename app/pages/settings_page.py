@@ -31,7 +31,7 @@ SAMPLING_FIELDS = (
     ("seed", "Seed", int, "random"),
 )
 THEMES = (("Light", "light"), ("Dark", "dark"))
-# (label, engine.experts.split backend, when it helps)
+# (label, engine.experts.backend name, when it helps)
 EXPERT_BACKENDS = (
     ("Auto (measured)", "auto", "Measures this machine's PCIe and CPU memory speeds once; where the CPU may "
                                 "help, times the first tokens of a reply under each of CPU, Hybrid and Offload "

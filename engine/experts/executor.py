@@ -19,7 +19,9 @@ from __future__ import annotations
 
 import time
 import warnings
+from collections.abc import Hashable
 from dataclasses import dataclass
+from typing import Protocol
 
 import torch
 import torch.nn.functional as F
@@ -27,22 +29,62 @@ import torch.nn.functional as F
 from engine import kernels
 from engine.experts.bank import ExpertBank, run_expert
 from engine.experts.cache import ExpertCache
+from engine.experts.decode_step import ExpertDecodeStep
 from engine.experts.link import LinkLimit, LinkThrottle
 from engine.experts.packed import PackedExperts, pack_banks
-from engine.experts.split import (BACKENDS, CALIBRATION_RECORDS, TOKEN_MISSES, BackendTrial, HybridBalance,
-                                  cached_calibration, calibrate, cpu_faster_for_chunk, cpu_share, machine_key, resolve,
-                                  trial_candidates)
+from engine.experts.backend import BACKENDS, Backend
+from engine.experts.calibration import CALIBRATION_RECORDS, Calibration, cached_calibration, calibrate, machine_key
+from engine.experts.policy import (BackendPolicy, BackendTrial, HybridBalance, cpu_faster_for_chunk, policy_for,
+                                   resolve, trial_candidates)
 from engine.kernels.groups import ExpertGroups
+from engine.layers.step import DecodeStep
+
+
+class ExpertExecutor(Protocol):
+    """What the MoE layers and the model ask of an expert executor, for prompt chunks and decode steps."""
+
+    host_report: dict  # where the expert records lie (pinned, pageable), for reports
+    packed: dict[int, PackedExperts]  # each MoE layer's host records, where the executor repacks them
+    calibration: Calibration | None  # the machine's CPU and PCIe figures, where a backend needs them
+    backend_trial: BackendTrial | None  # auto's trial of the backends, while it runs or once it chose
+
+    def prepare(self, banks: dict[int, ExpertBank], dtype: torch.dtype = torch.float32) -> None: ...
+
+    def start(self, bank: ExpertBank, layer: int, x, expert_ids, expert_weights): ...
+
+    def decode_capturable(self) -> bool: ...
+
+    def note_decode_step(self, position: int) -> None: ...
+
+    def decode_key(self) -> Hashable: ...
+
+    def plan_decode(self, top_k: int, hidden: int) -> None: ...
+
+    def begin_decode(self) -> None: ...
+
+    def decode_layer(self, layer: int, y, ids, weights, residual, shared, step: DecodeStep): ...
+
+    def end_decode(self) -> None: ...
+
+    def abandon_decode(self) -> None: ...
+
+    def end_trial(self) -> None: ...
+
+    def stats(self) -> dict: ...
 
 
 class ReferenceExpertExecutor:
     host_report: dict = {}  # nothing is repacked or pinned: experts are read where the checkpoint keeps them
+    packed: dict = {}
+    calibration = backend_trial = None  # one backend, nothing to measure or to try
 
     def __init__(self):
         self.expert_calls = 0  # experts computed so far
+        self._banks: dict[int, ExpertBank] = {}
 
     def prepare(self, banks: dict[int, ExpertBank], dtype: torch.dtype = torch.float32) -> None:
-        """Nothing to set up: experts are computed from the banks as they are."""
+        """Keep the banks: experts are computed from them as they are."""
+        self._banks = dict(banks)
 
     def start(self, bank: ExpertBank, layer: int, x, expert_ids, expert_weights) -> Ready:
         out = torch.zeros_like(x)
@@ -54,18 +96,49 @@ class ReferenceExpertExecutor:
             out.index_add_(0, token_idx, y * expert_weights[token_idx, slot, None].to(x.dtype))
         return Ready(out)
 
+    def decode_capturable(self) -> bool:
+        """Never: the host reads the router's choice to pick each expert."""
+        return False
+
+    def note_decode_step(self, position: int) -> None:
+        """Nothing to time: there is one backend."""
+
+    def decode_key(self) -> Hashable:
+        return None
+
+    def plan_decode(self, top_k: int, hidden: int) -> None:
+        """Nothing to plan: every layer runs as in a prompt chunk."""
+
+    def begin_decode(self) -> None:
+        """Nothing to start."""
+
+    def decode_layer(self, layer: int, y, ids, weights, residual, shared, step: DecodeStep):
+        """`residual` plus one token's routed experts of `layer` (and its shared expert)."""
+        routed = self.start(self._banks[layer], layer, y, ids.reshape(1, -1), weights.reshape(1, -1)).wait()
+        return residual + (routed if shared is None else routed + shared(y))
+
+    def end_decode(self) -> None:
+        """Nothing to wait for."""
+
+    def abandon_decode(self) -> None:
+        """Nothing to stop."""
+
+    def end_trial(self) -> None:
+        """No trial runs."""
+
     def stats(self) -> dict:
         return {"expert_calls": self.expert_calls}
 
 
 class CachedExpertExecutor:
     def __init__(self, device: torch.device | str, slots: int, pin_budget_bytes: int | None = None,
-                 backend: str = "offload", cpu_threads: int | None = None, link: LinkLimit | None = None):
+                 backend: Backend | str = Backend.OFFLOAD, cpu_threads: int | None = None,
+                 link: LinkLimit | None = None):
         if backend not in BACKENDS:
             raise ValueError(f"unknown expert backend {backend!r}; choose one of {', '.join(BACKENDS)}")
         self.device = torch.device(device)
         self.slots, self.pin_budget_bytes = slots, pin_budget_bytes
-        self.requested_backend = self.backend = backend
+        self.requested_backend = self.backend = Backend(backend)
         self.cpu_threads = cpu_threads
         self.link = link  # an emulated narrower host->GPU link (benchmarks), or None: the machine's own
         self._gather_link: LinkThrottle | None = None  # holds the decode step's gathers to it
@@ -74,40 +147,67 @@ class CachedExpertExecutor:
         self._next_layer: dict[int, int] = {}
         self.host_report: dict = {}
         self.cpu_kernel = None  # the CPU's experts (engine/kernels/cpu_experts.py), for the cpu and hybrid backends
-        self.calibration = None
+        self.calibration: Calibration | None = None
         self._gather_works = False  # a decode step's misses copied by the gather kernel (probed in prepare)
         self.expert_calls = self.cpu_expert_calls = 0
+        self._dtype = torch.float32  # the model's activations (prepare)
         self._calibration_calls = 0  # CPU calls the calibration made: where the next one's experts start
-        self.hybrid_balance: HybridBalance | None = None  # hybrid's split where the device applies it
+        self._policies: dict[Backend, BackendPolicy] = {}  # each backend run so far: hybrid's keeps its balance
         self.backend_trial: BackendTrial | None = None  # auto timing the backends that can win here
         self._calibrated_backend = backend  # what auto stands for by the calibration alone (`resolve`)
         self.clock = time.perf_counter  # what the trial's steps are timed with
         self._last_decode_step: tuple[float, int] | None = None  # (clock, position) when the last step began
+        self.decode: ExpertDecodeStep | None = None  # the MoE layers' part of decode steps, made by plan_decode
 
     def prepare(self, banks: dict[int, ExpertBank], dtype: torch.dtype = torch.float32) -> None:
         """Repack every layer's experts into host records (pinned within the budget) and allocate the cache.
         dtype: the model's activations; 16-bit ones let the CPU kernel round its inputs to bf16 like the GPU's."""
+        self._dtype = dtype
         self.packed, self.host_report = pack_banks(banks, self.pin_budget_bytes, pin=self.device.type == "cuda")
         layers = sorted(self.packed)
         self._next_layer = dict(zip(layers, layers[1:]))
         first = self.packed[layers[0]]
         self.cache = ExpertCache(self.device, self.slots, first.layout, first.records.shape[0], self._throttle())
         self._gather_link = self._throttle()  # its own mark: the gathers run on the step's streams, not the copy stream
-        if self.requested_backend == "gpu" and self.cache.blocks < len(layers):
+        if self.requested_backend is Backend.GPU and self.cache.blocks < len(layers):
             raise ValueError(f"the gpu expert backend keeps every expert in VRAM: {len(layers)} layers of slots, "
                              f"but the cache holds {self.cache.blocks}; choose offload, cpu, hybrid or auto")
         self._gather_works = self.device.type == "cuda" and self._probe_gather()
-        if self.requested_backend in ("auto", "cpu", "hybrid") and self.device.type == "cuda":
+        if (self.requested_backend is Backend.AUTO or self.requested_backend.shares_with_cpu) \
+                and self.device.type == "cuda":
             self._prepare_cpu(first.layout, dtype)
         self.choose_backend(self.requested_backend)
-        if self.backend not in ("cpu", "hybrid") and self.backend_trial is None:
+        if not self.backend.shares_with_cpu and self.backend_trial is None:
             self.cpu_kernel = None
+
+    @property
+    def backend(self) -> Backend:
+        """The backend the next decode step runs (auto resolved to one of the others)."""
+        return self._backend
+
+    @backend.setter
+    def backend(self, backend: Backend | str) -> None:
+        self._backend = Backend(backend)
+
+    @property
+    def policy(self) -> BackendPolicy:
+        """The split of the backend of the moment, kept while the backend changes (auto's trial) and back."""
+        policy = self._policies.get(self.backend)
+        if policy is None:
+            policy = self._policies[self.backend] = policy_for(self.backend)
+        return policy
+
+    @property
+    def hybrid_balance(self) -> HybridBalance | None:
+        """Hybrid's split where the device applies it, once a hybrid step made it."""
+        hybrid = self._policies.get(Backend.HYBRID)
+        return hybrid.balance if hybrid is not None else None
 
     def _throttle(self) -> LinkThrottle | None:
         """A throttle holding one stream's copies to the emulated link, if there is one."""
         return LinkThrottle(self.link, self.device) if self.link is not None else None
 
-    def choose_backend(self, backend: str) -> None:
+    def choose_backend(self, backend: Backend | str) -> None:
         """Run `backend` from the next step on; `auto` resolves by the calibration, and where the CPU kernel is
         ready and more than one backend can win (`trial_candidates`), decode steps time them in turn
         (`note_decode_step`) before the fastest stays."""
@@ -117,7 +217,7 @@ class CachedExpertExecutor:
         self.backend = self._calibrated_backend = resolve(backend, self.calibration, record_bytes, all_pinned,
                                                           all_resident)
         candidates = trial_candidates(self.calibration, record_bytes, all_pinned, all_resident) \
-            if backend == "auto" and self.cpu_kernel is not None else ()
+            if Backend(backend) is Backend.AUTO and self.cpu_kernel is not None else ()
         self.backend_trial = BackendTrial(candidates) if candidates else None
         if self.backend_trial is not None:
             self.backend = self.backend_trial.backend
@@ -199,7 +299,7 @@ class CachedExpertExecutor:
     def _chunk_on_cpu(self, layer: int, counts: list[int], experts: list[int], streaming: bool) -> bool:
         """Whether the CPU computes this prompt chunk's experts of `layer` (cpu and hybrid backends): when its
         calibrated time beats copying what the GPU lacks, as for a short follow-up message on a narrow link."""
-        if self.backend not in ("cpu", "hybrid") or self.cpu_kernel is None or self.calibration is None:
+        if not self.backend.shares_with_cpu or self.cpu_kernel is None or self.calibration is None:
             return False
         record_bytes = self.cache.layout.record_bytes
         if streaming:
@@ -227,13 +327,49 @@ class CachedExpertExecutor:
         gate, up = kernels.grouped_linear(rows, weights["gate_up"], groups).split(intermediate, dim=-1)
         return kernels.grouped_linear(F.silu(gate) * up, weights["down"], groups)
 
-    # ---- the graphed decode step's two halves (engine/runtime/decode_graphs.py) ------------------------------
+    # ---- decode steps (engine/experts/decode_step.py) ---------------------------------------------------
 
-    def step_capturable(self) -> bool:
+    def decode_capturable(self) -> bool:
         """Whether a decode step's expert matmuls can be captured in CUDA graphs (their format has a kernel that
         reads the slots on the device)."""
         return self.device.type == "cuda" and all(kernels.slot_linear_capturable(w, self.device)
                                                   for w in self.cache.weights.values())
+
+    def cpu_share_wanted(self) -> bool:
+        """Whether the backend of the moment leaves some of a step's misses to the CPU."""
+        return self.cpu_kernel is not None and self.backend.shares_with_cpu
+
+    def decode_key(self) -> Hashable:
+        """What a decode step's shape depends on: whether it carries a CPU share (offload's graphs carry none)."""
+        return self.cpu_share_wanted()
+
+    def plan_decode(self, top_k: int, hidden: int) -> None:
+        """Decide how the MoE layers of the decode steps to come choose slots and share work with the CPU."""
+        if self.decode is None:
+            self.decode = ExpertDecodeStep(self, top_k, hidden, self._dtype)
+        self.decode.plan()
+
+    def begin_decode(self) -> None:
+        """Start a planned decode step's host work: the device's slot table, the CPU threads' share."""
+        self.decode.begin()
+
+    def decode_layer(self, layer: int, y, ids, weights, residual, shared, step: DecodeStep):
+        """`residual` plus one token's experts of `layer` (ids [k] and weights on the device)."""
+        return self.decode.layer(layer, y, ids, weights, residual, shared, step)
+
+    def end_decode(self) -> None:
+        """Wait for the CPU threads' share of the step just queued."""
+        self.decode.end()
+
+    def abandon_decode(self) -> None:
+        """Stop the CPU threads of a step that failed, so the next one starts clean."""
+        if self.decode is not None:
+            self.decode.abandon()
+
+    def count_cpu_share(self, computed: int) -> None:
+        """`computed` of the experts the step's lookups counted for the GPU ran on the CPU instead."""
+        self.expert_calls -= computed
+        self.cpu_expert_calls += computed
 
     def copies_by_kernel(self, layer: int) -> bool:
         """Whether a decode step copies `layer`'s misses with `gather_misses` (on CUDA a kernel inside the step's
@@ -276,8 +412,8 @@ class CachedExpertExecutor:
         with `deferred`, their (expert, slot) pairs go there for `gather_misses`. Compute that reads the slots
         must be followed by `cache.release`. A CPU expert's slot is any slot: the step gives its row no weight."""
         misses = [e for e in experts if not self.cache.holds(layer, e)]
-        share = cpu_share(len(misses), self.backend, self.calibration, self.cache.layout.record_bytes,
-                          self.packed[layer].pinned)
+        share = self.policy.cpu_misses(len(misses), self.calibration, self.cache.layout.record_bytes,
+                                       self.packed[layer].pinned)
         on_cpu_experts = set(misses[len(misses) - share:])
         on_gpu = [e for e in experts if e not in on_cpu_experts]
         self.expert_calls += len(on_gpu)
@@ -291,18 +427,11 @@ class CachedExpertExecutor:
         """How many of a token's m misses in a pinned layer the CPU computes, for m = 0..top_k: the split the
         device applies when it chooses the slots (engine/kernels/cpu_share.py); hybrid's is balanced by the
         steps themselves (`balance_share`), from the calibration's."""
-        record_bytes = self.cache.layout.record_bytes
-        if self.backend != "hybrid" or self.calibration is None:
-            return [cpu_share(m, self.backend, self.calibration, record_bytes) for m in range(top_k + 1)]
-        if self.hybrid_balance is None:
-            self.hybrid_balance = HybridBalance(
-                cpu_share(TOKEN_MISSES, "hybrid", self.calibration, record_bytes) / TOKEN_MISSES)
-        return self.hybrid_balance.counts(top_k)
+        return self.policy.cpu_counts(top_k, self.calibration, self.cache.layout.record_bytes)
 
     def balance_share(self, waited: int, layers: int) -> None:
         """A device-split step's outcome: in `waited` of its `layers` layers with CPU experts, the GPU waited."""
-        if self.backend == "hybrid" and self.hybrid_balance is not None:
-            self.hybrid_balance.update(waited, layers)
+        self.policy.hear(waited, layers)
 
     def compute_on_cpu(self, layer: int, x: torch.Tensor, expert_ids: torch.Tensor, expert_weights: torch.Tensor,
                        on_cpu: torch.Tensor) -> torch.Tensor:
@@ -317,7 +446,7 @@ class CachedExpertExecutor:
 
     def stats(self) -> dict:
         computed = self.expert_calls + self.cpu_expert_calls
-        return {"expert_calls": self.expert_calls, "expert_backend": self.backend,
+        return {"expert_calls": self.expert_calls, "expert_backend": str(self.backend),
                 "cpu_expert_calls": self.cpu_expert_calls,
                 **({"hybrid_cpu_fraction": self.hybrid_balance.fraction} if self.hybrid_balance else {}),
                 **({"expert_backend_trial": self.backend_trial.to_dict()} if self.backend_trial else {}),

@@ -12,6 +12,7 @@ from engine.layers.linear import JoinedLinear, Linear
 from engine.layers.norm import RMSNorm
 from engine.layers.rotary import Rotary
 from engine.layers.source import WeightSource
+from engine.layers.step import DecodeStep
 
 
 @dataclass(frozen=True)
@@ -59,6 +60,10 @@ class KVCache:
         caller moves `length` on."""
         self.keys.index_copy_(0, position, keys)
         self.values.index_copy_(0, position, values)
+
+    def advance(self) -> None:
+        """Count the token `write_at` wrote."""
+        self.length += 1
 
     def snapshot(self) -> int:
         return self.length
@@ -123,16 +128,19 @@ class Attention:
         q, k, v, gate = self.project(x, positions)
         return self.output(self.attend(q, k, v, cache), gate)
 
-    def decode_step(self, x: torch.Tensor, positions: torch.Tensor, cache: KVCache) -> torch.Tensor:
-        """One token at positions[0] (a device tensor) into a preallocated cache, nothing read on the host, so
-        a graphed decode step captures it whole; the caller moves cache.length on."""
+    def decode_step(self, x: torch.Tensor, positions: torch.Tensor, cache: KVCache, step: DecodeStep) -> torch.Tensor:
+        """One token at positions[0] (a device tensor). A preallocated cache that a kernel reads at the device's
+        position is written and read inside the step; otherwise attention, whose length grows, runs on the
+        host's side of a cut, and only the projections around it are captured."""
         q, k, v, gate = self.project(x, positions)
-        cache.write_at(positions, k, v)
-        return self.output(kernels.decode_attention(q, cache.keys, cache.values, positions, self.scale), gate)
+        if cache.limit is not None and (not step.graphed or kernels.decode_attention_capturable(q, cache.keys,
+                                                                                               cache.values)):
+            cache.write_at(positions, k, v)
+            step.at_end(cache.advance)
+            return self.output(kernels.decode_attention(q, cache.keys, cache.values, positions, self.scale), gate)
+        out = step.host_tensor(lambda: self.attend(q, k, v, cache), lambda: torch.empty_like(q))
+        return self.output(out, gate)
 
-    # The three phases are separate because a graphed decode step (engine/runtime/decode_graphs.py) captures
-    # the first and last, whose shapes never change, and runs the middle one, whose KV length grows, eagerly
-    # where attention cannot read the length on the device (no kernel for the device, or a growing cache).
     def project(self, x: torch.Tensor, positions: torch.Tensor):
         """(q [T, H, D] and k [T, Hkv, D] normed and rotated, v [T, Hkv, D], the output gate or None)."""
         tokens = x.shape[0]

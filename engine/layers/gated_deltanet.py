@@ -87,3 +87,7 @@ class GatedDeltaNet:
                                      self.dt_bias, self.norm_weight, self.eps, self.key_heads, self.value_heads,
                                      self.key_dim, self.value_dim)
         return self.out_proj(out)
+
+    def decode_step(self, x: torch.Tensor, positions: torch.Tensor, state: DeltaNetState, step) -> torch.Tensor:
+        """One token: the same fixed-shape work as a chunk, nothing read on the host, so captured whole."""
+        return self(x, positions, state)

@@ -18,3 +18,7 @@ class SwiGLU:
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         gate, up = self.gate_up_proj(x)
         return self.down_proj(F.silu(gate) * up)
+
+    def decode_step(self, x: torch.Tensor, residual: torch.Tensor, step) -> torch.Tensor:
+        """`residual` plus one token through the MLP, as a dense decoder layer ends."""
+        return residual + self(x)

@@ -9,6 +9,7 @@ from engine.experts.bank import ExpertBank
 from engine.layers.linear import Linear
 from engine.layers.mlp import SwiGLU
 from engine.layers.source import WeightSource
+from engine.layers.step import DecodeStep
 
 
 class SparseMoe:
@@ -45,3 +46,9 @@ class SparseMoe:
         routed = self.executor.start(self.experts, self.layer, x, ids, weights)  # expert copies now in flight
         shared = self.shared(x)  # runs beside the copies
         return routed.wait() if shared is None else routed.wait() + shared
+
+    def decode_step(self, x: torch.Tensor, residual: torch.Tensor, step: DecodeStep) -> torch.Tensor:
+        """`residual` plus one token's routed and shared experts; the expert backend says where the host acts."""
+        ids, weights = self.route(x)
+        shared = self.shared if self.shared_expert is not None else None
+        return self.executor.decode_layer(self.layer, x, ids.reshape(-1), weights, residual, shared, step)

@@ -4,18 +4,19 @@ and the per-sequence state that lets a prompt be fed in chunks of any size."""
 from __future__ import annotations
 
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Hashable
 from contextlib import contextmanager
 from dataclasses import dataclass
 
 import torch
 
 from engine.config import ModelConfig
-from engine.errors import ContextOverflowError
+from engine.errors import ContextOverflowError, GraphCaptureError
 from engine.layers.linear import Linear
+from engine.layers.moe import SparseMoe
 from engine.layers.norm import RMSNorm
 from engine.layers.source import WeightSource
-from engine.runtime.decode_graphs import DecodeSteps, GraphCaptureError, graphs_enabled
+from engine.layers.step import DecodeStep
 
 
 class DecoderLayer:
@@ -32,6 +33,11 @@ class DecoderLayer:
     def __call__(self, x: torch.Tensor, positions: torch.Tensor, mixer_state) -> torch.Tensor:
         x = x + self.mixer(self.input_norm(x), positions, mixer_state)
         return x + self.mlp(self.post_attention_norm(x))
+
+    def decode_step(self, x: torch.Tensor, positions: torch.Tensor, mixer_state, step: DecodeStep) -> torch.Tensor:
+        """The same layer for one token, each part's decode step telling `step` where the host acts."""
+        h = x + self.mixer.decode_step(self.input_norm(x), positions, mixer_state, step)
+        return self.mlp.decode_step(self.post_attention_norm(h), h, step)
 
 
 @dataclass
@@ -111,7 +117,7 @@ class CausalLM:
         self.config: ModelConfig = c
         self.device, self.dtype = source.device, source.dtype
         self.expert_executor = executor
-        executor.prepare({layer.index: layer.mlp.experts for layer in layers if hasattr(layer.mlp, "experts")},
+        executor.prepare({layer.index: layer.mlp.experts for layer in layers if isinstance(layer.mlp, SparseMoe)},
                          self.dtype)
         if self.device.type == "cuda":  # hand back what loading left cached, so the plan's KV cache finds room
             torch.cuda.empty_cache()
@@ -124,9 +130,7 @@ class CausalLM:
         # All of the model's GPU work runs on one stream of its own: CUDA graphs cannot be captured on the default
         # stream, and a second stream would cost a second cuBLAS workspace (32 MiB on Hopper) inside the plan
         self.stream = torch.cuda.Stream(self.device) if self.device.type == "cuda" else None
-        self.decode_steps = None  # one-token steps as CUDA graphs (engine/runtime/decode_graphs.py)
-        if hasattr(executor, "step_capturable") and executor.step_capturable() and graphs_enabled():
-            self.decode_steps = DecodeSteps(self)
+        self.decode_runner = None  # what runs one-token calls as captured steps (engine/runtime/graph_runner.py)
 
     def new_state(self, max_tokens: int | None = None) -> ModelState:
         with self._compute_stream():
@@ -158,17 +162,51 @@ class CausalLM:
         between layers; when it answers True the pass raises Interrupted (restore a snapshot after it)."""
         ids = self._ids(token_ids)
         with self._compute_stream() as caller:
-            if self.decode_steps is not None and ids.numel() == 1:
+            if self.decode_runner is not None and ids.numel() == 1:
                 if interrupt is not None and interrupt():
                     raise Interrupted()
                 try:
-                    logits = self.decode_steps.step(int(ids[0]), state)
+                    logits = self.decode_runner.step(int(ids[0]), state)
                     return self._handed_back(logits, caller)
                 except GraphCaptureError as error:  # nothing ran: the plain forward takes this step and the next
                     warnings.warn(f"decode runs without CUDA graphs, slower: {error}", RuntimeWarning, stacklevel=2)
-                    self.decode_steps = None
+                    self.decode_runner = None
                     self.expert_executor.end_trial()
             return self._handed_back(self._run(ids, state, all_logits=False, interrupt=interrupt)[-1], caller)
+
+    # ---- one-token decode steps, as a graph runner drives them ---------------------------------------------
+
+    def begin_decode(self, state: ModelState) -> Hashable:
+        """Note that a decode step on `state` begins (auto's trial may switch the expert backend); the key of
+        what the step's shape depends on besides the state."""
+        self.expert_executor.note_decode_step(state.position)
+        return self.expert_executor.decode_key()
+
+    def plan_decode(self) -> None:
+        """Plan the decode steps of one shape: how the MoE layers choose slots and share work with the CPU."""
+        self.expert_executor.plan_decode(self.config.num_experts_per_tok, self.config.hidden_size)
+
+    def start_decode(self) -> None:
+        """Start a planned step's host work that comes before its device work."""
+        self.expert_executor.begin_decode()
+
+    def decode_step(self, embedding: torch.Tensor, positions: torch.Tensor, state: ModelState,
+                    step: DecodeStep) -> torch.Tensor:
+        """Float32 logits [1, vocab] of one token, `embedding` [1, H] at positions [1] (device tensors), fed to
+        `state`: the one definition of a decode step, run eagerly or captured whole by a graph runner."""
+        x = embedding
+        for layer, layer_state in zip(self.layers, state.layers):
+            x = layer.decode_step(x, positions, layer_state, step)
+        return self.lm_head(self.norm(x)).float()
+
+    def end_decode(self, state: ModelState) -> None:
+        """Finish a step once its device work is queued: the CPU's share waited for, the position moved on."""
+        self.expert_executor.end_decode()
+        state.position += 1
+
+    def abandon_decode(self) -> None:
+        """Clean up after a step that failed part way."""
+        self.expert_executor.abandon_decode()
 
     @torch.inference_mode()
     def score(self, token_ids) -> torch.Tensor:

@@ -83,7 +83,7 @@ REFERENCE_THREADS_PER_MULTIPROCESSOR = 1536
 # Caching-allocator rounding of the long-lived tensors and fragmentation of the per-chunk
 # workspace, whose tensors change size from phase to phase.
 ALLOCATOR_SLACK_BYTES = 64 * MIB
-# Decode steps replay as CUDA graphs (engine/runtime/decode_graphs.py): their private memory pool (a step's
+# Decode steps replay as CUDA graphs (engine/runtime/graph_runner.py): their private memory pool (a step's
 # one-token intermediates, inside the allocator, never lent to prefill) and the instantiated graphs (outside
 # it). Measured for the 40-layer Qwen3.6 (91 graphs, H200): pool 6 MiB, graphs 18 MiB; rounded up.
 DECODE_GRAPH_POOL_BYTES = 16 * MIB

@@ -19,6 +19,7 @@ import torch
 from torch.profiler import ProfilerActivity, profile
 
 from engine import bench
+from engine.layers.attention import Attention
 from engine.runtime.vram import cap_process_memory, gpu_runtime_reserve_bytes, measured_peak
 
 MODEL = "qwen3.6-35b-a3b-nvfp4"
@@ -41,7 +42,7 @@ def main() -> None:
     print("preset:", preset, flush=True)
     model = bench.build_random_model(MODEL, "cuda", torch.bfloat16, plan.expert_slots, expert_backend=backend)
     print("expert backend:", model.expert_executor.backend, flush=True)
-    print("graphed decode:", model.decode_steps is not None, flush=True)
+    print("graphed decode:", model.decode_runner is not None, flush=True)
     state = model.new_state(plan.kv_tokens)
     model.forward(torch.randint(0, 1000, (128,)), state)
     token = int(model.forward([5], state).argmax())  # the first step runs the plain forward: kernels compile
@@ -52,7 +53,7 @@ def main() -> None:
     token = int(model.forward([token], state).argmax())  # captures the graphs, then replays them
     torch.cuda.synchronize()
     after = memory()
-    graphs = len(model.decode_steps._graphs)
+    graphs = len(model.decode_runner.graphs)
     print(f"capture and first replay {time.perf_counter() - started:.3f} s, {graphs} graphs, "
           f"pool {(after[0] - before[0]) / 2**20:.1f} MiB, "
           f"outside the allocator {(after[1] - before[1]) / 2**20:.1f} MiB")
@@ -140,17 +141,21 @@ class _Timed:
 
 def host_breakdown(model, state, token: int) -> None:
     """Host time per step in each host action, the wait for the router's ids, and graph replays."""
-    steps, totals = model.decode_steps, {}
-    steps._fetch = _Timed(steps._fetch, totals, "fetch (incl. ids wait)")
-    steps._attend = _Timed(steps._attend, totals, "attend")
-    event = steps._ids_ready
+    runner, executor, totals = model.decode_runner, model.expert_executor, {}
+    decode = executor.decode
+    decode._fetch = _Timed(decode._fetch, totals, "fetch (incl. ids wait)")
+    for layer in model.layers:
+        if isinstance(layer.mixer, Attention):
+            layer.mixer.attend = _Timed(layer.mixer.attend, totals, "attend")
+    event = decode._ids_ready
     event.synchronize = _Timed(event.synchronize, totals, "ids wait")
-    steps.executor.fetch_for_step = _Timed(steps.executor.fetch_for_step, totals, "fetch_for_step")
-    steps.executor.compute_on_cpu = _Timed(steps.executor.compute_on_cpu, totals, "compute_on_cpu")
-    if steps.executor.cpu_kernel is not None:
-        steps.executor.cpu_kernel.run = _Timed(steps.executor.cpu_kernel.run, totals, "  of which the kernel")
-    for graph in steps._graphs:
-        graph.replay = _Timed(graph.replay, totals, "graph replays")
+    executor.fetch_for_step = _Timed(executor.fetch_for_step, totals, "fetch_for_step")
+    executor.compute_on_cpu = _Timed(executor.compute_on_cpu, totals, "compute_on_cpu")
+    if executor.cpu_kernel is not None:
+        executor.cpu_kernel.run = _Timed(executor.cpu_kernel.run, totals, "  of which the kernel")
+    runner._program = [_Timed(action, totals, "graph replays")
+                       if isinstance(getattr(action, "__self__", None), torch.cuda.CUDAGraph) else action
+                       for action in runner._program]
     step, token = timed_steps(model, state, token)
     print(f"host breakdown, step {step * 1e3:.2f} ms:")
     for name, total in totals.items():
