@@ -146,7 +146,7 @@ class CachedExpertExecutor:
         self.packed: dict[int, PackedExperts] = {}
         self._next_layer: dict[int, int] = {}
         self.host_report: dict = {}
-        self.cpu_kernel = None  # the CPU's experts (engine/kernels/cpu_experts.py), for the cpu and hybrid backends
+        self.cpu_kernel = None  # the CPU's experts (engine/kernels/cpu_experts/), for the cpu and hybrid backends
         self.calibration: Calibration | None = None
         self._gather_works = False  # a decode step's misses copied by the gather kernel (probed in prepare)
         self.expert_calls = self.cpu_expert_calls = 0

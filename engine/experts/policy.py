@@ -157,7 +157,7 @@ def cpu_faster_for_chunk(calibration: Calibration, tokens_per_expert: list[int],
                          copy_bytes: int, pinned: bool) -> bool:
     """Whether the CPU computes a prompt chunk's routed experts of one layer (`tokens_per_expert`: the tokens of
     each expert present) sooner than `copy_bytes` cross PCIe to the GPU. The CPU decodes each expert's weights
-    once and multiplies them with its tokens (engine/kernels/cpu_experts.py): an expert costs the calibrated
+    once and multiplies them with its tokens (engine/kernels/cpu_experts/): an expert costs the calibrated
     one-token time plus the calibrated time of each further token (where not measured: a quarter of the
     one-token time, which the H200 machine's bf16 kernel showed is too little, 2026-11-30)."""
     if copy_bytes == 0:
