@@ -171,9 +171,11 @@ def test_install_smoke_upgrade_uninstall(tmp_path):
     took_smoke, _ = run_logged([str(launcher), "--smoke-test", str(shot)], smoke_env, work, timeout=600)
     assert shot.is_file() and shot.stat().st_size > 0
 
-    # user data made between the runs: kept by an upgrade and by the uninstaller
+    # the smoke test chats on a scratch store: the user's history is never touched by it
     chats = home / ".local" / "share" / "MoE Desk" / "MoE Desk"
-    assert (chats / "conversations.sqlite3").is_file(), "the smoke test keeps its chat in the user's data folder"
+    assert not (chats / "conversations.sqlite3").exists(), "the smoke test wrote into the user's chat history"
+    # user data made between the runs: kept by an upgrade and by the uninstaller
+    chats.mkdir(parents=True, exist_ok=True)
     (chats / "keep-me.txt").write_text("user data")
     (home / ".local/share/MoE Desk/models/my-model").mkdir(parents=True)
     (home / ".local/share/MoE Desk/models/my-model/weights.bin").write_bytes(b"\0" * 16)
