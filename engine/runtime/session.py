@@ -159,9 +159,7 @@ class ChatSession:
         self._synced = len(self.messages)
         reply = _Reply(self, sampler, list(self._pending), "")
         self._pending = ()
-        # the reply goes on where it stopped, its text as generated (the stored message is trimmed)
-        reply.reasoning, reply.segment_started = cut.reasoning, True
-        reply.thoughts, reply.answer = [t for t in (cut.thoughts,) if t], [t for t in (cut.answer,) if t]
+        reply.go_on_from(cut, cut.reasoning)  # its text as generated (the stored message is trimmed)
         yield from reply.run()
 
     def can_edit(self, message_index: int) -> bool:
@@ -258,8 +256,7 @@ class ChatSession:
         """(token ids of the cut reply's text as the model wrote it after the generation prompt `rendered`,
         whether the reply is still in its thinking there). Texts are data, read without control tokens."""
         tok = self.tokenizer
-        thinking_open = bool(tok.think_start) and rendered.rfind(tok.think_start) > rendered.rfind(tok.think_end or "")
-        if not thinking_open:  # the template closed the thinking (or has none): only the answer follows
+        if not _thinking_open(tok, rendered):  # the template closed the thinking (or has none): only the answer follows
             return tok.encode_text(cut.answer) if cut.answer else [], False
         if not cut.answer:
             return tok.encode_text(cut.thoughts), True
@@ -295,9 +292,14 @@ class ChatSession:
         del self._boundaries[:-self.max_snapshots]  # the oldest go: editing there prefills the history again
         reply = _Reply(self, sampler, ids, rendered)
         if cut is not None:  # the reply goes on after its text, which the prompt now ends with
-            reply.reasoning, reply.segment_started = in_thinking, True
-            reply.thoughts, reply.answer = [t for t in (cut.thoughts,) if t], [t for t in (cut.answer,) if t]
+            reply.go_on_from(cut, in_thinking)
         yield from reply.run()
+
+
+def _thinking_open(tok: ChatTokenizer, rendered: str) -> bool:
+    """Whether `rendered` (a generation prompt) leaves the model inside its thinking: Qwen3.5/3.6 templates open
+    <think> in the generation prompt itself."""
+    return bool(tok.think_start) and rendered.rfind(tok.think_start) > rendered.rfind(tok.think_end or "")
 
 
 @dataclass(frozen=True)
@@ -369,8 +371,7 @@ class _Reply:
         tok = session.tokenizer
         self.think_start = tok.token_id(tok.think_start) if tok.think_start else None
         self.think_end = tok.token_id(tok.think_end) if tok.think_end else None
-        # Qwen3.5/3.6 templates open <think> in the generation prompt itself
-        self.reasoning = bool(tok.think_start) and rendered.rfind(tok.think_start) > rendered.rfind(tok.think_end or "")
+        self.reasoning = _thinking_open(tok, rendered)
         self.detok = IncrementalDetokenizer(tok)
         self.stop = StopMatcher(sampler.params.stop)
         self.answer: list[str] = []
@@ -491,6 +492,12 @@ class _Reply:
         if tail:
             (self.thoughts if self.reasoning else self.answer).append(tail)
             yield ReasoningDelta(tail) if self.reasoning else AnswerDelta(tail)
+
+    def go_on_from(self, cut: _CutReply, reasoning: bool) -> None:
+        """Make this reply the continuation of `cut`: its text so far, in its thinking or not."""
+        self.reasoning, self.segment_started = reasoning, True
+        self.thoughts = [cut.thoughts] if cut.thoughts else []
+        self.answer = [cut.answer] if cut.answer else []
 
     def _assistant_message(self) -> dict:
         message = {"role": "assistant", "content": "".join(self.answer).rstrip()}

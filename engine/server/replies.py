@@ -82,10 +82,8 @@ def tool_parser(template_source: str | None, tools: list[dict] | None, seed: int
     """The model's tool-call parser when the request has tools and the template a call format, else None."""
     if not tools or template_source is None:
         return None
-    from engine.runtime.tool_calls import ToolCallParser, tool_call_style
-
-    style = tool_call_style(template_source)
-    return ToolCallParser(style, tools=tools, seed=seed) if style is not None else None
+    style = tc.tool_call_style(template_source)
+    return tc.ToolCallParser(style, tools=tools, seed=seed) if style is not None else None
 
 
 def _from_parser(parsed: list) -> list:
