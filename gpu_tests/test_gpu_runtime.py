@@ -24,7 +24,7 @@ def relative_error(got, expected):
     return float((got.float().cpu() - expected).abs().max() / expected.abs().max())
 
 
-@pytest.mark.parametrize("layout", LAYOUTS, ids=lambda l: "-".join(map(str, l)))
+@pytest.mark.parametrize("layout", LAYOUTS, ids=lambda case: "-".join(map(str, case)))
 @pytest.mark.parametrize("layers_of_slots", [0.5, 1, 2])
 def test_gpu_logits_match_the_cpu_reference_in_float32(tiny_checkpoint, layout, layers_of_slots):
     """Float32 on both sides: the random tiny models route on near-ties, so a bf16 run flips experts (the
@@ -55,7 +55,7 @@ def test_demo_model_logits_in_bfloat16_are_within_bf16_tolerance():
         assert relative_error(logits, reference) <= max(BF16_TOLERANCE, 1.25 * cpu_drift), slots
 
 
-@pytest.mark.parametrize("layout", LAYOUTS, ids=lambda l: "-".join(map(str, l)))
+@pytest.mark.parametrize("layout", LAYOUTS, ids=lambda case: "-".join(map(str, case)))
 def test_gpu_greedy_tokens_equal_the_cpu_reference_in_float32(tiny_checkpoint, layout):
     folder = tiny_checkpoint(*layout)
     tokens = {}
@@ -143,7 +143,7 @@ def test_expert_formats_without_a_slot_kernel_decode_without_graphs(tiny_checkpo
     assert model.decode_runner is None
 
 
-@pytest.mark.parametrize("layout", LAYOUTS[:1] + LAYOUTS[5:], ids=lambda l: "-".join(map(str, l)))
+@pytest.mark.parametrize("layout", LAYOUTS[:1] + LAYOUTS[5:], ids=lambda case: "-".join(map(str, case)))
 def test_graphed_decode_equals_the_plain_forward_on_the_gpu(tiny_checkpoint, layout):
     """Decode steps replayed as CUDA graphs against the same model's plain forward, across two states."""
     folder = tiny_checkpoint(*layout)

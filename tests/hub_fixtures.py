@@ -1,6 +1,6 @@
 """Fixtures shared by the download tests: a private huggingface_hub home and a local fake Hub with tiny repos.
 
-Import the fixtures by name in a test module: `from hub_fixtures import fake_hub, hf_home  # noqa: F401`.
+tests/conftest.py registers the fixtures for every test module; import the repo names from here.
 """
 
 from __future__ import annotations

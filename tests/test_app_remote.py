@@ -8,14 +8,12 @@ import pytest
 from app_fakes import FakeWorker
 from fake_openai_server import HANG, chunk, free_port
 from PySide6.QtCore import QObject, Qt, Signal
-from test_remote_engine import fake, server  # noqa: F401 (fixtures: the fake server, fresh per test)
 from PySide6.QtWidgets import QLineEdit
 
 from app.dialogs.remote_dialog import RemoteEngineDialog
 from app.pages.chat import ChatPage
 from app.pages.models import COLUMNS, ModelsPage
 from app.remote_store import RemoteEndpoint, RemoteStore
-from app.remote_worker import start_remote_worker
 from app.storage import ConversationStore
 
 KEY = "sk-remote-test-91c2"
@@ -28,16 +26,6 @@ REPLY = [chunk(reasoning="Two and two "), chunk(reasoning="make four."), chunk(c
 @pytest.fixture
 def remotes(settings):
     return RemoteStore(settings.remote_engines_path())
-
-
-@pytest.fixture
-def remote(qtbot):
-    """A RemoteWorker on its own QThread, ended after the test."""
-    worker, thread = start_remote_worker()
-    yield worker
-    worker.stop()
-    thread.quit()
-    thread.wait(10_000)
 
 
 class EndpointSender(QObject):
@@ -116,8 +104,8 @@ def test_deltas_are_batched_between_emits_by_the_clock():
     assert emitted[-1] == ("answer", "e")
 
 
-def test_the_remote_worker_streams_a_reply_with_the_engine_worker_s_signals(qtbot, server, fake, remote):
-    fake.script = REPLY
+def test_the_remote_worker_streams_a_reply_with_the_engine_worker_s_signals(qtbot, server, fake_api, remote):
+    fake_api.script = REPLY
     events = Recorder(remote)
     keep = [choose(remote, RemoteEndpoint("vllm", server.url, "fake/model"))]
     keep.append(ask(remote, "2+2?", {"enable_thinking": False, "system_prompt": "terse", "sampling": {"seed": 1}}))
@@ -130,13 +118,13 @@ def test_the_remote_worker_streams_a_reply_with_the_engine_worker_s_signals(qtbo
     stats = result["stats"]
     assert stats["stop_reason"] == "eos" and stats["new_tokens"] == 6 and stats["error"] is None
     assert stats["remote"] == f"vllm @ {server.url.removeprefix('http://')}, model fake/model"
-    sent = fake.requests[-1]
+    sent = fake_api.requests[-1]
     assert sent["messages"] == [{"role": "system", "content": "terse"}, {"role": "user", "content": "2+2?"}]
     assert sent["chat_template_kwargs"] == {"enable_thinking": False} and sent["seed"] == 1
 
 
-def test_stop_closes_the_remote_stream_and_keeps_what_came(qtbot, server, fake, remote):
-    fake.script = [chunk(content="partial"), HANG]
+def test_stop_closes_the_remote_stream_and_keeps_what_came(qtbot, server, fake_api, remote):
+    fake_api.script = [chunk(content="partial"), HANG]
     events = Recorder(remote)
     keep = [choose(remote, RemoteEndpoint("vllm", server.url, "fake/model")), ask(remote, "go on")]
     qtbot.waitUntil(lambda: events.text("answerDelta") == "partial", timeout=REPLY_TIMEOUT_MS)
@@ -144,7 +132,7 @@ def test_stop_closes_the_remote_stream_and_keeps_what_came(qtbot, server, fake, 
     qtbot.waitUntil(lambda: events.finished() is not None, timeout=REPLY_TIMEOUT_MS)
     assert events.finished()["answer"] == "partial"
     assert events.finished()["stats"]["stop_reason"] == "cancelled"
-    assert fake.disconnected.wait(10)
+    assert fake_api.disconnected.wait(10)
     assert keep
 
 
@@ -177,9 +165,9 @@ def open_dialog(qtbot, remotes) -> RemoteEngineDialog:
     return dialog
 
 
-def test_the_dialog_tests_the_connection_lists_the_models_and_saves_the_choice(qtbot, server, fake, remotes):
-    fake.api_key = KEY
-    fake.models = [{"id": "Qwen/Qwen3-30B-A3B", "owned_by": "sglang"}, {"id": "second", "owned_by": "sglang"}]
+def test_the_dialog_tests_the_connection_lists_the_models_and_saves_the_choice(qtbot, server, fake_api, remotes):
+    fake_api.api_key = KEY
+    fake_api.models = [{"id": "Qwen/Qwen3-30B-A3B", "owned_by": "sglang"}, {"id": "second", "owned_by": "sglang"}]
     dialog = open_dialog(qtbot, remotes)
     assert dialog.key_edit.echoMode() == QLineEdit.EchoMode.Password and not dialog.save_button.isEnabled()
     qtbot.keyClicks(dialog.url_edit, server.url.removeprefix("http://"))  # typed without the scheme
@@ -205,8 +193,8 @@ def test_the_dialog_tests_the_connection_lists_the_models_and_saves_the_choice(q
     ("{server}/elsewhere", KEY, "no OpenAI-compatible API at this URL"),
     ("http://127.0.0.1:{free}", KEY, "refused the connection"),
 ])
-def test_the_dialog_says_why_a_server_cannot_be_used(qtbot, server, fake, remotes, address, key, words):
-    fake.api_key = KEY
+def test_the_dialog_says_why_a_server_cannot_be_used(qtbot, server, fake_api, remotes, address, key, words):
+    fake_api.api_key = KEY
     dialog = open_dialog(qtbot, remotes)
     dialog.url_edit.setText(address.format(server=server.url, free=free_port()))
     dialog.key_edit.setText(key)
@@ -225,7 +213,7 @@ def test_a_bad_address_is_refused_before_any_connection(qtbot, remotes):
     assert not dialog.testing() and "not a server address" in dialog.banner.text()
 
 
-def test_editing_the_address_after_a_test_forgets_its_models(qtbot, server, fake, remotes):
+def test_editing_the_address_after_a_test_forgets_its_models(qtbot, server, fake_api, remotes):
     dialog = open_dialog(qtbot, remotes)
     dialog.url_edit.setText(server.url)
     with qtbot.waitSignal(dialog.tested, timeout=REPLY_TIMEOUT_MS):
@@ -257,7 +245,7 @@ def cell(page, row, column):
     return page.library.index(row, COLUMNS.index(column)).data()
 
 
-def test_a_saved_remote_is_listed_with_its_host_and_answers_once_used(qtbot, server, fake, settings, remotes):
+def test_a_saved_remote_is_listed_with_its_host_and_answers_once_used(qtbot, server, fake_api, settings, remotes):
     page = models_page(qtbot, settings, remotes)
     dialog = page.open_remote_dialog()
     dialog.url_edit.setText(server.url)
@@ -306,8 +294,8 @@ def test_loading_a_local_model_takes_the_chats_back_from_a_remote(qtbot, setting
 # ---- the Chat page --------------------------------------------------------------------------------------
 
 
-def test_the_chat_page_streams_a_remote_reply_and_says_who_answers(qtbot, server, fake, settings, remote, tmp_path):
-    fake.script = REPLY
+def test_the_chat_page_streams_a_remote_reply_and_says_who_answers(qtbot, server, fake_api, settings, remote, tmp_path):
+    fake_api.script = REPLY
     endpoint = RemoteEndpoint("vllm", server.url, "fake/model")
     keep = choose(remote, endpoint)
     store = ConversationStore(tmp_path / "c.sqlite3")
@@ -327,7 +315,7 @@ def test_the_chat_page_streams_a_remote_reply_and_says_who_answers(qtbot, server
     assert bubble.stats_label.text().endswith(f"stop: eos · remote: vllm @ {endpoint.host}, model fake/model")
     saved = store.messages(page.current_conversation_id())[-1]
     assert (saved["content"], saved["reasoning"]) == ("It is **4**.", "Two and two make four.")
-    assert fake.requests[-1]["messages"][-1] == {"role": "user", "content": "2+2?"}
+    assert fake_api.requests[-1]["messages"][-1] == {"role": "user", "content": "2+2?"}
     assert keep
 
 
@@ -353,11 +341,11 @@ def test_switching_engines_mid_reply_waits_for_the_reply_to_end(qtbot, settings,
 # ---- the window -----------------------------------------------------------------------------------------
 
 
-def test_the_window_chats_through_the_chosen_remote_and_back_to_local(qtbot, server, fake, settings, remotes,
+def test_the_window_chats_through_the_chosen_remote_and_back_to_local(qtbot, server, fake_api, settings, remotes,
                                                                      tmp_path, tiny_checkpoint):
     from app.main_window import MainWindow
 
-    fake.script = REPLY
+    fake_api.script = REPLY
     endpoint = RemoteEndpoint("vllm", server.url, "fake/model", KEY)
     remotes.add(endpoint)
     settings.set("chat_engine", endpoint.id)  # chosen in an earlier session
@@ -374,7 +362,7 @@ def test_the_window_chats_through_the_chosen_remote_and_back_to_local(qtbot, ser
     qtbot.waitUntil(lambda: page.send_button.isEnabled() and bool(page.transcript.bubbles[-1].answer),
                     timeout=20_000)
     assert page.transcript.bubbles[-1].answer == "It is **4**."
-    assert fake.headers[-1]["authorization"] == f"Bearer {KEY}"
+    assert fake_api.headers[-1]["authorization"] == f"Bearer {KEY}"
 
     window.models_page.choose_engine("")  # as loading a local model does
     assert page.worker is window.worker and page.engine_text() == f"Answering: local: {folder.name}"

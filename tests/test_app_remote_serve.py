@@ -14,7 +14,7 @@ import pytest
 from app_fakes import FakeWorker
 from fake_openai_server import free_port
 from PySide6.QtCore import Qt
-from test_app_remote import choose, remote  # noqa: F401 (remote: the worker fixture)
+from test_app_remote import choose
 
 from app.pages.chat import ChatPage
 from app.remote_engine import probe

@@ -37,7 +37,7 @@ def _cuts(model, state) -> list:
 LAYOUTS = [("qwen3_5_moe", "nvfp4", False), ("qwen3_5_moe", "bf16", True), ("qwen3_moe", "fp8_block", False)]
 
 
-@pytest.mark.parametrize("layout", LAYOUTS, ids=lambda l: "-".join(map(str, l)))
+@pytest.mark.parametrize("layout", LAYOUTS, ids=lambda case: "-".join(map(str, case)))
 @pytest.mark.parametrize("layers_of_slots", [1, 2])
 @pytest.mark.parametrize("kv_tokens", [40, None])  # attention inside the segment, or eager on a growing cache
 def test_segmented_steps_equal_the_plain_forward(tiny_checkpoint, layout, layers_of_slots, kv_tokens):

@@ -23,7 +23,7 @@ from app.pages.models import ModelsPage
 from app_fakes import FakeWorker
 from engine import hub
 from engine.testing.hub_server import API, Fault
-from hub_fixtures import GATED, SHARD1, SHARD2, TINY, TOKEN, fake_hub, hf_home  # noqa: F401
+from hub_fixtures import GATED, SHARD1, SHARD2, TINY, TOKEN
 
 TIMEOUT_MS = 15_000
 

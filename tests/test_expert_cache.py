@@ -133,7 +133,7 @@ def test_no_slots_is_refused():
 
 @pytest.mark.parametrize("layout", [("qwen3_5_moe", "nvfp4", False), ("qwen3_5_moe", "bf16", True),
                                     ("qwen3_moe", "fp8_block", False), ("qwen3_5_moe", "nvfp4_ct", False)],
-                         ids=lambda l: "-".join(map(str, l)))
+                         ids=lambda case: "-".join(map(str, case)))
 @pytest.mark.parametrize("layers_of_slots", [0.5, 1, 2])
 def test_cached_path_equals_the_reference(tiny_checkpoint, layout, layers_of_slots):
     """Prefill chunks (whole layers streamed when a block exists, rounds of fetches when not) and decode

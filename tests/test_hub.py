@@ -24,8 +24,7 @@ from engine.errors import CheckpointError
 from engine.loader import load_model
 from engine.runtime.planner import footprint_from_checkpoint
 from engine.runtime.tokenizer import ChatTokenizer
-from hub_fixtures import (GATED, NO_WEIGHTS, NOT_MOE, QWEN3, SHARD1, SHARD2, TINY, TOKEN, fake_hub,  # noqa: F401
-                          hf_home)
+from hub_fixtures import GATED, NO_WEIGHTS, NOT_MOE, QWEN3, SHARD1, SHARD2, TINY, TOKEN
 
 ENGINE_FILES = {"chat_template.jinja", "config.json", "generation_config.json", "hf_quant_config.json",
                 "model.safetensors.index.json", "tokenizer.json", "tokenizer_config.json", SHARD1, SHARD2}

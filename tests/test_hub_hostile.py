@@ -20,7 +20,7 @@ from engine import hub
 from engine.checkpoint import safetensors_file
 from engine.cli import main
 from engine.testing.hub_server import API, ANY, Fault
-from hub_fixtures import QWEN3, SHARD1, SHARD2, TINY, fake_hub, hf_home  # noqa: F401
+from hub_fixtures import QWEN3, SHARD1, SHARD2, TINY
 
 HOSTILE = "Org/Hostile"
 WAIT_S = 10.0  # how long a test waits for a thread or the fake Hub before calling it a hang

@@ -61,7 +61,13 @@ def reference_pair(tiny_checkpoint, tmp_path_factory):
     return get
 
 
-@pytest.mark.parametrize("layout", LAYOUTS, ids=lambda l: f"{l[0]}-{l[1]}-{'fused' if l[2] else 'split'}-{l[3]}")
+def layout_id(layout) -> str:
+    """Names a layout case for pytest: arch-format-fused/split-shards."""
+    arch, fmt, fused, shards = layout
+    return f"{arch}-{fmt}-{'fused' if fused else 'split'}-{shards}"
+
+
+@pytest.mark.parametrize("layout", LAYOUTS, ids=layout_id)
 def test_score_matches_transformers(layout, reference_pair):
     ours, theirs = reference_pair(layout)
     ids = _ids(150, seed=1)  # longer than one 64-token GDN chunk
@@ -71,7 +77,7 @@ def test_score_matches_transformers(layout, reference_pair):
     assert _relative_error(got, expected) <= RELATIVE_TOLERANCE
 
 
-@pytest.mark.parametrize("layout", LAYOUTS, ids=lambda l: f"{l[0]}-{l[1]}-{'fused' if l[2] else 'split'}-{l[3]}")
+@pytest.mark.parametrize("layout", LAYOUTS, ids=layout_id)
 def test_greedy_tokens_match_transformers(layout, reference_pair):
     ours, theirs = reference_pair(layout)
     prompt = _ids(20, seed=2)

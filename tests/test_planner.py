@@ -11,7 +11,7 @@ from engine.checkpoint import normalise_key
 from engine.checkpoint.formats import IGNORED_ROLES
 from engine.checkpoint.safetensors_file import SafetensorsFile
 from engine.runtime.planner import (
-    DEFAULT_RUNTIME_RESERVE_BYTES, GIB, MIB, PREFILL_CHUNK_MAX, PREFILL_CHUNK_MIN, REPLY_RESERVE_TOKENS, PlanError,
+    DEFAULT_RUNTIME_RESERVE_BYTES, GIB, MIB, PREFILL_CHUNK_MAX, REPLY_RESERVE_TOKENS, PlanError,
     footprint_from_checkpoint, footprint_from_synthetic, plan_memory, prefill_workspace, preset_budget_bytes,
     runtime_reserve_bytes,
 )
@@ -39,8 +39,12 @@ def _gib(n):
 # ---- footprints ----------------------------------------------------------------------------
 
 def test_qwen36_footprint_matches_hand_computed_sizes(qwen36):
-    nvfp4 = lambda out, inp: out * inp // 2 + out * inp // 16 + 4  # codes, fp8 block scales, fp32 global scale
-    fp8 = lambda out, inp: out * inp + 4  # fp8 weight, fp32 scale
+    def nvfp4(out, inp):  # codes, fp8 block scales, fp32 global scale
+        return out * inp // 2 + out * inp // 16 + 4
+
+    def fp8(out, inp):  # fp8 weight, fp32 scale
+        return out * inp + 4
+
     expert = 2 * nvfp4(512, 2048) + nvfp4(2048, 512)
     # a cache slot holds the runtime's record: gate and up joined with a float32 global scale per row, down
     # with one per row too (every tensor 64-byte aligned, which these sizes already are)

@@ -6,7 +6,7 @@ import torch
 from engine.checkpoint.formats import FP8_BLOCK, FP8_TENSOR, NVFP4, NVFP4_CT, StoredWeight
 from engine.testing.random_weights import random_tensors
 
-H, I, E = 256, 64, 8
+H, INTER, E = 256, 64, 8
 LAYOUT = {
     "model.language_model.embed_tokens.weight": ("BF16", (1000, H)),
     "model.language_model.layers.0.input_layernorm.weight": ("BF16", (H,)),
@@ -15,20 +15,20 @@ LAYOUT = {
     "model.language_model.layers.0.self_attn.q_proj.weight": ("F8_E4M3", (H, H)),
     "model.language_model.layers.0.self_attn.q_proj.weight_scale": ("F32", ()),
     "model.language_model.layers.0.self_attn.q_proj.input_scale": ("F32", ()),
-    "model.layers.0.mlp.shared_expert.up_proj.weight": ("F8_E4M3", (I, H)),
+    "model.layers.0.mlp.shared_expert.up_proj.weight": ("F8_E4M3", (INTER, H)),
     "model.layers.0.mlp.shared_expert.up_proj.weight_scale_inv": ("BF16", (1, 2)),
     "lm_head.weight": ("U8", (1000, H // 2)),
     "lm_head.weight_scale": ("F8_E4M3", (1000, H // 16)),
     "lm_head.weight_scale_2": ("F32", ()),
-    "model.layers.1.mlp.experts.0.down_proj.weight_packed": ("U8", (H, I // 2)),
-    "model.layers.1.mlp.experts.0.down_proj.weight_scale": ("F8_E4M3", (H, I // 16)),
+    "model.layers.1.mlp.experts.0.down_proj.weight_packed": ("U8", (H, INTER // 2)),
+    "model.layers.1.mlp.experts.0.down_proj.weight_scale": ("F8_E4M3", (H, INTER // 16)),
     "model.layers.1.mlp.experts.0.down_proj.weight_global_scale": ("F32", ()),
     "mtp.fc.weight": ("BF16", (H, 2 * H)),
     "model.visual.blocks.0.attn.qkv.weight": ("BF16", (48, 16)),
 }
 for e in range(E):
-    LAYOUT[f"model.language_model.layers.0.mlp.experts.{e}.gate_proj.weight"] = ("U8", (I, H // 2))
-    LAYOUT[f"model.language_model.layers.0.mlp.experts.{e}.gate_proj.weight_scale"] = ("F8_E4M3", (I, H // 16))
+    LAYOUT[f"model.language_model.layers.0.mlp.experts.{e}.gate_proj.weight"] = ("U8", (INTER, H // 2))
+    LAYOUT[f"model.language_model.layers.0.mlp.experts.{e}.gate_proj.weight_scale"] = ("F8_E4M3", (INTER, H // 16))
     LAYOUT[f"model.language_model.layers.0.mlp.experts.{e}.gate_proj.weight_scale_2"] = ("F32", ())
 
 

@@ -12,27 +12,13 @@ import sys
 
 import httpx
 import pytest
-from fake_openai_server import HANG, FakeOpenAI, FakeServer, chunk, free_port
+from fake_openai_server import HANG, chunk, free_port
 
 from app.remote_engine import (ConnectionProbe, RemoteClient, RemoteError, api_base, chat_messages, host_label,
                                probe, request_fields)
 from app.remote_store import RemoteEndpoint, RemoteStore
 
 KEY = "sk-secret-key-7f3a"
-
-
-@pytest.fixture(scope="module")
-def server():
-    running = FakeServer(FakeOpenAI())
-    yield running
-    running.stop()
-
-
-@pytest.fixture
-def fake(server):
-    """The module's server, answering as a fresh FakeOpenAI for this test."""
-    server.fake.__init__()
-    return server.fake
 
 
 class FakeClock:
@@ -78,17 +64,17 @@ def test_the_request_carries_the_chat_its_sampling_and_thinking():
                       "stop": ["END"], "seed": 3}
 
 
-def test_the_model_list_comes_from_v1_models_with_or_without_v1(server, fake):
-    fake.models = [{"id": "Qwen/Qwen3-30B-A3B", "owned_by": "sglang"}, {"id": "second"}, {"object": "junk"}]
+def test_the_model_list_comes_from_v1_models_with_or_without_v1(server, fake_api):
+    fake_api.models = [{"id": "Qwen/Qwen3-30B-A3B", "owned_by": "sglang"}, {"id": "second"}, {"object": "junk"}]
     for url in (server.url, server.url + "/v1", server.url + "/v1/"):
         assert run(probe(url)) == [{"id": "Qwen/Qwen3-30B-A3B", "owned_by": "sglang"},
                                    {"id": "second", "owned_by": ""}]
 
 
-def test_a_key_is_sent_as_a_bearer_token_and_a_refused_one_is_said(server, fake):
-    fake.api_key = KEY
+def test_a_key_is_sent_as_a_bearer_token_and_a_refused_one_is_said(server, fake_api):
+    fake_api.api_key = KEY
     assert run(probe(server.url, KEY))[0]["id"] == "fake/model"
-    assert fake.headers[-1]["authorization"] == f"Bearer {KEY}"
+    assert fake_api.headers[-1]["authorization"] == f"Bearer {KEY}"
     with pytest.raises(RemoteError) as caught:
         run(probe(server.url, "wrong"))
     assert caught.value.kind == "auth"
@@ -101,7 +87,7 @@ def test_a_key_is_sent_as_a_bearer_token_and_a_refused_one_is_said(server, fake)
     ("http://127.0.0.1:{free}", "refused", "refused the connection"),
     ("https://{host}", "tls", "secure connection"),  # TLS spoken to a plain-HTTP server
 ])
-def test_connection_failures_say_what_happened(server, fake, url, kind, words):
+def test_connection_failures_say_what_happened(server, fake_api, url, kind, words):
     url = url.format(server=server.url, free=free_port(), host=server.url.removeprefix("http://"))
     with pytest.raises(RemoteError) as caught:
         run(probe(url))
@@ -110,19 +96,19 @@ def test_connection_failures_say_what_happened(server, fake, url, kind, words):
     assert "Traceback" not in str(caught.value)
 
 
-def test_a_model_list_that_is_not_json_or_not_a_list_is_refused(server, fake):
-    fake.raw_models = b"<html>welcome to nginx</html>"
+def test_a_model_list_that_is_not_json_or_not_a_list_is_refused(server, fake_api):
+    fake_api.raw_models = b"<html>welcome to nginx</html>"
     with pytest.raises(RemoteError) as caught:
         run(probe(server.url))
     assert caught.value.kind == "bad_response" and "not JSON" in str(caught.value)
-    fake.raw_models = json.dumps({"models": []}).encode()
+    fake_api.raw_models = json.dumps({"models": []}).encode()
     with pytest.raises(RemoteError) as caught:
         run(probe(server.url))
     assert caught.value.kind == "bad_response" and "model list" in str(caught.value)
 
 
-def test_an_oversized_model_list_is_cut_off(server, fake):
-    fake.models = [{"id": f"model-{i}" * 20} for i in range(2000)]
+def test_an_oversized_model_list_is_cut_off(server, fake_api):
+    fake_api.models = [{"id": f"model-{i}" * 20} for i in range(2000)]
 
     async def listing():
         async with RemoteClient(server.url, max_models_bytes=16 * 1024) as client:
@@ -133,8 +119,8 @@ def test_an_oversized_model_list_is_cut_off(server, fake):
     assert caught.value.kind == "too_large"
 
 
-def test_a_stream_keeps_reasoning_apart_and_measures_its_tokens(server, fake):
-    fake.script = [chunk(reasoning="Let me "), chunk(reasoning="think."), chunk(content="The answer"),
+def test_a_stream_keeps_reasoning_apart_and_measures_its_tokens(server, fake_api):
+    fake_api.script = [chunk(reasoning="Let me "), chunk(reasoning="think."), chunk(content="The answer"),
                    ": keep-alive\n\n", chunk(content=" is 4."), chunk(finish="stop"),
                    chunk(usage={"prompt_tokens": 12, "completion_tokens": 9,
                                 "prompt_tokens_details": {"cached_tokens": 5}}), "data: [DONE]\n\n"]
@@ -155,13 +141,13 @@ def test_a_stream_keeps_reasoning_apart_and_measures_its_tokens(server, fake):
     assert stats["new_tokens"] == 9 and stats["prompt_tokens"] == 12 and stats["cached_tokens"] == 5
     assert stats["time_to_first_token_s"] == pytest.approx(1.0)
     assert stats["decode_tokens_per_s"] == pytest.approx(8 / 2.0)  # 8 tokens after the first, over 2 s
-    sent = fake.requests[-1]
+    sent = fake_api.requests[-1]
     assert sent["stream"] is True and sent["stream_options"] == {"include_usage": True}
     assert sent["chat_template_kwargs"] == {"enable_thinking": True} and sent["model"] == "fake/model"
 
 
-def test_reasoning_under_its_other_name_and_tokens_counted_without_usage(server, fake):
-    fake.script = [chunk(reasoning="hmm", reasoning_key="reasoning"), chunk(content="ok"),
+def test_reasoning_under_its_other_name_and_tokens_counted_without_usage(server, fake_api):
+    fake_api.script = [chunk(reasoning="hmm", reasoning_key="reasoning"), chunk(content="ok"),
                    chunk(finish="length"), "data: [DONE]\n\n"]
 
     async def talk():
@@ -181,8 +167,8 @@ def test_reasoning_under_its_other_name_and_tokens_counted_without_usage(server,
     ([chunk(content="ok"), f"data: {json.dumps({'error': {'message': 'CUDA out of memory'}})}\n\n"], "http",
      "CUDA out of memory"),
 ])
-def test_a_broken_stream_keeps_what_came_and_says_why(server, fake, script, kind, words):
-    fake.script = script
+def test_a_broken_stream_keeps_what_came_and_says_why(server, fake_api, script, kind, words):
+    fake_api.script = script
 
     async def talk():
         async with RemoteClient(server.url) as client:
@@ -197,8 +183,8 @@ def test_a_broken_stream_keeps_what_came_and_says_why(server, fake, script, kind
     assert stream.answer == "ok"
 
 
-def test_an_oversized_stream_is_cut_off(server, fake):
-    fake.script = [chunk(content="x" * 1000) for _ in range(100)] + [chunk(finish="stop")]
+def test_an_oversized_stream_is_cut_off(server, fake_api):
+    fake_api.script = [chunk(content="x" * 1000) for _ in range(100)] + [chunk(finish="stop")]
 
     async def talk():
         async with RemoteClient(server.url, max_stream_bytes=32 * 1024) as client:
@@ -209,7 +195,7 @@ def test_an_oversized_stream_is_cut_off(server, fake):
     assert caught.value.kind == "too_large" and "cut off" in str(caught.value)
 
 
-def test_an_unknown_model_is_the_server_s_own_words(server, fake):
+def test_an_unknown_model_is_the_server_s_own_words(server, fake_api):
     async def talk():
         transport = httpx.MockTransport(lambda request: httpx.Response(
             404, json={"error": {"message": "The model `nope` does not exist."}}))
@@ -260,8 +246,8 @@ def test_a_certificate_failure_is_a_tls_error():
     assert caught.value.kind == "tls" and "self-signed certificate" in str(caught.value)
 
 
-def test_cancelling_a_reply_closes_its_stream_at_once(server, fake):
-    fake.script = [chunk(content="first"), HANG]
+def test_cancelling_a_reply_closes_its_stream_at_once(server, fake_api):
+    fake_api.script = [chunk(content="first"), HANG]
 
     async def talk():
         async with RemoteClient(server.url) as client:
@@ -281,13 +267,13 @@ def test_cancelling_a_reply_closes_its_stream_at_once(server, fake):
 
     stream = run(talk())
     assert stream.answer == "first" and stream.stats("cancelled")["stop_reason"] == "cancelled"
-    assert fake.disconnected.wait(10), "the server never saw the client close the stream"
+    assert fake_api.disconnected.wait(10), "the server never saw the client close the stream"
 
 
-def test_the_key_never_reaches_the_log_or_a_message(server, fake, caplog):
+def test_the_key_never_reaches_the_log_or_a_message(server, fake_api, caplog):
     caplog.set_level(logging.DEBUG)
-    fake.api_key = KEY
-    fake.script = [chunk(content="fine"), chunk(finish="stop"), "data: [DONE]\n\n"]
+    fake_api.api_key = KEY
+    fake_api.script = [chunk(content="fine"), chunk(finish="stop"), "data: [DONE]\n\n"]
 
     async def talk():
         async with RemoteClient(server.url, KEY) as client:
@@ -302,7 +288,7 @@ def test_the_key_never_reaches_the_log_or_a_message(server, fake, caplog):
     assert KEY not in caplog.text and KEY not in str(caught.value) and KEY not in repr(endpoint)
 
 
-def test_a_connection_probe_answers_off_the_calling_thread(server, fake):
+def test_a_connection_probe_answers_off_the_calling_thread(server, fake_api):
     finished = ConnectionProbe(server.url)
     refused = ConnectionProbe(f"http://127.0.0.1:{free_port()}")
     for probe_run in (finished, refused):

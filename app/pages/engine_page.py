@@ -440,7 +440,7 @@ class EnginePage(QWidget):
             return
         why = self._reserve["gpu_status"] if self._reserve is not None else system_info.NO_GPU_TEXT
         shown = ("" if no_budget else
-                 f" The plan below is what a card of this budget would get, for when the model runs on a GPU.")
+                 " The plan below is what a card of this budget would get, for when the model runs on a GPU.")
         self.mode_label.setText(f"{CPU_MODE} No GPU is usable here ({why}), so the model runs on the CPU with "
                                 f"every weight in RAM.{shown}")
         self.mode_label.show()

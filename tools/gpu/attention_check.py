@@ -155,7 +155,7 @@ def main() -> int:
                     if mode == "auto":
                         traceback.print_exc()
                 print(rows[-1], flush=True)
-            del q, k, v, expected, exact
+            q = k = v = expected = exact = None  # frees this case's tensors before the next is made
     print("\n".join(["", *rows]))
     print(f"\n{failures} failing 'auto'/reference row(s); forced-backend rows are information "
           "(a forced backend over plan or with no kernel is not a failure)")
