@@ -1,7 +1,7 @@
 """Set up the project's virtual environment and run the app or the tests (Linux, macOS, Windows).
 
-    python dev.py app     # set up .venv and start MoE Desk
-    python dev.py test    # set up .venv and run the test suite (extra arguments go to pytest)
+python dev.py app     # set up .venv and start MoE Desk
+python dev.py test    # set up .venv and run the test suite (extra arguments go to pytest)
 """
 
 from __future__ import annotations
@@ -22,13 +22,22 @@ TORCH = "torch==2.13.0"
 QT_TEST_FILES = ("test_download_dialog.py", "test_storage_damage.py")
 # Debian/Ubuntu packages of the system libraries Qt's X11 platform plugin loads, which pip cannot install
 QT_SYSTEM_PACKAGES = {
-    "libxcb-cursor.so.0": "libxcb-cursor0", "libxkbcommon-x11.so.0": "libxkbcommon-x11-0",
-    "libxkbcommon.so.0": "libxkbcommon0", "libxcb-icccm.so.4": "libxcb-icccm4",
-    "libxcb-keysyms.so.1": "libxcb-keysyms1", "libxcb-shape.so.0": "libxcb-shape0",
-    "libxcb-image.so.0": "libxcb-image0", "libxcb-render-util.so.0": "libxcb-render-util0",
-    "libxcb-randr.so.0": "libxcb-randr0", "libxcb-xinerama.so.0": "libxcb-xinerama0",
-    "libxcb-xkb.so.1": "libxcb-xkb1", "libEGL.so.1": "libegl1", "libGL.so.1": "libgl1",
-    "libOpenGL.so.0": "libopengl0", "libfontconfig.so.1": "libfontconfig1", "libdbus-1.so.3": "libdbus-1-3",
+    "libxcb-cursor.so.0": "libxcb-cursor0",
+    "libxkbcommon-x11.so.0": "libxkbcommon-x11-0",
+    "libxkbcommon.so.0": "libxkbcommon0",
+    "libxcb-icccm.so.4": "libxcb-icccm4",
+    "libxcb-keysyms.so.1": "libxcb-keysyms1",
+    "libxcb-shape.so.0": "libxcb-shape0",
+    "libxcb-image.so.0": "libxcb-image0",
+    "libxcb-render-util.so.0": "libxcb-render-util0",
+    "libxcb-randr.so.0": "libxcb-randr0",
+    "libxcb-xinerama.so.0": "libxcb-xinerama0",
+    "libxcb-xkb.so.1": "libxcb-xkb1",
+    "libEGL.so.1": "libegl1",
+    "libGL.so.1": "libgl1",
+    "libOpenGL.so.0": "libopengl0",
+    "libfontconfig.so.1": "libfontconfig1",
+    "libdbus-1.so.3": "libdbus-1-3",
     "libX11-xcb.so.1": "libx11-xcb1",
 }
 
@@ -80,9 +89,17 @@ def check_qt_libraries() -> str | None:
     """On Linux, the message for missing libraries of Qt's X11 platform plugin, or None when all are there."""
     if not sys.platform.startswith("linux") or os.environ.get("QT_QPA_PLATFORM") or not shutil.which("ldd"):
         return None
-    where = subprocess.run([str(venv_python()), "-I", "-c", "import os, PySide6; print(os.path.join(os.path.dirname("
-                            "PySide6.__file__), 'Qt', 'plugins', 'platforms', 'libqxcb.so'))"],
-                           capture_output=True, text=True)
+    where = subprocess.run(
+        [
+            str(venv_python()),
+            "-I",
+            "-c",
+            "import os, PySide6; print(os.path.join(os.path.dirname("
+            "PySide6.__file__), 'Qt', 'plugins', 'platforms', 'libqxcb.so'))",
+        ],
+        capture_output=True,
+        text=True,
+    )
     plugin = where.stdout.strip()
     if where.returncode != 0 or not os.path.isfile(plugin):
         return None
@@ -108,8 +125,11 @@ def main(argv: list[str]) -> int:
         return run(venv_python(), "-m", "pytest", *rest, **env)
     # The app's tests run in a process of their own: with a QApplication left from them, the engine tests'
     # process crashed in Qt's event processing after a later test (2026-12-01, cause not found yet)
-    qt_tests = [str(p.relative_to(ROOT)) for p in sorted((ROOT / "tests").glob("test_*.py"))
-                if p.name.startswith("test_app_") or p.name in QT_TEST_FILES]
+    qt_tests = [
+        str(p.relative_to(ROOT))
+        for p in sorted((ROOT / "tests").glob("test_*.py"))
+        if p.name.startswith("test_app_") or p.name in QT_TEST_FILES
+    ]
     app = run(venv_python(), "-m", "pytest", *qt_tests, **env)
     engine = run(venv_python(), "-m", "pytest", *(f"--ignore={t}" for t in qt_tests), **env)
     return app or engine

@@ -22,8 +22,12 @@ SMOKE_PRESET = "4gb"
 def _parse(argv: list[str]) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="moedesk", description="MoE Desk: local MoE chat")
     parser.add_argument("--model", type=Path, help="model folder to load (default: the last one, or the demo model)")
-    parser.add_argument("--smoke-test", type=Path, metavar="OUT.png",
-                        help="open the window offscreen, ask the model one question, save a screenshot, exit")
+    parser.add_argument(
+        "--smoke-test",
+        type=Path,
+        metavar="OUT.png",
+        help="open the window offscreen, ask the model one question, save a screenshot, exit",
+    )
     return parser.parse_args(argv)
 
 

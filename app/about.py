@@ -56,21 +56,27 @@ def runtime_facts() -> dict:
     import torch
 
     usable, why = gpu_status()
-    return {"version": app_version(), "torch": torch.__version__, "cuda_build": torch.version.cuda,
-            "gpu_usable": usable, "gpu": why}
+    return {
+        "version": app_version(),
+        "torch": torch.__version__,
+        "cuda_build": torch.version.cuda,
+        "gpu_usable": usable,
+        "gpu": why,
+    }
 
 
 def about_html(facts: dict | None = None) -> str:
     facts = facts or runtime_facts()
     build = f"CUDA {facts['cuda_build']} build" if facts["cuda_build"] else "CPU-only build"
-    gpu = (f"GPU: {html.escape(facts['gpu'])}" if facts["gpu_usable"]
-           else f"CPU mode: {html.escape(facts['gpu'])}")
-    return (f"<h2>{APP_NAME}</h2>"
-            f"<p>Version {html.escape(facts['version'])}</p>"
-            f"<p>Frontier mixture-of-experts chat models on the graphics cards people already own.</p>"
-            f"<p>PyTorch {html.escape(facts['torch'])} ({build})<br>{gpu}</p>"
-            f"<p>Licence: <a href=\"{LICENCE_URL}\">{LICENCE}</a>. Built on PyTorch and Qt for Python "
-            f"(PySide6, LGPL-3.0).</p>")
+    gpu = f"GPU: {html.escape(facts['gpu'])}" if facts["gpu_usable"] else f"CPU mode: {html.escape(facts['gpu'])}"
+    return (
+        f"<h2>{APP_NAME}</h2>"
+        f"<p>Version {html.escape(facts['version'])}</p>"
+        f"<p>Frontier mixture-of-experts chat models on the graphics cards people already own.</p>"
+        f"<p>PyTorch {html.escape(facts['torch'])} ({build})<br>{gpu}</p>"
+        f'<p>Licence: <a href="{LICENCE_URL}">{LICENCE}</a>. Built on PyTorch and Qt for Python '
+        f"(PySide6, LGPL-3.0).</p>"
+    )
 
 
 class AboutDialog(QDialog):
@@ -102,8 +108,10 @@ def cpu_notice(settings) -> str | None:
     usable, why = gpu_status()
     if usable or settings.get("cpu_notice_seen") == why:
         return None
-    return (f"<b>MoE Desk is running in CPU mode</b>: {html.escape(why)}. Replies are computed on the "
-            f"processor: fine for the built-in demo model, slow for large models.")
+    return (
+        f"<b>MoE Desk is running in CPU mode</b>: {html.escape(why)}. Replies are computed on the "
+        f"processor: fine for the built-in demo model, slow for large models."
+    )
 
 
 def acknowledge_cpu_notice(settings) -> None:

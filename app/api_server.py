@@ -65,16 +65,20 @@ class ApiServer(QObject):
         self._close()
         port, key, lan = int(options["port"]), options.get("api_key") or None, bool(options.get("allow_lan"))
         if lan and key is None:
-            self.failed.emit("The API is off: letting other machines in needs an API key. Set a key in Settings → "
-                             "Local API, or turn off “Allow other machines”.")
+            self.failed.emit(
+                "The API is off: letting other machines in needs an API key. Set a key in Settings → "
+                "Local API, or turn off “Allow other machines”."
+            )
             return
         host = LAN_HOST if lan else LOOPBACK_HOST
         settings = ServerSettings(host, port, key, max_queue=0, prefix_cache_bytes=0, max_body_bytes=MAX_BODY_BYTES)
         try:
             http = listen(settings, self._current, log_level="warning")
         except RuntimeError:
-            message = (f"The API is off: {why_not_listening(host, port)}. Choose another port in Settings → Local "
-                       f"API (or close the program using it), then turn the API on again.")
+            message = (
+                f"The API is off: {why_not_listening(host, port)}. Choose another port in Settings → Local "
+                f"API (or close the program using it), then turn the API on again."
+            )
             self.log.emit("error", message)
             self.failed.emit(message)
             return
@@ -86,8 +90,9 @@ class ApiServer(QObject):
             http.stop()
             return
         where = "this machine and the network" if lan else "this machine only"
-        self.log.emit("info", f"local API serving at {base_url(http.port)} for {where}"
-                              f"{', key required' if key else ''}")
+        self.log.emit(
+            "info", f"local API serving at {base_url(http.port)} for {where}{', key required' if key else ''}"
+        )
         self.started.emit({"port": http.port, "base_url": base_url(http.port), "lan": lan})
 
     @Slot()

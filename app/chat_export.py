@@ -36,11 +36,19 @@ def _quoted(text: str) -> str:
 def to_json(store: ConversationStore, conversation_id: int) -> str:
     """Every branch as JSON: the chat's options, all messages with their parents, and which branch is shown."""
     conversation = store.conversation(conversation_id)
-    messages = [{key: m[key] for key in ("id", "parent_id", "role", "content", "reasoning", "stats", "created")}
-                for m in store.tree(conversation_id)]
-    document = {"format": EXPORT_FORMAT, "version": EXPORT_VERSION, "title": conversation["title"],
-                "system_prompt": conversation["system_prompt"], "enable_thinking": conversation["enable_thinking"],
-                "shown_leaf": store.leaf(conversation_id), "messages": messages}
+    messages = [
+        {key: m[key] for key in ("id", "parent_id", "role", "content", "reasoning", "stats", "created")}
+        for m in store.tree(conversation_id)
+    ]
+    document = {
+        "format": EXPORT_FORMAT,
+        "version": EXPORT_VERSION,
+        "title": conversation["title"],
+        "system_prompt": conversation["system_prompt"],
+        "enable_thinking": conversation["enable_thinking"],
+        "shown_leaf": store.leaf(conversation_id),
+        "messages": messages,
+    }
     return json.dumps(document, ensure_ascii=False, indent=2)
 
 
@@ -51,10 +59,12 @@ def from_json(store: ConversationStore, text: str) -> int:
     except ValueError as exc:
         raise ChatImportError(f"The file is not JSON ({exc}).") from None
     if not isinstance(document, dict) or document.get("format") != EXPORT_FORMAT:
-        raise ChatImportError("The file is not a chat exported by MoE Desk (its \"format\" field is missing).")
+        raise ChatImportError('The file is not a chat exported by MoE Desk (its "format" field is missing).')
     if document.get("version") != EXPORT_VERSION:
-        raise ChatImportError(f"The file is a version {document.get('version')!r} export; this app reads version "
-                           f"{EXPORT_VERSION}. Update the app to import it.")
+        raise ChatImportError(
+            f"The file is a version {document.get('version')!r} export; this app reads version "
+            f"{EXPORT_VERSION}. Update the app to import it."
+        )
     messages = document.get("messages")
     if not isinstance(messages, list) or not all(_valid_message(m) for m in messages):
         raise ChatImportError("The file's messages are damaged (each needs an id, a role and text).")
@@ -67,5 +77,11 @@ def from_json(store: ConversationStore, text: str) -> int:
 
 
 def _valid_message(m) -> bool:
-    return (isinstance(m, dict) and "id" in m and m.get("role") in SPEAKERS and isinstance(m.get("content", ""), str)
-            and isinstance(m.get("reasoning", ""), str) and isinstance(m.get("stats", {}), dict))
+    return (
+        isinstance(m, dict)
+        and "id" in m
+        and m.get("role") in SPEAKERS
+        and isinstance(m.get("content", ""), str)
+        and isinstance(m.get("reasoning", ""), str)
+        and isinstance(m.get("stats", {}), dict)
+    )

@@ -87,15 +87,23 @@ class DownloadWorker(QObject):
             if control.stopping:
                 raise hub.DownloadCancelled(request.get("models_dir") or "", control.stopping == "cancel")
             client = hub.Hub(request.get("endpoint") or None, None, bool(request.get("offline")))
-            plan = hub.plan_download(client, request["repo_id"], request.get("revision") or "main",
-                                     models_dir=request.get("models_dir") or None, control=control)
+            plan = hub.plan_download(
+                client,
+                request["repo_id"],
+                request.get("revision") or "main",
+                models_dir=request.get("models_dir") or None,
+                control=control,
+            )
             self.planned.emit(plan.to_dict())
             if not download:
                 return
             if control.stopping:
                 raise hub.DownloadCancelled(plan.folder, control.stopping == "cancel")
-            self.log.emit("info", f"downloading {plan.repo_id}@{plan.revision} ({plan.commit[:12]}) from "
-                                  f"{client.host} into {plan.folder}")
+            self.log.emit(
+                "info",
+                f"downloading {plan.repo_id}@{plan.revision} ({plan.commit[:12]}) from "
+                f"{client.host} into {plan.folder}",
+            )
             folder = hub.download(client, plan, lambda p: self.progress.emit(p.to_dict()), control)
             self.log.emit("info", f"downloaded {plan.repo_id} into {folder}")
             self.finished.emit(str(folder))
@@ -103,8 +111,12 @@ class DownloadWorker(QObject):
             self.log.emit("error", f"download: {exc}")
             self.failed.emit(exc.kind, str(exc))
         except hub.DownloadCancelled as exc:
-            self.log.emit("info", "download cancelled" if exc.discarded or exc.folder is None else
-                          f"download stopped; what arrived is kept in {exc.folder} and resumes next time")
+            self.log.emit(
+                "info",
+                "download cancelled"
+                if exc.discarded or exc.folder is None
+                else f"download stopped; what arrived is kept in {exc.folder} and resumes next time",
+            )
             self.cancelled.emit(exc.discarded)
         except Exception as exc:  # a bug must not take the app down; the log keeps the traceback
             self.log.emit("error", traceback.format_exc())

@@ -55,10 +55,14 @@ def context_advice(context: int, asked: int, model_max: int, plan_tokens: int | 
     if context >= model_max:
         return ""
     if plan_tokens is not None and context == plan_tokens and plan_tokens < asked:
-        return (f"the VRAM plan's KV cache holds {plan_tokens:,} tokens: a larger VRAM preset on the Engine page "
-                f"holds more (the model allows up to {model_max:,})")
-    return (f"raise the context size in Settings (now {asked:,}; the model allows up to {model_max:,}) and load "
-            f"the model again")
+        return (
+            f"the VRAM plan's KV cache holds {plan_tokens:,} tokens: a larger VRAM preset on the Engine page "
+            f"holds more (the model allows up to {model_max:,})"
+        )
+    return (
+        f"raise the context size in Settings (now {asked:,}; the model allows up to {model_max:,}) and load "
+        f"the model again"
+    )
 
 
 def _same_conversation(a: list[dict], b: list[dict]) -> bool:
@@ -71,7 +75,7 @@ def _start_turn(session, history: list, text: str, sampling):
     or a state an API request has used since)."""
     if _same_conversation(session.messages, history):
         return session.send(text, sampling)
-    if _same_conversation(session.messages[:len(history)], history) and session.can_edit(len(history)):
+    if _same_conversation(session.messages[: len(history)], history) and session.can_edit(len(history)):
         return session.edit(len(history), text, sampling)
     session.reset(history)
     return session.send(text, sampling)
@@ -137,8 +141,9 @@ class _WindowTurn:
         elif isinstance(event, TurnFinished):
             self.pending.flush()
             measures = worker._runtime_measures(self.session)
-            self._finish({"answer": event.answer, "reasoning": event.reasoning,
-                          "stats": {**event.stats.to_dict(), **measures}})
+            self._finish(
+                {"answer": event.answer, "reasoning": event.reasoning, "stats": {**event.stats.to_dict(), **measures}}
+            )
             worker._log_trial_choice(measures)
             worker._check_peak()
         else:
@@ -146,18 +151,32 @@ class _WindowTurn:
             if self.pending.add("reasoning" if isinstance(event, ReasoningDelta) else "answer", event.text):
                 self.pending.flush()
                 session = self.session
-                worker.progress.emit({"new_tokens": self.new_tokens, "decode_tokens_per_s": self.new_tokens / max(
-                    time.perf_counter() - self.started_at, 1e-9), "context_used": session.context_used,
-                    "context_tokens": session.context_tokens, **worker._runtime_measures(session)})
+                worker.progress.emit(
+                    {
+                        "new_tokens": self.new_tokens,
+                        "decode_tokens_per_s": self.new_tokens / max(time.perf_counter() - self.started_at, 1e-9),
+                        "context_used": session.context_used,
+                        "context_tokens": session.context_tokens,
+                        **worker._runtime_measures(session),
+                    }
+                )
 
     def _fail(self, exc: Exception) -> None:
         """Log `exc` with its traceback and end the reply with it, unless it has already ended."""
         self.pending.flush()
         self.worker.log.emit("error", "".join(traceback.format_exception(exc)))
         if not self.finished:
-            self._finish({"answer": "", "reasoning": "", "stats": {
-                "stop_reason": "error", "error": f"The reply failed: {exc}. Try a shorter prompt or a larger "
-                                                 f"preset; the log page has the details."}})
+            self._finish(
+                {
+                    "answer": "",
+                    "reasoning": "",
+                    "stats": {
+                        "stop_reason": "error",
+                        "error": f"The reply failed: {exc}. Try a shorter prompt or a larger "
+                        f"preset; the log page has the details.",
+                    },
+                }
+            )
 
     def _finish(self, result: dict) -> None:
         self.finished = True
@@ -221,8 +240,10 @@ class EngineWorker(QObject):
         except Exception as exc:  # a broken driver must not stop the app: its plans are then the estimate
             self.log.emit("error", traceback.format_exc())
             usable, status, found = False, f"the GPU could not be read ({exc})", reference_estimate()
-        self.log.emit("info" if found.measured or not usable else "warning",
-                      f"runtime reserve {found.reserve_bytes / 2**20:,.0f} MiB: {found.source}")
+        self.log.emit(
+            "info" if found.measured or not usable else "warning",
+            f"runtime reserve {found.reserve_bytes / 2**20:,.0f} MiB: {found.source}",
+        )
         self.reserveMeasured.emit(dict(found.to_dict(), gpu_usable=usable, gpu_status=status))
 
     @Slot(str, dict)
@@ -250,52 +271,77 @@ class EngineWorker(QObject):
             pin_gib = float(options.get("pin_budget_gib") or 0)
             backend = options.get("expert_backend") or "auto"
             try:
-                model = load_placed(Path(path), placement, int(pin_gib * 2**30) if pin_gib > 0 else None,
-                                    expert_backend=backend, cpu_threads=threads or None)
+                model = load_placed(
+                    Path(path),
+                    placement,
+                    int(pin_gib * 2**30) if pin_gib > 0 else None,
+                    expert_backend=backend,
+                    cpu_threads=threads or None,
+                )
             except ValueError as exc:  # the executor refuses settings it cannot run, e.g. a gpu backend too big
                 self.session = None
                 self.log.emit("error", str(exc))
-                self.loadFailed.emit(f"The model cannot run with the expert backend “{backend}”: {exc}.\nChoose "
-                                     f"another expert backend in Settings (Auto always fits), or a bigger VRAM "
-                                     f"preset on the Engine page.")
+                self.loadFailed.emit(
+                    f"The model cannot run with the expert backend “{backend}”: {exc}.\nChoose "
+                    f"another expert backend in Settings (Auto always fits), or a bigger VRAM "
+                    f"preset on the Engine page."
+                )
                 return
             tokenizer = ChatTokenizer.from_folder(Path(path))
             config = model.config
             asked = int(options.get("context_tokens") or DEFAULT_CONTEXT_TOKENS)
             plan_tokens = placement.plan.kv_tokens if placement.plan is not None else None
             context = min(asked, config.max_position_embeddings, plan_tokens or asked)
-            session_options = {"context_advice": context_advice(context, asked, config.max_position_embeddings,
-                                                                plan_tokens)}
+            session_options = {
+                "context_advice": context_advice(context, asked, config.max_position_embeddings, plan_tokens)
+            }
             if placement.plan is not None:  # the plan fixes the KV cache and the prefill chunk on the GPU
                 session_options["prefill_chunk_tokens"] = placement.plan.prefill_chunk_tokens
             snapshots = int(options.get("turn_snapshots") or DEFAULT_MAX_SNAPSHOTS)
-            self.session = session = ChatSession(model, tokenizer, context_tokens=context, max_snapshots=snapshots,
-                                                 **session_options)
+            self.session = session = ChatSession(
+                model, tokenizer, context_tokens=context, max_snapshots=snapshots, **session_options
+            )
             self.model_info = {
-                "name": Path(path).name, "path": str(path), "model_type": config.model_type,
+                "name": Path(path).name,
+                "path": str(path),
+                "model_type": config.model_type,
                 # named as the Models list names it (a text-only config's model_type differs)
                 "architecture": folder_architecture(Path(path)) or config.model_type,
-                "layers": config.num_hidden_layers, "experts": config.num_experts,
-                "experts_per_token": config.num_experts_per_tok, "vocab_size": config.vocab_size,
-                "context_tokens": context, "max_context_tokens": config.max_position_embeddings,
-                "context_asked_tokens": asked, "context_plan_tokens": plan_tokens,
+                "layers": config.num_hidden_layers,
+                "experts": config.num_experts,
+                "experts_per_token": config.num_experts_per_tok,
+                "vocab_size": config.vocab_size,
+                "context_tokens": context,
+                "max_context_tokens": config.max_position_embeddings,
+                "context_asked_tokens": asked,
+                "context_plan_tokens": plan_tokens,
                 "snapshot_bytes": self.session.snapshot_bytes,
                 # read here, off the GUI thread: the Engine page plans with it (an immutable value)
                 "footprint": footprint_from_checkpoint(Path(path)),
-                "placement": placement.to_dict(), **model.expert_executor.host_report,
+                "placement": placement.to_dict(),
+                **model.expert_executor.host_report,
             }
             pinned = self.model_info.get("pinned_expert_bytes")
             if pinned is not None:  # the pin budget's outcome is said, never silent
                 pageable = self.model_info["pageable_expert_bytes"]
-                self.log.emit("warning" if pageable else "info",
-                              f"expert records in host RAM: {pinned / 2**30:.2f} GiB pinned, {pageable / 2**30:.2f} GiB "
-                              f"pageable" + (" (over the pin budget: those copies run 3-4x slower; raise the pin "
-                                             "budget in Settings if RAM allows)" if pageable else ""))
+                self.log.emit(
+                    "warning" if pageable else "info",
+                    f"expert records in host RAM: {pinned / 2**30:.2f} GiB pinned, {pageable / 2**30:.2f} GiB "
+                    f"pageable"
+                    + (
+                        " (over the pin budget: those copies run 3-4x slower; raise the pin "
+                        "budget in Settings if RAM allows)"
+                        if pageable
+                        else ""
+                    ),
+                )
             self._log_backend(model.expert_executor.stats(), backend)
-            self.queue = EngineQueue(session, PrefixCache(API_PREFIX_CACHE_BYTES), max_queue=API_MAX_QUEUE,
-                                     on_change=self._on_queue_change)
-            self.server_context = ServerContext(self.queue, self.model_info["name"], tokenizer, session.sampling,
-                                                context, unix_now())
+            self.queue = EngineQueue(
+                session, PrefixCache(API_PREFIX_CACHE_BYTES), max_queue=API_MAX_QUEUE, on_change=self._on_queue_change
+            )
+            self.server_context = ServerContext(
+                self.queue, self.model_info["name"], tokenizer, session.sampling, context, unix_now()
+            )
             _freeze_long_lived()
             self.log.emit("info", f"loaded {path} in {time.perf_counter() - started:.1f} s")
             self.loaded.emit(dict(self.model_info))
@@ -330,14 +376,20 @@ class EngineWorker(QObject):
         trial = stats.get("expert_backend_trial")
         chosen = " (chosen by auto)" if requested == "auto" else ""
         timed = ", ".join(sorted(trial["step_seconds"])) if trial else ""
-        running = (f"auto: whichever of {timed} decodes fastest over the first tokens" if trial
-                   else stats["expert_backend"] + chosen)
+        running = (
+            f"auto: whichever of {timed} decodes fastest over the first tokens"
+            if trial
+            else stats["expert_backend"] + chosen
+        )
         measured = stats.get("calibration")
         pageable = measured.get("pageable_bytes_per_s") if measured else None
-        bandwidths = (f"; measured PCIe {measured['pcie_bytes_per_s'] / 1e9:.1f} GB/s"
-                      + (f" ({pageable / 1e9:.1f} GB/s from unpinned RAM)" if pageable else "")
-                      + f", CPU {measured['cpu_bytes_per_s'] / 1e9:.1f} GB/s with {measured['cpu_threads']} threads"
-                      if measured else "")
+        bandwidths = (
+            f"; measured PCIe {measured['pcie_bytes_per_s'] / 1e9:.1f} GB/s"
+            + (f" ({pageable / 1e9:.1f} GB/s from unpinned RAM)" if pageable else "")
+            + f", CPU {measured['cpu_bytes_per_s'] / 1e9:.1f} GB/s with {measured['cpu_threads']} threads"
+            if measured
+            else ""
+        )
         self.log.emit("info", f"expert backend: {running}{bandwidths}")
 
     def _log_trial_choice(self, stats: dict) -> None:
@@ -357,8 +409,12 @@ class EngineWorker(QObject):
 
         vram_gib = float(options.get("vram_gib") or 0)
         try:
-            return plan_placement(folder, options.get("preset") or "auto",
-                                  int(vram_gib * 2**30) if vram_gib > 0 else None, options.get("custom_plan"))
+            return plan_placement(
+                folder,
+                options.get("preset") or "auto",
+                int(vram_gib * 2**30) if vram_gib > 0 else None,
+                options.get("custom_plan"),
+            )
         except PlanError as exc:
             self.log.emit("warning", f"no VRAM plan fits, so the model runs on the CPU: {exc}")
             return Placement("cpu", torch.float32, None, f"CPU mode: no VRAM plan fits this model ({exc}).")
@@ -379,8 +435,13 @@ class EngineWorker(QObject):
 
         queue = self.queue
         if queue is None:
-            self.replyFinished.emit({"answer": "", "reasoning": "", "stats": {
-                "stop_reason": "error", "error": "No model is loaded. Open one on the Models page."}})
+            self.replyFinished.emit(
+                {
+                    "answer": "",
+                    "reasoning": "",
+                    "stats": {"stop_reason": "error", "error": "No model is loaded. Open one on the Models page."},
+                }
+            )
             return
         self.busyChanged.emit(True)
         turn = _WindowTurn(self, history, text, options)
@@ -397,8 +458,13 @@ class EngineWorker(QObject):
 
     def _on_queue_change(self, queue) -> None:
         """(queue thread) Say what the engine is doing, for the API-busy note and the server's stats."""
-        self.activity.emit({"api_busy": queue.busy_with_api, "requests_served": queue.requests_served,
-                            "last_request": dict(vars(queue.last))})
+        self.activity.emit(
+            {
+                "api_busy": queue.busy_with_api,
+                "requests_served": queue.requests_served,
+                "last_request": dict(vars(queue.last)),
+            }
+        )
 
     def _apply(self, session, options: dict) -> None:
         session.enable_thinking = bool(options.get("enable_thinking", True))
@@ -423,8 +489,11 @@ class EngineWorker(QObject):
 
         peak = torch.cuda.max_memory_reserved() + outside_allocator_bytes()
         if peak > plan["budget_bytes"]:
-            self.log.emit("warning", f"GPU memory peaked at {peak / 2**30:.2f} GiB, over the plan's "
-                                     f"{plan['budget_bytes'] / 2**30:.2f} GiB budget; please report this")
+            self.log.emit(
+                "warning",
+                f"GPU memory peaked at {peak / 2**30:.2f} GiB, over the plan's "
+                f"{plan['budget_bytes'] / 2**30:.2f} GiB budget; please report this",
+            )
 
     @staticmethod
     def _runtime_measures(session) -> dict:
@@ -432,6 +501,7 @@ class EngineWorker(QObject):
         measures = session.model.expert_executor.stats()
         if session.model.device.type == "cuda":
             from engine.runtime.vram import process_usage_bytes
+
             measures["vram_used_bytes"] = process_usage_bytes()
         return measures
 

@@ -16,16 +16,27 @@ class LibraryScan:
     def __init__(self, folders: list[str], downloads: Path):
         self.entries: list[dict] = []
         self._done = threading.Event()
-        threading.Thread(target=self._run, args=(list(folders), Path(downloads)), name="library scan",
-                         daemon=True).start()
+        threading.Thread(
+            target=self._run, args=(list(folders), Path(downloads)), name="library scan", daemon=True
+        ).start()
 
     def _run(self, folders: list[str], downloads: Path) -> None:
         try:
             self.entries = scan_library([Path(f) for f in folders], downloads=downloads)
         except Exception as exc:  # a scan must answer, or the page would wait for ever
-            self.entries = [{"name": "(scan failed)", "path": str(downloads), "source": "", "architecture": "",
-                             "format": "", "size_bytes": None, "fits": {}, "fit_errors": {},
-                             "error": f"the model folders could not be read ({exc}); check them and press Refresh"}]
+            self.entries = [
+                {
+                    "name": "(scan failed)",
+                    "path": str(downloads),
+                    "source": "",
+                    "architecture": "",
+                    "format": "",
+                    "size_bytes": None,
+                    "fits": {},
+                    "fit_errors": {},
+                    "error": f"the model folders could not be read ({exc}); check them and press Refresh",
+                }
+            ]
         self._done.set()
 
     def done(self) -> bool:

@@ -66,8 +66,10 @@ def judge(footprint, machine: Machine) -> MachineFit:
         try:
             plan = plan_memory(footprint, machine.vram_bytes, "auto")
             gpu_plan = True
-            gpu_note = (f"{machine.gpu_name or 'The GPU'} runs it with {plan.expert_cache_layers} expert-cache "
-                        f"layer(s); the embedding and the routed experts stay in RAM.")
+            gpu_note = (
+                f"{machine.gpu_name or 'The GPU'} runs it with {plan.expert_cache_layers} expert-cache "
+                f"layer(s); the embedding and the routed experts stay in RAM."
+            )
         except PlanError as exc:
             gpu_note = f"No plan fits {machine.gpu_name or 'the GPU'} ({exc}), so it would run in CPU mode."
     in_ram = footprint.embedding_bytes + footprint.routed_expert_bytes if gpu_plan else weights
@@ -76,8 +78,11 @@ def judge(footprint, machine: Machine) -> MachineFit:
 
 def judge_weights(weight_bytes: int, machine: Machine) -> MachineFit:
     """The fit from the weights' total alone (a Hub file list): they must fit in RAM and VRAM together."""
-    note = ("The GPU holds part of the weights; the routed experts stay in RAM." if machine.vram_bytes
-            else "CPU mode (no GPU): every weight is in RAM.")
+    note = (
+        "The GPU holds part of the weights; the routed experts stay in RAM."
+        if machine.vram_bytes
+        else "CPU mode (no GPU): every weight is in RAM."
+    )
     return _verdict(weight_bytes, weight_bytes if not machine.vram_bytes else None, machine, note, False)
 
 
@@ -85,23 +90,36 @@ def _verdict(weights: int, in_ram: int | None, machine: Machine, gpu_note: str, 
     """The verdict on `weights` bytes of which `in_ram` (None: unknown) must be in host RAM."""
     if not machine.ram_bytes:
         return MachineFit("unknown", SHORT["unknown"], f"This machine's RAM could not be read. {gpu_note}", gpu_plan)
-    need = (f"it needs ≈ {format_bytes(in_ram)} of RAM for its weights ({format_bytes(weights)} in all)"
-            if in_ram is not None else f"its weights take {format_bytes(weights)}")
+    need = (
+        f"it needs ≈ {format_bytes(in_ram)} of RAM for its weights ({format_bytes(weights)} in all)"
+        if in_ram is not None
+        else f"its weights take {format_bytes(weights)}"
+    )
     here = f"this machine has {machine.describe()}"
     disk = ""
     if machine.disk_free_bytes is not None and weights > machine.disk_free_bytes:
-        disk = (f" The disk has only {format_bytes(machine.disk_free_bytes)} free for the download: free some "
-                f"space or choose another download folder.")
+        disk = (
+            f" The disk has only {format_bytes(machine.disk_free_bytes)} free for the download: free some "
+            f"space or choose another download folder."
+        )
     if weights > machine.ram_bytes + machine.vram_bytes or (in_ram or 0) > machine.ram_bytes:
-        return MachineFit("too_big", SHORT["too_big"],
-                          f"Does not fit this machine: {need}, and {here}. Loading it would fail or swap for "
-                          f"minutes a token; choose a smaller format (NVFP4 or FP8) or a machine with more "
-                          f"memory. {gpu_note}{disk}", gpu_plan)
+        return MachineFit(
+            "too_big",
+            SHORT["too_big"],
+            f"Does not fit this machine: {need}, and {here}. Loading it would fail or swap for "
+            f"minutes a token; choose a smaller format (NVFP4 or FP8) or a machine with more "
+            f"memory. {gpu_note}{disk}",
+            gpu_plan,
+        )
     if (in_ram if in_ram is not None else weights) > TIGHT_SHARE * machine.ram_bytes:
-        return MachineFit("tight", SHORT["tight"],
-                          f"Tight: {need}, and {here}; close other programs before loading it, or it may swap. "
-                          f"{gpu_note}{disk}", gpu_plan)
+        return MachineFit(
+            "tight",
+            SHORT["tight"],
+            f"Tight: {need}, and {here}; close other programs before loading it, or it may swap. {gpu_note}{disk}",
+            gpu_plan,
+        )
     if disk:
-        return MachineFit("no_disk", SHORT["no_disk"], f"Fits in memory, but not on the disk: {need}; {here}."
-                          f"{disk}", gpu_plan)
+        return MachineFit(
+            "no_disk", SHORT["no_disk"], f"Fits in memory, but not on the disk: {need}; {here}.{disk}", gpu_plan
+        )
     return MachineFit("fits", SHORT["fits"], f"Fits: {need}; {here}. {gpu_note}", gpu_plan)

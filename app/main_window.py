@@ -9,8 +9,18 @@ from pathlib import Path
 
 from PySide6.QtCore import QByteArray, QRect, QSize, Qt, Signal
 from PySide6.QtGui import QGuiApplication, QKeySequence, QShortcut
-from PySide6.QtWidgets import (QApplication, QFrame, QHBoxLayout, QLabel, QListWidget, QMainWindow, QPushButton,
-                               QStackedWidget, QVBoxLayout, QWidget)
+from PySide6.QtWidgets import (
+    QApplication,
+    QFrame,
+    QHBoxLayout,
+    QLabel,
+    QListWidget,
+    QMainWindow,
+    QPushButton,
+    QStackedWidget,
+    QVBoxLayout,
+    QWidget,
+)
 
 from app.about import AboutDialog, acknowledge_cpu_notice, cpu_notice
 from app.api_server import start_api_server
@@ -46,8 +56,10 @@ def available_geometry() -> QRect:
 
 def first_window_size(available: QSize) -> QSize:
     """The size of a first window: the default, shrunk to SCREEN_SHARE of a smaller screen."""
-    return QSize(min(DEFAULT_WINDOW_SIZE.width(), int(available.width() * SCREEN_SHARE)),
-                 min(DEFAULT_WINDOW_SIZE.height(), int(available.height() * SCREEN_SHARE)))
+    return QSize(
+        min(DEFAULT_WINDOW_SIZE.width(), int(available.width() * SCREEN_SHARE)),
+        min(DEFAULT_WINDOW_SIZE.height(), int(available.height() * SCREEN_SHARE)),
+    )
 
 
 class MainWindow(QMainWindow):
@@ -208,8 +220,9 @@ class MainWindow(QMainWindow):
         """The pages under a banner saying why the app runs on the CPU, shown until acknowledged (once per reason)."""
         self.cpu_notice = QFrame()
         self.cpu_notice.setObjectName("cpuNotice")
-        self.cpu_notice.setStyleSheet("#cpuNotice { background: #fff4d6; border-bottom: 1px solid #e8c66a; }"
-                                      "#cpuNotice QLabel { color: #4a3b10; }")
+        self.cpu_notice.setStyleSheet(
+            "#cpuNotice { background: #fff4d6; border-bottom: 1px solid #e8c66a; }#cpuNotice QLabel { color: #4a3b10; }"
+        )
         self.cpu_notice_label = QLabel()
         self.cpu_notice_label.setWordWrap(True)
         dismiss = QPushButton("Got it")

@@ -24,8 +24,7 @@ from engine.runtime.planner import PlanError, footprint_from_checkpoint, plan_me
 SIZE_PRESETS = ("4gb", "8gb", "12gb")
 DEMO_SOURCE, FOLDER_SOURCE, HF_SOURCE, DOWNLOAD_SOURCE = "built-in", "your folder", "Hugging Face cache", "downloaded"
 HF_REPO_PREFIX = "models--"
-DTYPE_FORMATS = {"bfloat16": "bf16", "float16": "fp16", "float32": "fp32",
-                 "float8_e4m3fn": "fp8", "float8_e5m2": "fp8"}
+DTYPE_FORMATS = {"bfloat16": "bf16", "float16": "fp16", "float32": "fp32", "float8_e4m3fn": "fp8", "float8_e5m2": "fp8"}
 
 
 def default_hf_cache() -> Path:
@@ -105,7 +104,7 @@ def hf_snapshots(hub: Path) -> list[tuple[str, Path]]:
     for repo in repos:
         snapshot = _current_snapshot(repo)
         if snapshot is not None:
-            found.append((repo.name[len(HF_REPO_PREFIX):].replace("--", "/"), snapshot))
+            found.append((repo.name[len(HF_REPO_PREFIX) :].replace("--", "/"), snapshot))
     return found
 
 
@@ -130,10 +129,18 @@ def describe_model(folder: Path, source: str, name: str | None = None, machine: 
     {preset: bool}, fit_errors {preset: PlanError text}, machine_fit (how it fits `machine`: level, short, text;
     {} without a machine), error (str(CheckpointError), "" when usable)."""
     raw = _raw_config(folder)
-    entry = {"name": name or folder.name, "path": str(folder), "source": source,
-             "architecture": _architecture(raw), "format": weight_format(folder, raw) if raw else "",
-             "size_bytes": size_on_disk(folder) if raw is not None else None,
-             "fits": {}, "fit_errors": {}, "machine_fit": {}, "error": ""}
+    entry = {
+        "name": name or folder.name,
+        "path": str(folder),
+        "source": source,
+        "architecture": _architecture(raw),
+        "format": weight_format(folder, raw) if raw else "",
+        "size_bytes": size_on_disk(folder) if raw is not None else None,
+        "fits": {},
+        "fit_errors": {},
+        "machine_fit": {},
+        "error": "",
+    }
     try:
         footprint = footprint_from_checkpoint(folder)
     except CheckpointError as exc:
@@ -218,8 +225,11 @@ def _format_from_quant_config(quant: dict) -> str:
         if "nvfp4" in str(quant.get("format", "")):
             return "nvfp4"
         groups = quant.get("config_groups")
-        weights = [group.get("weights") for group in (groups.values() if isinstance(groups, dict) else ())
-                   if isinstance(group, dict)]
+        weights = [
+            group.get("weights")
+            for group in (groups.values() if isinstance(groups, dict) else ())
+            if isinstance(group, dict)
+        ]
         bits = {spec.get("num_bits") for spec in weights if isinstance(spec, dict)}
         return "nvfp4" if 4 in bits else "fp8"
     return method or ""
@@ -230,8 +240,11 @@ def _format_from_headers(folder: Path) -> str:
     bytes_by_dtype: dict[str, int] = {}
     try:
         index = folder / INDEX_FILE
-        names = (sorted(set(json.loads(index.read_text(encoding="utf-8"))["weight_map"].values()))
-                 if index.is_file() else sorted(p.name for p in folder.glob("*.safetensors")))
+        names = (
+            sorted(set(json.loads(index.read_text(encoding="utf-8"))["weight_map"].values()))
+            if index.is_file()
+            else sorted(p.name for p in folder.glob("*.safetensors"))
+        )
         for file_name in names:
             shard = SafetensorsFile(folder / file_name)
             for key in shard.keys():

@@ -36,9 +36,17 @@ SERVER_TEXT_CHARS = 300  # how much of a server's own error message is shown
 
 # the app's sampling overrides (engine.runtime.sampling.SamplingParams) as the request fields vLLM, SGLang and
 # llama-server read; top_k, min_p and repetition_penalty are their extensions to OpenAI's set
-SAMPLING_FIELDS = {"temperature": "temperature", "top_p": "top_p", "top_k": "top_k", "min_p": "min_p",
-                   "repetition_penalty": "repetition_penalty", "presence_penalty": "presence_penalty",
-                   "max_new_tokens": "max_tokens", "stop": "stop", "seed": "seed"}
+SAMPLING_FIELDS = {
+    "temperature": "temperature",
+    "top_p": "top_p",
+    "top_k": "top_k",
+    "min_p": "min_p",
+    "repetition_penalty": "repetition_penalty",
+    "presence_penalty": "presence_penalty",
+    "max_new_tokens": "max_tokens",
+    "stop": "stop",
+    "seed": "seed",
+}
 # OpenAI's finish_reason in the engine's words (engine.runtime.events.STOP_REASONS); others pass as sent
 STOP_REASONS = {"stop": "eos", "length": "length"}
 
@@ -63,8 +71,11 @@ def api_base(url: str) -> str:
     except ValueError:
         port_ok = False
     if parts.scheme not in ("http", "https") or not parts.hostname or not port_ok:
-        raise RemoteError("bad_url", f"“{url.strip()[:80]}” is not a server address. Type one like "
-                                     f"http://10.0.0.5:8000 or https://example.com/v1.")
+        raise RemoteError(
+            "bad_url",
+            f"“{url.strip()[:80]}” is not a server address. Type one like "
+            f"http://10.0.0.5:8000 or https://example.com/v1.",
+        )
     path = parts.path.rstrip("/")
     if not path.endswith("/v1"):
         path += "/v1"
@@ -157,17 +168,24 @@ class ChatStream:
         details = self.usage.get("prompt_tokens_details")
         cached = details.get("cached_tokens") if isinstance(details, dict) else None
         reason = stop_reason or STOP_REASONS.get(self.finish_reason, self.finish_reason) or "eos"
-        return {"stop_reason": reason, "new_tokens": tokens, "tokens_counted": "usage" if from_usage else "deltas",
-                "time_to_first_token_s": meter.time_to_first_token_s, "decode_tokens_per_s": meter.rate(tokens),
-                "prompt_tokens": prompt if isinstance(prompt, int) else None,
-                "cached_tokens": cached if isinstance(cached, int) else None, "error": None}
+        return {
+            "stop_reason": reason,
+            "new_tokens": tokens,
+            "tokens_counted": "usage" if from_usage else "deltas",
+            "time_to_first_token_s": meter.time_to_first_token_s,
+            "decode_tokens_per_s": meter.rate(tokens),
+            "prompt_tokens": prompt if isinstance(prompt, int) else None,
+            "cached_tokens": cached if isinstance(cached, int) else None,
+            "error": None,
+        }
 
     async def __aiter__(self) -> AsyncIterator[StreamDelta]:
         client = self.client
         self.meter = TokenMeter(client.clock(), client.clock)
         async with client.translated("chat/completions"):
-            async with client.http.stream("POST", client.url("chat/completions"), json=self.body,
-                                          timeout=client.timeout(REPLY_READ_TIMEOUT_S)) as response:
+            async with client.http.stream(
+                "POST", client.url("chat/completions"), json=self.body, timeout=client.timeout(REPLY_READ_TIMEOUT_S)
+            ) as response:
                 await client.check_status(response, "chat/completions")
                 if not response.headers.get("content-type", "").startswith("text/event-stream"):
                     # a server that ignores stream=true answers with the whole completion at once
@@ -186,8 +204,11 @@ class ChatStream:
     def _take(self, chunk, message_key: str) -> list[StreamDelta]:
         """The deltas in one chunk (or a whole completion), noting its finish reason and usage."""
         if not isinstance(chunk, dict):
-            raise RemoteError("bad_response", "The server's reply is not the JSON object an OpenAI-compatible "
-                                              "server sends. Check the address points at such a server.")
+            raise RemoteError(
+                "bad_response",
+                "The server's reply is not the JSON object an OpenAI-compatible "
+                "server sends. Check the address points at such a server.",
+            )
         if chunk.get("error") is not None:  # vLLM and SGLang report a failure mid-stream this way
             raise RemoteError("http", f"The server stopped the reply with an error: {_server_text(chunk)}.")
         if isinstance(chunk.get("usage"), dict):
@@ -215,17 +236,27 @@ class ChatStream:
 
     def _require_end(self) -> None:
         if self.finish_reason is None:
-            raise RemoteError("bad_response", "The server ended the stream before the reply ended (no finish "
-                                              "reason). It may have restarted or run out of memory; try again.")
+            raise RemoteError(
+                "bad_response",
+                "The server ended the stream before the reply ended (no finish "
+                "reason). It may have restarted or run out of memory; try again.",
+            )
 
 
 class RemoteClient:
     """An OpenAI-compatible server at `base_url` (with or without /v1), used as `async with RemoteClient(...)`.
     `transport` replaces the network (tests); `clock` times the stream."""
 
-    def __init__(self, base_url: str, api_key: str = "", *, transport: httpx.AsyncBaseTransport | None = None,
-                 max_models_bytes: int = MAX_MODELS_BYTES, max_stream_bytes: int = MAX_STREAM_BYTES,
-                 clock=time.perf_counter):
+    def __init__(
+        self,
+        base_url: str,
+        api_key: str = "",
+        *,
+        transport: httpx.AsyncBaseTransport | None = None,
+        max_models_bytes: int = MAX_MODELS_BYTES,
+        max_stream_bytes: int = MAX_STREAM_BYTES,
+        clock=time.perf_counter,
+    ):
         self.base = api_base(base_url)
         self.host = host_label(base_url)
         self.max_models_bytes, self.max_stream_bytes, self.clock = max_models_bytes, max_stream_bytes, clock
@@ -253,18 +284,29 @@ class RemoteClient:
                 listing = _json(await self.read_bounded(response, self.max_models_bytes), "models")
         entries = listing.get("data") if isinstance(listing, dict) else None
         if not isinstance(entries, list):
-            raise RemoteError("bad_response", f"{self.host} answered /v1/models without a model list (no “data” "
-                                              f"array). It does not look like an OpenAI-compatible server.")
-        models = [{"id": e["id"], "owned_by": e.get("owned_by") if isinstance(e.get("owned_by"), str) else ""}
-                  for e in entries if isinstance(e, dict) and isinstance(e.get("id"), str) and e["id"]]
+            raise RemoteError(
+                "bad_response",
+                f"{self.host} answered /v1/models without a model list (no “data” "
+                f"array). It does not look like an OpenAI-compatible server.",
+            )
+        models = [
+            {"id": e["id"], "owned_by": e.get("owned_by") if isinstance(e.get("owned_by"), str) else ""}
+            for e in entries
+            if isinstance(e, dict) and isinstance(e.get("id"), str) and e["id"]
+        ]
         if not models:
             raise RemoteError("bad_response", f"{self.host} lists no models. Load one on the server first.")
         return models
 
     def chat(self, model: str, messages: list[dict], fields: dict | None = None) -> ChatStream:
         """A streamed chat completion of `messages` by `model`; nothing is sent until it is iterated."""
-        body = {"model": model, "messages": messages, "stream": True, "stream_options": {"include_usage": True},
-                **(fields or {})}
+        body = {
+            "model": model,
+            "messages": messages,
+            "stream": True,
+            "stream_options": {"include_usage": True},
+            **(fields or {}),
+        }
         return ChatStream(self, body)
 
     # ---- reading responses -------------------------------------------------------------------------
@@ -280,14 +322,21 @@ class RemoteClient:
         code = response.status_code
         because = f" (it said: {said})" if said else ""
         if code in (401, 403):
-            raise RemoteError("auth", f"{self.host} refused the request (HTTP {code}): the key was refused{because}. "
-                                      f"Check the API key, or leave it empty for a server started without one.")
+            raise RemoteError(
+                "auth",
+                f"{self.host} refused the request (HTTP {code}): the key was refused{because}. "
+                f"Check the API key, or leave it empty for a server started without one.",
+            )
         if code == 404 and endpoint == "models":
-            raise RemoteError("not_found", f"There is no OpenAI-compatible API at this URL: {self.url('models')} "
-                                           f"answered HTTP 404. Check the address and port (the API is usually at "
-                                           f"http://HOST:PORT/v1).")
-        raise RemoteError("not_found" if code == 404 else "http",
-                          f"{self.host} answered /v1/{endpoint} with HTTP {code}{because}.")
+            raise RemoteError(
+                "not_found",
+                f"There is no OpenAI-compatible API at this URL: {self.url('models')} "
+                f"answered HTTP 404. Check the address and port (the API is usually at "
+                f"http://HOST:PORT/v1).",
+            )
+        raise RemoteError(
+            "not_found" if code == 404 else "http", f"{self.host} answered /v1/{endpoint} with HTTP {code}{because}."
+        )
 
     async def read_bounded(self, response: httpx.Response, limit: int) -> bytes:
         """The whole body, refusing one larger than `limit` bytes before it is all in memory."""
@@ -325,9 +374,12 @@ class RemoteClient:
             yield "\n".join(data)
 
     def _too_large(self, limit: int) -> RemoteError:
-        return RemoteError("too_large", f"{self.host} sent more than {limit / 2**20:.0f} MiB in one response, more "
-                                        f"than any reply needs; it was cut off. Check the address points at an "
-                                        f"OpenAI-compatible server.")
+        return RemoteError(
+            "too_large",
+            f"{self.host} sent more than {limit / 2**20:.0f} MiB in one response, more "
+            f"than any reply needs; it was cut off. Check the address points at an "
+            f"OpenAI-compatible server.",
+        )
 
     def translated(self, endpoint: str) -> _Translated:
         return _Translated(self, endpoint)
@@ -352,22 +404,36 @@ def network_error(exc: httpx.HTTPError, host: str, endpoint: str) -> RemoteError
     """The RemoteError for an httpx failure talking to `host`."""
     causes = _causes(exc)
     if any(isinstance(c, ssl.SSLError) for c in causes):
-        return RemoteError("tls", f"The secure connection to {host} failed ({_first_line(exc)}). If the server has "
-                                  f"no TLS, use http://; if it has a self-signed certificate, install it.")
+        return RemoteError(
+            "tls",
+            f"The secure connection to {host} failed ({_first_line(exc)}). If the server has "
+            f"no TLS, use http://; if it has a self-signed certificate, install it.",
+        )
     if isinstance(exc, httpx.TimeoutException):
         stage = "connecting" if isinstance(exc, (httpx.ConnectTimeout, httpx.PoolTimeout)) else "waiting for an answer"
-        return RemoteError("timeout", f"{host} did not answer in time ({stage}). Check the server is up and "
-                                      f"reachable from this computer (a firewall may drop the connection).")
+        return RemoteError(
+            "timeout",
+            f"{host} did not answer in time ({stage}). Check the server is up and "
+            f"reachable from this computer (a firewall may drop the connection).",
+        )
     if any(isinstance(c, ConnectionRefusedError) for c in causes) or "refused" in str(exc).lower():
-        return RemoteError("refused", f"{host} refused the connection: nothing listens there. Check the server is "
-                                      f"running, and the port; a server reached from another computer must listen "
-                                      f"on its network address (vLLM, SGLang: --host 0.0.0.0).")
+        return RemoteError(
+            "refused",
+            f"{host} refused the connection: nothing listens there. Check the server is "
+            f"running, and the port; a server reached from another computer must listen "
+            f"on its network address (vLLM, SGLang: --host 0.0.0.0).",
+        )
     if any(isinstance(c, socket.gaierror) for c in causes):
-        return RemoteError("not_found_host", f"The host name in {host} could not be found. Check its spelling, or "
-                                             f"use the server's IP address.")
+        return RemoteError(
+            "not_found_host",
+            f"The host name in {host} could not be found. Check its spelling, or use the server's IP address.",
+        )
     if isinstance(exc, (httpx.RemoteProtocolError, httpx.ReadError)):
-        return RemoteError("bad_response", f"{host} broke off /v1/{endpoint} ({_first_line(exc)}). The server may "
-                                           f"have restarted, or this address is not an HTTP server.")
+        return RemoteError(
+            "bad_response",
+            f"{host} broke off /v1/{endpoint} ({_first_line(exc)}). The server may "
+            f"have restarted, or this address is not an HTTP server.",
+        )
     return RemoteError("http", f"Talking to {host} failed: {_first_line(exc)}.")
 
 
@@ -390,8 +456,11 @@ def _json(data: bytes | str, where: str):
         return json.loads(data)
     except ValueError:
         shown = data[:80].decode("utf-8", errors="replace") if isinstance(data, bytes) else data[:80]
-        raise RemoteError("bad_response", f"The server's {where} answer is not JSON (it begins {shown!r}). Check "
-                                          f"the address points at an OpenAI-compatible API.") from None
+        raise RemoteError(
+            "bad_response",
+            f"The server's {where} answer is not JSON (it begins {shown!r}). Check "
+            f"the address points at an OpenAI-compatible API.",
+        ) from None
 
 
 def _server_text(body) -> str:

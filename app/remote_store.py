@@ -77,13 +77,16 @@ class RemoteStore:
                 raise TypeError("engines is not a list")
         except (OSError, ValueError, KeyError, TypeError) as exc:
             kept = keep_aside(self.path)
-            self._warn(f"the remote engines file {self.path} cannot be read ({type(exc).__name__}); it was kept as "
-                       f"{kept} and the list starts empty: add the remote engines again on the Models page")
+            self._warn(
+                f"the remote engines file {self.path} cannot be read ({type(exc).__name__}); it was kept as "
+                f"{kept} and the list starts empty: add the remote engines again on the Models page"
+            )
             return []
         endpoints = [e for e in map(_endpoint, entries) if e is not None]
         if len(endpoints) < len(entries):
-            self._warn(f"{len(entries) - len(endpoints)} entries of {self.path} are not remote engines and were "
-                       f"skipped")
+            self._warn(
+                f"{len(entries) - len(endpoints)} entries of {self.path} are not remote engines and were skipped"
+            )
         return endpoints
 
     def _warn(self, message: str) -> None:

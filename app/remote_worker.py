@@ -59,8 +59,16 @@ class RemoteWorker(QObject):
         """Answer `text` after `history` with the endpoint's model, streaming as the EngineWorker does."""
         endpoint = self._endpoint
         if endpoint is None:
-            self.replyFinished.emit({"answer": "", "reasoning": "", "stats": {
-                "stop_reason": "error", "error": "No remote engine is chosen. Choose one on the Models page."}})
+            self.replyFinished.emit(
+                {
+                    "answer": "",
+                    "reasoning": "",
+                    "stats": {
+                        "stop_reason": "error",
+                        "error": "No remote engine is chosen. Choose one on the Models page.",
+                    },
+                }
+            )
             return
         with self._lock:
             self._stopped = False
@@ -74,9 +82,17 @@ class RemoteWorker(QObject):
     @Slot(list, dict)
     def continue_reply(self, history: list, options: dict) -> None:
         """A remote engine's API has no way to go on with a reply: say so, keeping what the reply holds."""
-        self.replyFinished.emit({"answer": "", "reasoning": "", "stats": {
-            "stop_reason": "error", "error": "A remote engine cannot continue a reply (its API has no way to). "
-                                             "Regenerate it, or send “go on” to ask the model to carry on."}})
+        self.replyFinished.emit(
+            {
+                "answer": "",
+                "reasoning": "",
+                "stats": {
+                    "stop_reason": "error",
+                    "error": "A remote engine cannot continue a reply (its API has no way to). "
+                    "Regenerate it, or send “go on” to ask the model to carry on.",
+                },
+            }
+        )
 
     async def _reply(self, endpoint: dict, messages: list[dict], fields: dict) -> None:
         with self._lock:
@@ -96,8 +112,13 @@ class RemoteWorker(QObject):
                         pending.flush()
                         self.progress.emit({"new_tokens": delta.tokens, "decode_tokens_per_s": delta.tokens_per_s})
             pending.flush()
-            self.replyFinished.emit({"answer": stream.answer.strip(), "reasoning": stream.reasoning.strip(),
-                                     "stats": {**stream.stats(), "remote": remote}})
+            self.replyFinished.emit(
+                {
+                    "answer": stream.answer.strip(),
+                    "reasoning": stream.reasoning.strip(),
+                    "stats": {**stream.stats(), "remote": remote},
+                }
+            )
         except asyncio.CancelledError:
             pending.flush()
             self._finish_early(stream, remote, "cancelled")
@@ -108,8 +129,9 @@ class RemoteWorker(QObject):
         except Exception as exc:  # a bug must not take the app down; the log keeps the traceback
             pending.flush()
             self.log.emit("error", traceback.format_exc())
-            self._finish_early(stream, remote, "error", f"The remote reply failed unexpectedly: {exc!r}. The log "
-                                                        f"page has the details.")
+            self._finish_early(
+                stream, remote, "error", f"The remote reply failed unexpectedly: {exc!r}. The log page has the details."
+            )
         finally:
             with self._lock:
                 self._task = None
@@ -117,9 +139,13 @@ class RemoteWorker(QObject):
     def _finish_early(self, stream, remote: str, reason: str, error: str | None = None) -> None:
         """End a cancelled or failed reply with what streamed before it ended."""
         stats = stream.stats(reason) if stream is not None else {"stop_reason": reason}
-        self.replyFinished.emit({"answer": stream.answer.strip() if stream else "",
-                                 "reasoning": stream.reasoning.strip() if stream else "",
-                                 "stats": {**stats, "error": error, "remote": remote}})
+        self.replyFinished.emit(
+            {
+                "answer": stream.answer.strip() if stream else "",
+                "reasoning": stream.reasoning.strip() if stream else "",
+                "stats": {**stats, "error": error, "remote": remote},
+            }
+        )
 
 
 def start_remote_worker(client_factory=RemoteClient) -> tuple[RemoteWorker, QThread]:

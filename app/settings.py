@@ -21,8 +21,7 @@ log = logging.getLogger(__name__)
 
 DEFAULTS = {
     "preset": "auto",  # 4gb | 8gb | 12gb | auto | custom
-    "custom_plan": {"expert_cache_layers": 1, "prefill_overlap": False, "prefill_chunk_tokens": 256,
-                    "kv_tokens": 8192},
+    "custom_plan": {"expert_cache_layers": 1, "prefill_overlap": False, "prefill_chunk_tokens": 256, "kv_tokens": 8192},
     "vram_gib": 0.0,  # 0: the card's free memory (auto) or the preset's size
     "context_tokens": 8192,
     "sampling": {},  # overrides of the model's generation_config.json (temperature, top_p, ...)
@@ -62,14 +61,23 @@ def _whole(value, low: int, high: float = math.inf) -> bool:
 
 
 def _number(value, low: float = 0.0, high: float = math.inf) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value) \
+    return (
+        isinstance(value, (int, float))
+        and not isinstance(value, bool)
+        and math.isfinite(value)
         and low <= value <= high
+    )
 
 
 def _custom_plan(value) -> bool:
-    return (isinstance(value, dict) and set(value) == set(DEFAULTS["custom_plan"])
-            and _whole(value["expert_cache_layers"], 0) and isinstance(value["prefill_overlap"], bool)
-            and _whole(value["prefill_chunk_tokens"], 1) and _whole(value["kv_tokens"], 1))
+    return (
+        isinstance(value, dict)
+        and set(value) == set(DEFAULTS["custom_plan"])
+        and _whole(value["expert_cache_layers"], 0)
+        and isinstance(value["prefill_overlap"], bool)
+        and _whole(value["prefill_chunk_tokens"], 1)
+        and _whole(value["kv_tokens"], 1)
+    )
 
 
 def _sampling(value) -> bool:
@@ -80,7 +88,8 @@ def _sampling(value) -> bool:
     except (TypeError, ValueError):  # TypeError: text compared with a number
         return False
     return all(_number(v, -math.inf) for k, v in value.items() if k != "stop") and (
-        value.get("seed") is None or _whole(value["seed"], 0))
+        value.get("seed") is None or _whole(value["seed"], 0)
+    )
 
 
 def _strings(value) -> bool:
@@ -92,16 +101,20 @@ CHECKS = {
     "preset": (lambda v: v in PRESETS, f"one of {', '.join(PRESETS)}"),
     "custom_plan": (_custom_plan, f"a plan with the keys {', '.join(DEFAULTS['custom_plan'])}"),
     "vram_gib": (_number, "a number of GiB, 0 or more"),
-    "context_tokens": (lambda v: _whole(v, MIN_CONTEXT_TOKENS, MAX_CONTEXT_TOKENS),
-                       f"a whole number of tokens from {MIN_CONTEXT_TOKENS} to {MAX_CONTEXT_TOKENS}"),
+    "context_tokens": (
+        lambda v: _whole(v, MIN_CONTEXT_TOKENS, MAX_CONTEXT_TOKENS),
+        f"a whole number of tokens from {MIN_CONTEXT_TOKENS} to {MAX_CONTEXT_TOKENS}",
+    ),
     "sampling": (_sampling, "sampling settings the engine accepts"),
     "enable_thinking": (lambda v: isinstance(v, bool), "true or false"),
     "turn_snapshots": (lambda v: _whole(v, 1, MAX_TURN_SNAPSHOTS), f"a whole number from 1 to {MAX_TURN_SNAPSHOTS}"),
     "theme": (lambda v: v in THEME_NAMES, f"one of {', '.join(THEME_NAMES)}"),
     "model_folders": (_strings, "a list of folders"),
     "last_model": (lambda v: isinstance(v, str), "a folder"),
-    "cpu_threads": (lambda v: _whole(v, 0, max_cpu_threads()),
-                    "a whole number from 0 (physical cores) to this machine's thread count"),
+    "cpu_threads": (
+        lambda v: _whole(v, 0, max_cpu_threads()),
+        "a whole number from 0 (physical cores) to this machine's thread count",
+    ),
     "pin_budget_gib": (_number, "a number of GiB, 0 or more"),
     "expert_backend": (lambda v: v in BACKENDS, f"one of {', '.join(BACKENDS)}"),
     "hf_endpoint": (lambda v: isinstance(v, str), "an address"),
@@ -114,8 +127,10 @@ CHECKS = {
     "api_key": (lambda v: isinstance(v, str), "text"),
     "api_allow_lan": (lambda v: isinstance(v, bool), "true or false"),
     "window_geometry": (lambda v: isinstance(v, str), "saved window geometry"),
-    "chat_splitter": (lambda v: isinstance(v, list) and len(v) in (0, 2) and all(_whole(x, 0) for x in v),
-                      "two widths in pixels"),
+    "chat_splitter": (
+        lambda v: isinstance(v, list) and len(v) in (0, 2) and all(_whole(x, 0) for x in v),
+        "two widths in pixels",
+    ),
 }
 
 
@@ -126,9 +141,19 @@ def max_cpu_threads() -> int:
 
 def load_options(settings: "AppSettings") -> dict:
     """What the engine worker needs to open a model, from the settings."""
-    return {key: settings.get(key) for key in ("context_tokens", "cpu_threads", "preset", "vram_gib",
-                                               "custom_plan", "pin_budget_gib", "expert_backend",
-                                               "turn_snapshots")}
+    return {
+        key: settings.get(key)
+        for key in (
+            "context_tokens",
+            "cpu_threads",
+            "preset",
+            "vram_gib",
+            "custom_plan",
+            "pin_budget_gib",
+            "expert_backend",
+            "turn_snapshots",
+        )
+    }
 
 
 class AppSettings:
@@ -167,8 +192,10 @@ class AppSettings:
             return
         self._warned.add((key, str(raw)))
         found = "unreadable" if key in SECRET_SETTINGS else f"{raw!r:.80}"
-        message = (f"setting {key} in {self._store.fileName()} is {found}, not {allowed}; using the default "
-                   f"{json.dumps(DEFAULTS[key])} (change it on the Settings page to store a valid one)")
+        message = (
+            f"setting {key} in {self._store.fileName()} is {found}, not {allowed}; using the default "
+            f"{json.dumps(DEFAULTS[key])} (change it on the Settings page to store a valid one)"
+        )
         log.warning(message)
         self.warnings.append(message)
         if self._on_warning is not None:

@@ -142,8 +142,11 @@ class ConversationStore:
 
     def create(self, title: str = DEFAULT_TITLE, system_prompt: str = "", enable_thinking: bool = True) -> int:
         now = time.time()
-        return self._write("INSERT INTO conversations (title, system_prompt, enable_thinking, created, updated) "
-                           "VALUES (?, ?, ?, ?, ?)", (title, system_prompt, int(enable_thinking), now, now)).lastrowid
+        return self._write(
+            "INSERT INTO conversations (title, system_prompt, enable_thinking, created, updated) "
+            "VALUES (?, ?, ?, ?, ?)",
+            (title, system_prompt, int(enable_thinking), now, now),
+        ).lastrowid
 
     def conversations(self, search: str = "") -> list[dict]:
         """Newest first, deleted ones left out; `search` matches the title or any message text (any branch),
@@ -153,24 +156,33 @@ class ConversationStore:
             rows = self._db.execute(
                 "SELECT * FROM conversations WHERE hidden = 0 AND (title LIKE ? OR id IN "
                 "(SELECT conversation_id FROM messages WHERE hidden = 0 AND content LIKE ?)) "
-                "ORDER BY updated DESC, id DESC", (pattern, pattern))
+                "ORDER BY updated DESC, id DESC",
+                (pattern, pattern),
+            )
         else:
             rows = self._db.execute("SELECT * FROM conversations WHERE hidden = 0 ORDER BY updated DESC, id DESC")
         return [self._conversation(r) for r in rows]
 
     def conversation(self, conversation_id: int) -> dict | None:
         """The conversation's fields, or None when it does not exist or is deleted (waiting for its undo)."""
-        row = self._db.execute("SELECT * FROM conversations WHERE id = ? AND hidden = 0",
-                               (conversation_id,)).fetchone()
+        row = self._db.execute("SELECT * FROM conversations WHERE id = ? AND hidden = 0", (conversation_id,)).fetchone()
         return self._conversation(row) if row else None
 
     @staticmethod
     def _conversation(row: sqlite3.Row) -> dict:
-        return {"id": row["id"], "title": row["title"], "system_prompt": row["system_prompt"],
-                "enable_thinking": bool(row["enable_thinking"]), "draft": row["draft"], "updated": row["updated"]}
+        return {
+            "id": row["id"],
+            "title": row["title"],
+            "system_prompt": row["system_prompt"],
+            "enable_thinking": bool(row["enable_thinking"]),
+            "draft": row["draft"],
+            "updated": row["updated"],
+        }
 
     def rename(self, conversation_id: int, title: str) -> None:
-        self._write("UPDATE conversations SET title = ? WHERE id = ?", (title.strip() or DEFAULT_TITLE, conversation_id))
+        self._write(
+            "UPDATE conversations SET title = ? WHERE id = ?", (title.strip() or DEFAULT_TITLE, conversation_id)
+        )
 
     def delete(self, conversation_id: int) -> None:
         """Hide the conversation: restore() brings it back, purge_deleted() removes it for good."""
@@ -194,13 +206,15 @@ class ConversationStore:
             self._db.execute("DELETE FROM conversations WHERE hidden = 1")
             self._db.execute("DELETE FROM messages WHERE hidden = 1")
 
-    def set_options(self, conversation_id: int, *, system_prompt: str | None = None,
-                    enable_thinking: bool | None = None) -> None:
+    def set_options(
+        self, conversation_id: int, *, system_prompt: str | None = None, enable_thinking: bool | None = None
+    ) -> None:
         if system_prompt is not None:
             self._write("UPDATE conversations SET system_prompt = ? WHERE id = ?", (system_prompt, conversation_id))
         if enable_thinking is not None:
-            self._write("UPDATE conversations SET enable_thinking = ? WHERE id = ?",
-                        (int(enable_thinking), conversation_id))
+            self._write(
+                "UPDATE conversations SET enable_thinking = ? WHERE id = ?", (int(enable_thinking), conversation_id)
+            )
 
     def save_draft(self, conversation_id: int, text: str) -> None:
         self._write("UPDATE conversations SET draft = ? WHERE id = ?", (text, conversation_id))
@@ -210,16 +224,26 @@ class ConversationStore:
     def tree(self, conversation_id: int) -> list[dict]:
         """Every message of every branch (deleted ones and the turns after them left out), parents before
         children, with `parent_id`."""
-        rows = self._db.execute("SELECT * FROM messages WHERE conversation_id = ? ORDER BY position, id",
-                                (conversation_id,))
+        rows = self._db.execute(
+            "SELECT * FROM messages WHERE conversation_id = ? ORDER BY position, id", (conversation_id,)
+        )
         kept: set = set()
         tree = []
         for r in rows.fetchall():
             if not r["hidden"] and (r["parent_id"] is None or r["parent_id"] in kept):
                 kept.add(r["id"])
-                tree.append({"id": r["id"], "parent_id": r["parent_id"], "role": r["role"], "content": r["content"],
-                             "reasoning": r["reasoning"], "stats": _stats(r["stats"], r["id"]),
-                             "created": r["created"], "active_child": r["active_child"]})
+                tree.append(
+                    {
+                        "id": r["id"],
+                        "parent_id": r["parent_id"],
+                        "role": r["role"],
+                        "content": r["content"],
+                        "reasoning": r["reasoning"],
+                        "stats": _stats(r["stats"], r["id"]),
+                        "created": r["created"],
+                        "active_child": r["active_child"],
+                    }
+                )
         return tree
 
     def leaf(self, conversation_id: int) -> int | None:
@@ -232,8 +256,15 @@ class ConversationStore:
         of how many (`versions`)."""
         return _branch(self.tree(conversation_id), self.leaf(conversation_id))
 
-    def add_message(self, conversation_id: int, role: str, content: str = "", reasoning: str = "",
-                    stats: dict | None = None, parent_id=AFTER_SHOWN) -> int:
+    def add_message(
+        self,
+        conversation_id: int,
+        role: str,
+        content: str = "",
+        reasoning: str = "",
+        stats: dict | None = None,
+        parent_id=AFTER_SHOWN,
+    ) -> int:
         """A new message under `parent_id` (None: a new root; default: after the shown branch's last message);
         the branch through it becomes the shown one."""
         now = time.time()
@@ -242,20 +273,24 @@ class ConversationStore:
             self._db.execute("BEGIN IMMEDIATE")
             if parent_id is AFTER_SHOWN:
                 parent_id = self.leaf(conversation_id)
-            parent = (self._db.execute("SELECT position FROM messages WHERE id = ?", (parent_id,)).fetchone()
-                      if parent_id is not None else None)
+            parent = (
+                self._db.execute("SELECT position FROM messages WHERE id = ?", (parent_id,)).fetchone()
+                if parent_id is not None
+                else None
+            )
             position = parent["position"] + 1 if parent else 0
             self._db.execute("UPDATE conversations SET updated = ? WHERE id = ?", (now, conversation_id))
             message_id = self._db.execute(
                 "INSERT INTO messages (conversation_id, position, role, content, reasoning, stats, created, "
                 "parent_id) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
-                (conversation_id, position, role, content, reasoning, json.dumps(stats or {}), now,
-                 parent_id)).lastrowid
+                (conversation_id, position, role, content, reasoning, json.dumps(stats or {}), now, parent_id),
+            ).lastrowid
             self._show(conversation_id, message_id)
             return message_id
 
-    def update_message(self, message_id: int, *, content: str | None = None, reasoning: str | None = None,
-                       stats: dict | None = None) -> None:
+    def update_message(
+        self, message_id: int, *, content: str | None = None, reasoning: str | None = None, stats: dict | None = None
+    ) -> None:
         fields = {"content": content, "reasoning": reasoning, "stats": None if stats is None else json.dumps(stats)}
         for column, value in fields.items():
             if value is not None:
@@ -309,14 +344,22 @@ class ConversationStore:
     def import_tree(self, conversation: dict, messages: list[dict], shown_leaf: int | None) -> int:
         """A new conversation holding `messages` (export ids in `id`/`parent_id`, parents first); `shown_leaf` (an
         export id) is the branch shown. Returns the new conversation's id."""
-        conversation_id = self.create(conversation.get("title") or DEFAULT_TITLE,
-                                      conversation.get("system_prompt") or "",
-                                      bool(conversation.get("enable_thinking", True)))
+        conversation_id = self.create(
+            conversation.get("title") or DEFAULT_TITLE,
+            conversation.get("system_prompt") or "",
+            bool(conversation.get("enable_thinking", True)),
+        )
         new_ids: dict = {}
         for m in messages:
             parent = new_ids[m["parent_id"]] if m.get("parent_id") is not None else None
-            new_ids[m["id"]] = self.add_message(conversation_id, m["role"], m.get("content") or "",
-                                                m.get("reasoning") or "", m.get("stats") or {}, parent_id=parent)
+            new_ids[m["id"]] = self.add_message(
+                conversation_id,
+                m["role"],
+                m.get("content") or "",
+                m.get("reasoning") or "",
+                m.get("stats") or {},
+                parent_id=parent,
+            )
         with self._db:
             self._show(conversation_id, new_ids.get(shown_leaf))
         return conversation_id
@@ -351,9 +394,18 @@ def _branch(tree: list[dict], leaf_id: int | None) -> list[dict]:
     node = by_id.get(leaf_id)
     while node is not None:
         siblings = counts[node["parent_id"]]
-        path.append({"id": node["id"], "parent_id": node["parent_id"], "role": node["role"],
-                     "content": node["content"], "reasoning": node["reasoning"], "stats": node["stats"],
-                     "version": siblings.index(node["id"]) + 1, "versions": len(siblings)})
+        path.append(
+            {
+                "id": node["id"],
+                "parent_id": node["parent_id"],
+                "role": node["role"],
+                "content": node["content"],
+                "reasoning": node["reasoning"],
+                "stats": node["stats"],
+                "version": siblings.index(node["id"]) + 1,
+                "versions": len(siblings),
+            }
+        )
         node = by_id.get(node["parent_id"])
     return path[::-1]
 

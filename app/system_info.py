@@ -14,7 +14,7 @@ import shutil
 import sys
 from pathlib import Path
 
-GIB, MIB, KIB = 2 ** 30, 2 ** 20, 2 ** 10
+GIB, MIB, KIB = 2**30, 2**20, 2**10
 NO_GPU_TEXT = "no NVIDIA GPU: CPU mode"
 
 
@@ -61,8 +61,12 @@ def _gpu_from_nvml() -> dict | None:
     except Exception:  # the driver went away (GPU reset): report no GPU until it is back
         return None
     name = name.decode() if isinstance(name, bytes) else str(name)
-    return {"name": name, "total_bytes": int(memory.total), "used_bytes": int(memory.used),
-            "free_bytes": int(memory.free)}
+    return {
+        "name": name,
+        "total_bytes": int(memory.total),
+        "used_bytes": int(memory.used),
+        "free_bytes": int(memory.free),
+    }
 
 
 def _gpu_from_torch() -> dict | None:

@@ -32,9 +32,12 @@ from engine.synthetic import SYNTHETIC_MODELS
 from engine.testing.random_weights import random_tensors
 
 MODEL_ROUTING = "model"  # the random routers decide
-ROUTING_NOTES = {MODEL_ROUTING: "routing by the random routers: random weights route however their numbers fall, "
-                                "so expert-cache hit rates say nothing of a real model; force a routing with "
-                                "--routing uniform|locality", **ROUTING_NOTES}
+ROUTING_NOTES = {
+    MODEL_ROUTING: "routing by the random routers: random weights route however their numbers fall, "
+    "so expert-cache hit rates say nothing of a real model; force a routing with "
+    "--routing uniform|locality",
+    **ROUTING_NOTES,
+}
 DEFAULT_PREFILL_CHUNK = 512  # without a plan (CPU runs)
 BANDWIDTH_PROBE_BYTES = 256 * 2**20
 HF_BASELINE_TOKENS = 128  # the baseline's prompt at most (its decode takes seconds a token)
@@ -43,9 +46,17 @@ HF_BASELINE_TOKENS = 128  # the baseline's prompt at most (its decode takes seco
 HF_GPU_SHARE = 0.9
 
 
-def build_random_model(name: str, device: str, dtype: torch.dtype, expert_cache_slots: int | None,
-                       pin_budget_bytes: int | None = None, expert_backend: str = "offload",
-                       cpu_threads: int | None = None, seed: int = 0, link: LinkLimit | None = None) -> CausalLM:
+def build_random_model(
+    name: str,
+    device: str,
+    dtype: torch.dtype,
+    expert_cache_slots: int | None,
+    pin_budget_bytes: int | None = None,
+    expert_backend: str = "offload",
+    cpu_threads: int | None = None,
+    seed: int = 0,
+    link: LinkLimit | None = None,
+) -> CausalLM:
     """The synthetic model `name` in its real checkpoint layout, with honest random weights, in memory; `link`:
     its expert copies held to an emulated link (engine/experts/link.py)."""
     synthetic = SYNTHETIC_MODELS[name]
@@ -77,15 +88,17 @@ def host_to_device_bandwidth(pinned: bool) -> float:
 
 def link_note(link: LinkLimit, pageable: bool) -> str:
     """What `--link-gbps` emulated, and how, for the result's notes."""
-    return (f"host->GPU expert copies held to {link.bytes_per_s / 1e9:g} GB/s ({'pageable' if pageable else 'pinned'} "
-            f"records): the copies still happen at this machine's speed, then a GPU kernel on the copies' own "
-            f"stream spins on the GPU's global timer until the run of copies began plus its bytes at that rate, "
-            f"so whatever waits for them waits as on such a link (pageable copies keep the host waiting too); "
-            f"decode steps stay captured as CUDA graphs, the hold after each in-graph gather counting the step's "
-            f"misses on the device. Not held: the CPU expert path (cpu, hybrid: host RAM, no link) and the few KB "
-            f"of activations and slot tables a layer, and the transformers + accelerate baseline's copies; link "
-            f"latency is not emulated, only its rate. The split's calibration, the PCIe bounds and the decode "
-            f"ceilings use the held rate")
+    return (
+        f"host->GPU expert copies held to {link.bytes_per_s / 1e9:g} GB/s ({'pageable' if pageable else 'pinned'} "
+        f"records): the copies still happen at this machine's speed, then a GPU kernel on the copies' own "
+        f"stream spins on the GPU's global timer until the run of copies began plus its bytes at that rate, "
+        f"so whatever waits for them waits as on such a link (pageable copies keep the host waiting too); "
+        f"decode steps stay captured as CUDA graphs, the hold after each in-graph gather counting the step's "
+        f"misses on the device. Not held: the CPU expert path (cpu, hybrid: host RAM, no link) and the few KB "
+        f"of activations and slot tables a layer, and the transformers + accelerate baseline's copies; link "
+        f"latency is not emulated, only its rate. The split's calibration, the PCIe bounds and the decode "
+        f"ceilings use the held rate"
+    )
 
 
 def _host_peak_memory() -> dict:
@@ -97,9 +110,18 @@ def _host_peak_memory() -> dict:
     return {"peak_process_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * scale}
 
 
-def measure(model: CausalLM, device: str, prompt_tokens: int, decode_tokens: int, chunk: int, seed: int,
-            kv_tokens: int | None = None, backends: list[str] | None = None, decode_inputs: str = "greedy",
-            routing: ForcedRouting | None = None) -> dict:
+def measure(
+    model: CausalLM,
+    device: str,
+    prompt_tokens: int,
+    decode_tokens: int,
+    chunk: int,
+    seed: int,
+    kv_tokens: int | None = None,
+    backends: list[str] | None = None,
+    decode_inputs: str = "greedy",
+    routing: ForcedRouting | None = None,
+) -> dict:
     """Prefill a random prompt in chunks, then decode; speeds, time to first token and cache traffic.
     `kv_tokens`: the plan's KV cache, allocated whole as the app would (default: just enough). `backends`:
     decode `decode_tokens` with each expert backend in turn (engine/experts/backend.py), one after the other on
@@ -122,14 +144,19 @@ def measure(model: CausalLM, device: str, prompt_tokens: int, decode_tokens: int
     _sync(device)
     started = time.perf_counter()
     for begin in range(0, prompt_tokens, chunk):
-        logits = model.forward(prompt[begin:begin + chunk], state)
+        logits = model.forward(prompt[begin : begin + chunk], state)
     token = int(logits.argmax())
     _sync(device)
     first_token = time.perf_counter()
-    row = {"prompt_tokens": prompt_tokens, "decode_tokens": decode_tokens, "decode_inputs": decode_inputs,
-           "routing": routing.mode if routing is not None else MODEL_ROUTING, "prefill_chunk_tokens": chunk,
-           "time_to_first_token_s": first_token - started,
-           "prefill_tokens_per_s": prompt_tokens / (first_token - started)}
+    row = {
+        "prompt_tokens": prompt_tokens,
+        "decode_tokens": decode_tokens,
+        "decode_inputs": decode_inputs,
+        "routing": routing.mode if routing is not None else MODEL_ROUTING,
+        "prefill_chunk_tokens": chunk,
+        "time_to_first_token_s": first_token - started,
+        "prefill_tokens_per_s": prompt_tokens / (first_token - started),
+    }
     row.update(_traffic("prefill", before, executor.stats()))
     by_backend = {}
     for backend in (backends or [None]) if decode_tokens else []:
@@ -150,8 +177,10 @@ def measure(model: CausalLM, device: str, prompt_tokens: int, decode_tokens: int
         _sync(device)
         seconds = time.perf_counter() - began
         end = executor.stats()
-        decode = {"decode_tokens_per_s": decode_tokens / seconds if decode_tokens else 0.0,
-                  **_traffic("decode", start, end)}
+        decode = {
+            "decode_tokens_per_s": decode_tokens / seconds if decode_tokens else 0.0,
+            **_traffic("decode", start, end),
+        }
         if "cpu_expert_calls" in end:
             cpu = end["cpu_expert_calls"] - start["cpu_expert_calls"]
             gpu = end["expert_calls"] - start["expert_calls"]
@@ -173,8 +202,10 @@ def _traffic(phase: str, start: dict, end: dict) -> dict:
         return {}
     hits = end["expert_cache_hits"] - start["expert_cache_hits"]
     misses = end["expert_cache_misses"] - start["expert_cache_misses"]
-    return {f"{phase}_expert_cache_hit_rate": hits / (hits + misses) if hits + misses else 0.0,
-            f"{phase}_expert_bytes_copied": end["expert_bytes_copied"] - start["expert_bytes_copied"]}
+    return {
+        f"{phase}_expert_cache_hit_rate": hits / (hits + misses) if hits + misses else 0.0,
+        f"{phase}_expert_bytes_copied": end["expert_bytes_copied"] - start["expert_bytes_copied"],
+    }
 
 
 def _bounds(row: dict, bandwidth: float, expert_bytes: int) -> dict:
@@ -182,8 +213,10 @@ def _bounds(row: dict, bandwidth: float, expert_bytes: int) -> dict:
     each prefill chunk streams every MoE layer's experts once; a decode token streams what it missed."""
     chunks = -(-row["prompt_tokens"] // row["prefill_chunk_tokens"])
     prefill_bound = row["prompt_tokens"] / (chunks * expert_bytes / bandwidth)
-    bounds = {"prefill_pcie_bound_tokens_per_s": prefill_bound,
-              "prefill_vs_bound": row["prefill_tokens_per_s"] / prefill_bound}
+    bounds = {
+        "prefill_pcie_bound_tokens_per_s": prefill_bound,
+        "prefill_vs_bound": row["prefill_tokens_per_s"] / prefill_bound,
+    }
     bounds.update(_decode_bound(row, bandwidth))
     for decode in row.get("decode_by_backend", {}).values():
         decode.update(_decode_bound({**decode, "decode_tokens": row["decode_tokens"]}, bandwidth))
@@ -199,8 +232,13 @@ def _decode_bound(decode: dict, bandwidth: float) -> dict:
     return {"decode_pcie_bound_tokens_per_s": bound, "decode_vs_bound": decode["decode_tokens_per_s"] / bound}
 
 
-def decode_ceiling(miss_bytes_per_token: float, gpu_step_seconds: float, pcie_bytes_per_s: float,
-                   cpu_bytes_per_s: float | None, backend: str) -> float:
+def decode_ceiling(
+    miss_bytes_per_token: float,
+    gpu_step_seconds: float,
+    pcie_bytes_per_s: float,
+    cpu_bytes_per_s: float | None,
+    backend: str,
+) -> float:
     """The fastest decode (tokens/s) the hardware allows a backend: a token's missed expert bytes cross PCIe
     (offload), are read by the CPU (cpu) or both at once (hybrid), beside the GPU's own step; whichever of the
     two takes longer sets the pace (an upper bound: they could at best overlap fully)."""
@@ -208,8 +246,7 @@ def decode_ceiling(miss_bytes_per_token: float, gpu_step_seconds: float, pcie_by
     return 1.0 / max(gpu_step_seconds, transfer)
 
 
-def _add_ceilings(result: dict, record_bytes: int, moe_layers: int, top_k: int,
-                  gpu_step: float | None = None) -> None:
+def _add_ceilings(result: dict, record_bytes: int, moe_layers: int, top_k: int, gpu_step: float | None = None) -> None:
     """Each decode of the run against its combined ceiling, where a `fixed` row measured the GPU's own step
     (or `gpu_step`, seconds measured by another run, where this one's cache cannot hold a fixed routing)."""
     fixed = [r for r in result["runs"] if r.get("routing") == "fixed" and "decode_tokens_per_s" in r]
@@ -233,11 +270,23 @@ def _add_ceilings(result: dict, record_bytes: int, moe_layers: int, top_k: int,
             decode["decode_vs_ceiling"] = decode["decode_tokens_per_s"] / ceiling
 
 
-def run_bench(name: str, device: str, prompt_lengths: list[int], decode_tokens: int, plan: MemoryPlan | None,
-              seed: int = 0, backends: list[str] | None = None, hf_baseline: bool = False,
-              decode_inputs: str = "greedy", routings: list[str] | None = None, cpu_threads: int | None = None,
-              pageable: bool = False, decode_after: list[int] | None = None,
-              gpu_step_seconds: float | None = None, link_bytes_per_s: float | None = None) -> dict:
+def run_bench(
+    name: str,
+    device: str,
+    prompt_lengths: list[int],
+    decode_tokens: int,
+    plan: MemoryPlan | None,
+    seed: int = 0,
+    backends: list[str] | None = None,
+    hf_baseline: bool = False,
+    decode_inputs: str = "greedy",
+    routings: list[str] | None = None,
+    cpu_threads: int | None = None,
+    pageable: bool = False,
+    decode_after: list[int] | None = None,
+    gpu_step_seconds: float | None = None,
+    link_bytes_per_s: float | None = None,
+) -> dict:
     """On CUDA with a plan, the process is held to the plan's budget (engine/runtime/vram.py) for the whole
     run, and each prompt length reports its measured peak against it. `routings`: forced routing modes
     (engine/experts/routing.py), each prompt length run under each; None lets the random routers decide.
@@ -259,16 +308,25 @@ def run_bench(name: str, device: str, prompt_lengths: list[int], decode_tokens: 
     if link_bytes_per_s is not None and device != "cuda":
         raise LinkLimitError("a link limit needs --device cuda: on the CPU no expert crosses a link")
     link = LinkLimit(link_bytes_per_s) if link_bytes_per_s is not None else None
-    result = {"model": name, "description": synthetic.description, "device": device,
-              "device_name": torch.cuda.get_device_name() if device == "cuda" else "cpu",
-              "dtype": str(dtype).removeprefix("torch."), "pageable_experts": pageable, "cpu_threads": cpu_threads,
-              "link_limit_bytes_per_s": link_bytes_per_s,
-              "plan": plan.to_dict() if plan is not None else None,
-              "notes": [ROUTING_NOTES[mode] for mode in modes], "runs": []}
+    result = {
+        "model": name,
+        "description": synthetic.description,
+        "device": device,
+        "device_name": torch.cuda.get_device_name() if device == "cuda" else "cpu",
+        "dtype": str(dtype).removeprefix("torch."),
+        "pageable_experts": pageable,
+        "cpu_threads": cpu_threads,
+        "link_limit_bytes_per_s": link_bytes_per_s,
+        "plan": plan.to_dict() if plan is not None else None,
+        "notes": [ROUTING_NOTES[mode] for mode in modes],
+        "runs": [],
+    }
     bandwidth = None
     if device == "cuda":
-        result["host_to_device_bytes_per_s"] = {"pinned": host_to_device_bandwidth(pinned=True),
-                                                "pageable": host_to_device_bandwidth(pinned=False)}
+        result["host_to_device_bytes_per_s"] = {
+            "pinned": host_to_device_bandwidth(pinned=True),
+            "pageable": host_to_device_bandwidth(pinned=False),
+        }
         bandwidth = result["host_to_device_bytes_per_s"]["pageable" if pageable else "pinned"]
         if link is not None:
             link.check_below(bandwidth, "pageable" if pageable else "pinned")
@@ -281,8 +339,9 @@ def run_bench(name: str, device: str, prompt_lengths: list[int], decode_tokens: 
     started = time.perf_counter()
     # The CPU kernel and the calibration are made when a backend needs them; the backend then switches per run
     build_backend = "hybrid" if set(backends or []) & {"cpu", "hybrid", "auto"} else "offload"
-    model = build_random_model(name, device, dtype, slots, 0 if pageable else None, build_backend, cpu_threads,
-                               seed, link)
+    model = build_random_model(
+        name, device, dtype, slots, 0 if pageable else None, build_backend, cpu_threads, seed, link
+    )
     result["build_seconds"] = time.perf_counter() - started
     executor = model.expert_executor
     result["expert_placement"] = dict(executor.host_report)
@@ -295,18 +354,46 @@ def run_bench(name: str, device: str, prompt_lengths: list[int], decode_tokens: 
     if routing is not None and slots:
         result["uniform_floor_hit_rate"] = min(1.0, slots / (len(packed) * model.config.num_experts))
     # Untimed: a chunk and a few tokens compile and load every kernel, so no row pays for it
-    measure(model, device, min(chunk, max(prompt_lengths)), 2, chunk, seed + 1,
-            plan.kv_tokens if plan is not None else None, routing=routing)
+    measure(
+        model,
+        device,
+        min(chunk, max(prompt_lengths)),
+        2,
+        chunk,
+        seed + 1,
+        plan.kv_tokens if plan is not None else None,
+        routing=routing,
+    )
     for length in prompt_lengths:
         decodes = decode_after is None or length in decode_after
         for mode in modes:
             if not decodes and mode in ("locality", "fixed") and "uniform" in modes:
                 continue  # they route prompt chunks as uniform does: the same prefill again
-            result["runs"].append(_run_one(model, device, length, decode_tokens if decodes else 0, chunk, seed,
-                                           plan, backends, decode_inputs, routing, mode, bandwidth, expert_bytes))
+            result["runs"].append(
+                _run_one(
+                    model,
+                    device,
+                    length,
+                    decode_tokens if decodes else 0,
+                    chunk,
+                    seed,
+                    plan,
+                    backends,
+                    decode_inputs,
+                    routing,
+                    mode,
+                    bandwidth,
+                    expert_bytes,
+                )
+            )
     if packed and "expert_link_bytes_per_s" in result:
-        _add_ceilings(result, next(iter(packed.values())).layout.record_bytes, len(packed),
-                      model.config.num_experts_per_tok, gpu_step_seconds)
+        _add_ceilings(
+            result,
+            next(iter(packed.values())).layout.record_bytes,
+            len(packed),
+            model.config.num_experts_per_tok,
+            gpu_step_seconds,
+        )
         projected = projection(result, footprint_from_synthetic(name)) if plan is not None else None
         if projected is not None:
             result["projection"] = projected
@@ -318,8 +405,9 @@ def run_bench(name: str, device: str, prompt_lengths: list[int], decode_tokens: 
         cap = result.get("vram_cap", {}).get("allocator_limit_bytes")
         prompt = min(min(prompt_lengths), HF_BASELINE_TOKENS)
         try:
-            result["baseline"] = hf_offload_row(name, device, int(cap * HF_GPU_SHARE) if cap else None, prompt,
-                                                min(decode_tokens, 3), seed)
+            result["baseline"] = hf_offload_row(
+                name, device, int(cap * HF_GPU_SHARE) if cap else None, prompt, min(decode_tokens, 3), seed
+            )
         except Exception as exc:  # the other tool failing must not lose our figures (seen: inputs on the wrong device)
             result["baseline"] = {"baseline": "transformers + accelerate", "error": f"{type(exc).__name__}: {exc}"}
     if device != "cuda":
@@ -327,20 +415,45 @@ def run_bench(name: str, device: str, prompt_lengths: list[int], decode_tokens: 
     return result
 
 
-def _run_one(model: CausalLM, device: str, length: int, decode_tokens: int, chunk: int, seed: int,
-             plan: MemoryPlan | None, backends: list[str] | None, decode_inputs: str,
-             routing: ForcedRouting | None, mode: str, bandwidth: float | None, expert_bytes: int) -> dict:
+def _run_one(
+    model: CausalLM,
+    device: str,
+    length: int,
+    decode_tokens: int,
+    chunk: int,
+    seed: int,
+    plan: MemoryPlan | None,
+    backends: list[str] | None,
+    decode_inputs: str,
+    routing: ForcedRouting | None,
+    mode: str,
+    bandwidth: float | None,
+    expert_bytes: int,
+) -> dict:
     """One prompt length under one routing mode: its row, with the measured peak against the plan on CUDA."""
     if plan is not None and length > plan.max_prompt_tokens:
-        return {"prompt_tokens": length, "routing": mode,
-                "skipped": f"longer than the plan's guaranteed prompt of {plan.max_prompt_tokens:,} tokens"}
+        return {
+            "prompt_tokens": length,
+            "routing": mode,
+            "skipped": f"longer than the plan's guaranteed prompt of {plan.max_prompt_tokens:,} tokens",
+        }
     if routing is not None:
         routing.mode = mode  # the same object: captured decode graphs read its step ids
     if device == "cuda":
         torch.cuda.reset_peak_memory_stats()
     try:
-        row = measure(model, device, length, decode_tokens, chunk, seed,
-                      plan.kv_tokens if plan is not None else None, backends, decode_inputs, routing)
+        row = measure(
+            model,
+            device,
+            length,
+            decode_tokens,
+            chunk,
+            seed,
+            plan.kv_tokens if plan is not None else None,
+            backends,
+            decode_inputs,
+            routing,
+        )
     except torch.OutOfMemoryError as exc:
         row = {"prompt_tokens": length, "routing": mode, "error": f"out of memory: {str(exc).splitlines()[0]}"}
     except Exception as exc:  # one failing length must not lose the others' figures
@@ -356,7 +469,9 @@ def _run_one(model: CausalLM, device: str, length: int, decode_tokens: int, chun
     return row
 
 
-def plan_for(name: str, preset: str | None, vram_gib: float | None, reserve_bytes: int | None = None) -> MemoryPlan | None:
+def plan_for(
+    name: str, preset: str | None, vram_gib: float | None, reserve_bytes: int | None = None
+) -> MemoryPlan | None:
     if preset is None:
         return None
     budget = int(vram_gib * 2**30) if vram_gib else preset_budget_bytes(preset)
@@ -365,45 +480,75 @@ def plan_for(name: str, preset: str | None, vram_gib: float | None, reserve_byte
 
 
 def format_result(result: dict) -> str:
-    lines = [f"{result['model']} on {result['device_name']} ({result['dtype']}), built in "
-             f"{result['build_seconds']:.1f} s", *(f"note: {note}" for note in result["notes"])]
+    lines = [
+        f"{result['model']} on {result['device_name']} ({result['dtype']}), built in {result['build_seconds']:.1f} s",
+        *(f"note: {note}" for note in result["notes"]),
+    ]
     if "host_to_device_bytes_per_s" in result:
         bw = result["host_to_device_bytes_per_s"]
-        lines.append(f"host->GPU copy: pinned {bw['pinned'] / 1e9:.1f} GB/s, pageable {bw['pageable'] / 1e9:.1f} GB/s"
-                     + ("; expert records pageable" if result.get("pageable_experts") else "")
-                     + (f"; expert copies held to {result['link_limit_bytes_per_s'] / 1e9:g} GB/s"
-                        if result.get("link_limit_bytes_per_s") else ""))
+        lines.append(
+            f"host->GPU copy: pinned {bw['pinned'] / 1e9:.1f} GB/s, pageable {bw['pageable'] / 1e9:.1f} GB/s"
+            + ("; expert records pageable" if result.get("pageable_experts") else "")
+            + (
+                f"; expert copies held to {result['link_limit_bytes_per_s'] / 1e9:g} GB/s"
+                if result.get("link_limit_bytes_per_s")
+                else ""
+            )
+        )
     if "uniform_floor_hit_rate" in result:
         lines.append(f"uniform routing's hit-rate floor: {result['uniform_floor_hit_rate']:.3f} (slots / experts)")
-    lines.append(f"{'prompt':>8} {'routing':>9} {'chunk':>6} {'TTFT s':>8} {'prefill tok/s':>14} {'decode tok/s':>13} "
-                 f"{'hit rate p/d':>13}")
+    lines.append(
+        f"{'prompt':>8} {'routing':>9} {'chunk':>6} {'TTFT s':>8} {'prefill tok/s':>14} {'decode tok/s':>13} "
+        f"{'hit rate p/d':>13}"
+    )
     for row in result["runs"]:
         if "skipped" in row or "error" in row:
             lines.append(f"{row['prompt_tokens']:>8} {row['routing']:>9} {row.get('skipped') or row['error']}")
             continue
-        hits = "/".join(f"{row[k]:.2f}" for k in ("prefill_expert_cache_hit_rate", "decode_expert_cache_hit_rate")
-                        if k in row) or "-"
-        lines.append(f"{row['prompt_tokens']:>8} {row['routing']:>9} {row['prefill_chunk_tokens']:>6} "
-                     f"{row['time_to_first_token_s']:>8.2f} {row['prefill_tokens_per_s']:>14.1f} "
-                     f"{format(row['decode_tokens_per_s'], '.1f') if 'decode_tokens_per_s' in row else '-':>13} "
-                     f"{hits:>13}")
+        hits = (
+            "/".join(
+                f"{row[k]:.2f}" for k in ("prefill_expert_cache_hit_rate", "decode_expert_cache_hit_rate") if k in row
+            )
+            or "-"
+        )
+        lines.append(
+            f"{row['prompt_tokens']:>8} {row['routing']:>9} {row['prefill_chunk_tokens']:>6} "
+            f"{row['time_to_first_token_s']:>8.2f} {row['prefill_tokens_per_s']:>14.1f} "
+            f"{format(row['decode_tokens_per_s'], '.1f') if 'decode_tokens_per_s' in row else '-':>13} "
+            f"{hits:>13}"
+        )
         if "decode_by_backend" in row:
-            lines.append("         decode by expert backend: " + ", ".join(
-                f"{backend} {d['decode_tokens_per_s']:.1f} tok/s (CPU {d.get('decode_cpu_expert_share', 0):.0%}, "
-                f"hits {d.get('decode_expert_cache_hit_rate', 0):.2f})"
-                for backend, d in row["decode_by_backend"].items()))
+            lines.append(
+                "         decode by expert backend: "
+                + ", ".join(
+                    f"{backend} {d['decode_tokens_per_s']:.1f} tok/s (CPU {d.get('decode_cpu_expert_share', 0):.0%}, "
+                    f"hits {d.get('decode_expert_cache_hit_rate', 0):.2f})"
+                    for backend, d in row["decode_by_backend"].items()
+                )
+            )
     baseline = result.get("baseline")
     if baseline is not None:
-        lines.append(f"baseline, {baseline['baseline']}: " + (baseline.get("skipped") or baseline.get("error") or (
-            f"{baseline['prompt_tokens']}-token prompt, prefill {baseline['prefill_tokens_per_s']:.1f} tok/s, "
-            f"decode {baseline['decode_tokens_per_s']:.2f} tok/s")))
+        lines.append(
+            f"baseline, {baseline['baseline']}: "
+            + (
+                baseline.get("skipped")
+                or baseline.get("error")
+                or (
+                    f"{baseline['prompt_tokens']}-token prompt, prefill {baseline['prefill_tokens_per_s']:.1f} tok/s, "
+                    f"decode {baseline['decode_tokens_per_s']:.2f} tok/s"
+                )
+            )
+        )
     for card in (result.get("projection") or {}).get("cards", []):
         uniform = card["decode_tokens_per_s"].get("uniform", {})
-        decode = ", ".join(f"{backend} {d['scaled_by_measured']:.1f}" for backend, d in uniform.items()
-                           if backend != "auto")
+        decode = ", ".join(
+            f"{backend} {d['scaled_by_measured']:.1f}" for backend, d in uniform.items() if backend != "auto"
+        )
         prefill = card["prefill_tokens_per_s"][CHECK_PROMPT]
-        lines.append(f"modelled for {card['card']['name']} (not measured): decode tok/s under uniform routing "
-                     f"{decode or '-'}; prefill {prefill['modelled']:.0f} tok/s at {CHECK_PROMPT:,} tokens")
+        lines.append(
+            f"modelled for {card['card']['name']} (not measured): decode tok/s under uniform routing "
+            f"{decode or '-'}; prefill {prefill['modelled']:.0f} tok/s at {CHECK_PROMPT:,} tokens"
+        )
     peaks = [row["peak_process_bytes"] for row in result["runs"] if "peak_process_bytes" in row]
     if peaks:
         lines.append(f"peak GPU memory of the process: {max(peaks) / 2**30:.2f} GiB")

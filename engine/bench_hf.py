@@ -18,14 +18,17 @@ from engine.synthetic import SYNTHETIC_MODELS, text_config
 from engine.testing.random_weights import fill_random
 
 
-
-def hf_offload_row(name: str, device: str, gpu_bytes: int | None, prompt_tokens: int, decode_tokens: int,
-                   seed: int = 0) -> dict:
+def hf_offload_row(
+    name: str, device: str, gpu_bytes: int | None, prompt_tokens: int, decode_tokens: int, seed: int = 0
+) -> dict:
     """Prefill `prompt_tokens` and decode `decode_tokens` greedily through transformers, layers beyond
     `gpu_bytes` of GPU memory left in host RAM (device "cpu": all of it on the CPU, in float32)."""
     dtype = torch.bfloat16 if device == "cuda" else torch.float32
-    row = {"baseline": f"transformers + accelerate, {str(dtype).removeprefix('torch.')}, device_map=auto",
-           "prompt_tokens": prompt_tokens, "decode_tokens": decode_tokens}
+    row = {
+        "baseline": f"transformers + accelerate, {str(dtype).removeprefix('torch.')}, device_map=auto",
+        "prompt_tokens": prompt_tokens,
+        "decode_tokens": decode_tokens,
+    }
     try:
         import transformers
         from accelerate import dispatch_model, infer_auto_device_map
@@ -38,8 +41,9 @@ def hf_offload_row(name: str, device: str, gpu_bytes: int | None, prompt_tokens:
     inputs = "cpu"
     if device == "cuda":
         host = physical_memory_bytes() or 1 << 40
-        device_map = infer_auto_device_map(model, max_memory={0: gpu_bytes, "cpu": host},
-                                           no_split_module_classes=list(model._no_split_modules))
+        device_map = infer_auto_device_map(
+            model, max_memory={0: gpu_bytes, "cpu": host}, no_split_module_classes=list(model._no_split_modules)
+        )
         row["modules_on_gpu"] = sum(1 for where in device_map.values() if where == 0)
         row["modules"] = len(device_map)
         model = dispatch_model(model, device_map)
@@ -47,8 +51,9 @@ def hf_offload_row(name: str, device: str, gpu_bytes: int | None, prompt_tokens:
         embedding = model.get_input_embeddings().weight.device
         inputs = embedding if embedding.type in ("cpu", "cuda") else "cuda"
     row["build_seconds"] = time.perf_counter() - started
-    prompt = torch.randint(0, model.config.vocab_size, (1, prompt_tokens),
-                           generator=torch.Generator().manual_seed(seed)).to(inputs)
+    prompt = torch.randint(
+        0, model.config.vocab_size, (1, prompt_tokens), generator=torch.Generator().manual_seed(seed)
+    ).to(inputs)
     with torch.inference_mode():
         _sync(device)
         began = time.perf_counter()
@@ -62,8 +67,11 @@ def hf_offload_row(name: str, device: str, gpu_bytes: int | None, prompt_tokens:
             past, token = out.past_key_values, out.logits[:, -1:].argmax(-1).to(inputs)
         _sync(device)
         decode = time.perf_counter() - began
-    row.update(time_to_first_token_s=prefill, prefill_tokens_per_s=prompt_tokens / prefill,
-               decode_tokens_per_s=decode_tokens / decode if decode_tokens else 0.0)
+    row.update(
+        time_to_first_token_s=prefill,
+        prefill_tokens_per_s=prompt_tokens / prefill,
+        decode_tokens_per_s=decode_tokens / decode if decode_tokens else 0.0,
+    )
     if device == "cuda":
         row["peak_allocated_bytes"] = torch.cuda.max_memory_allocated()
     return row
@@ -76,8 +84,9 @@ def _random_model(name: str, dtype: torch.dtype, seed: int, transformers):
         model = transformers.AutoModelForCausalLM.from_config(config).to(dtype)
     model.to_empty(device="cpu")
     with torch.no_grad():
-        fill_random({name: param.data for name, param in model.named_parameters()},
-                    synthetic.config.zero_centered_norms, seed)
+        fill_random(
+            {name: param.data for name, param in model.named_parameters()}, synthetic.config.zero_centered_norms, seed
+        )
         for module in model.modules():  # buffers made on the meta device: computed again for real
             if type(module).__name__.endswith("RotaryEmbedding"):
                 fresh = type(module)(module.config)

@@ -26,8 +26,10 @@ RUN_GPU_VRAM_BYTES_PER_S = {"H200": 4.8e12, "H100": 3.35e12}  # NVIDIA's figures
 DRAM_EFFICIENCY = 0.7  # of a host's peak DRAM bandwidth, what streaming reads reach (STREAM-like)
 TENSOR_EFFICIENCY = 0.5  # of a card's dense bf16 tensor peak (FP32 accumulate), what grouped GEMMs reach
 CHECK_PROMPT = 4096  # the prompt whose prefill row gives the compute time a token, and whose decode is projected
-MODELLED = ("modelled, not measured: the bytes a token moves through each tier at the card's figures, and the "
-            "step components measured on the run's GPU")
+MODELLED = (
+    "modelled, not measured: the bytes a token moves through each tier at the card's figures, and the "
+    "step components measured on the run's GPU"
+)
 
 
 @dataclass(frozen=True)
@@ -45,21 +47,47 @@ class Card:
 
 
 CARDS = (
-    Card("RTX 2050 laptop 4 GB (field report)", "4gb", 112e9, 6.5e9, 8, 51.2e9, 6.1e12,
-         "PCIe 4.0 x4 at 6.5 GB/s; DDR4-3200 dual channel; tensor peak from 16 SMs at 1.5 GHz"),
-    Card("RTX 4060 laptop 8 GB", "8gb", 256e9, 13e9, 8, 89.6e9, 24.6e12,
-         "PCIe 4.0 x8 at 13 GB/s; DDR5-5600 dual channel; 8 threads; tensor peak from 24 SMs at 2.0 GHz"),
-    Card("RTX 3060 12 GB", "12gb", 360e9, 26e9, 8, 51.2e9, 12.7e12,
-         "PCIe 4.0 x16 at 26 GB/s; DDR4-3200 dual channel; 8 threads"),
+    Card(
+        "RTX 2050 laptop 4 GB (field report)",
+        "4gb",
+        112e9,
+        6.5e9,
+        8,
+        51.2e9,
+        6.1e12,
+        "PCIe 4.0 x4 at 6.5 GB/s; DDR4-3200 dual channel; tensor peak from 16 SMs at 1.5 GHz",
+    ),
+    Card(
+        "RTX 4060 laptop 8 GB",
+        "8gb",
+        256e9,
+        13e9,
+        8,
+        89.6e9,
+        24.6e12,
+        "PCIe 4.0 x8 at 13 GB/s; DDR5-5600 dual channel; 8 threads; tensor peak from 24 SMs at 2.0 GHz",
+    ),
+    Card(
+        "RTX 3060 12 GB",
+        "12gb",
+        360e9,
+        26e9,
+        8,
+        51.2e9,
+        12.7e12,
+        "PCIe 4.0 x16 at 26 GB/s; DDR4-3200 dual channel; 8 threads",
+    ),
 )
 
 
-def transfer_seconds(miss_bytes: float, pcie_bytes_per_s: float, cpu_bytes_per_s: float | None,
-                     backend: str) -> float:
+def transfer_seconds(miss_bytes: float, pcie_bytes_per_s: float, cpu_bytes_per_s: float | None, backend: str) -> float:
     """Seconds a token's missed expert bytes take to cross PCIe (offload), to be read by the CPU (cpu) or both
     at once, split in proportion (hybrid)."""
-    rates = {"offload": pcie_bytes_per_s, "cpu": cpu_bytes_per_s or 0.0,
-             "hybrid": pcie_bytes_per_s + (cpu_bytes_per_s or 0.0)}
+    rates = {
+        "offload": pcie_bytes_per_s,
+        "cpu": cpu_bytes_per_s or 0.0,
+        "hybrid": pcie_bytes_per_s + (cpu_bytes_per_s or 0.0),
+    }
     rate = rates.get(backend, pcie_bytes_per_s)
     return miss_bytes / rate if rate else float("inf")
 
@@ -78,8 +106,9 @@ def backend_used(decode: dict, backend: str | None, default: str) -> str:
     return used
 
 
-def decode_step_seconds(gpu_step_seconds: float, miss_bytes: float, pcie_bytes_per_s: float,
-                        cpu_bytes_per_s: float | None, backend: str) -> float:
+def decode_step_seconds(
+    gpu_step_seconds: float, miss_bytes: float, pcie_bytes_per_s: float, cpu_bytes_per_s: float | None, backend: str
+) -> float:
     """A modelled decode step: the GPU's own step, then the missed experts' transfer (no overlap)."""
     return gpu_step_seconds + transfer_seconds(miss_bytes, pcie_bytes_per_s, cpu_bytes_per_s, backend)
 
@@ -88,8 +117,11 @@ def gpu_bytes_per_token(footprint: ModelFootprint, hit_share: float, context_tok
     """Bytes a decode token reads from VRAM: every resident weight, the cache's hits, the KV cache."""
     top_k = footprint.config.num_experts_per_tok
     record = footprint.expert_layer_bytes / footprint.experts_per_layer
-    return (footprint.resident_bytes + hit_share * footprint.moe_layers * top_k * record
-            + footprint.kv_bytes_per_token * context_tokens)
+    return (
+        footprint.resident_bytes
+        + hit_share * footprint.moe_layers * top_k * record
+        + footprint.kv_bytes_per_token * context_tokens
+    )
 
 
 def matmul_weights_per_token(footprint: ModelFootprint) -> int:
@@ -99,14 +131,17 @@ def matmul_weights_per_token(footprint: ModelFootprint) -> int:
     heads = c.num_attention_heads * c.head_dim
     full = c.hidden_size * (2 * heads + 2 * c.num_key_value_heads * c.head_dim) + heads * c.hidden_size  # 2: gate
     value = c.linear_num_value_heads * c.linear_value_head_dim
-    linear = c.hidden_size * (2 * c.linear_num_key_heads * c.linear_key_head_dim + 2 * value
-                              + 2 * c.linear_num_value_heads) + value * c.hidden_size
+    linear = (
+        c.hidden_size * (2 * c.linear_num_key_heads * c.linear_key_head_dim + 2 * value + 2 * c.linear_num_value_heads)
+        + value * c.hidden_size
+    )
     mlp = 3 * c.hidden_size * (c.num_experts_per_tok * c.moe_intermediate_size + c.shared_expert_intermediate_size)
     return c.num_attention_layers * full + c.num_linear_attention_layers * linear + footprint.moe_layers * mlp
 
 
-def card_gpu_step(run_step: float, run_bytes: float, run_vram_bytes_per_s: float, card_bytes: float,
-                  card: Card) -> float:
+def card_gpu_step(
+    run_step: float, run_bytes: float, run_vram_bytes_per_s: float, card_bytes: float, card: Card
+) -> float:
     """The GPU's own step on `card`: the run's, its bytes read at the card's bandwidth instead."""
     return max(0.0, run_step - run_bytes / run_vram_bytes_per_s) + card_bytes / card.vram_bytes_per_s
 
@@ -116,8 +151,14 @@ def card_cpu_rate(card: Card, per_thread_bytes_per_s: float) -> float:
     return min(card.cpu_threads * per_thread_bytes_per_s, DRAM_EFFICIENCY * card.dram_bytes_per_s)
 
 
-def prefill_seconds(tokens: int, chunk: int, chunk_bytes: float, link_bytes_per_s: float,
-                    compute_seconds_per_token: float, overlap: bool) -> float:
+def prefill_seconds(
+    tokens: int,
+    chunk: int,
+    chunk_bytes: float,
+    link_bytes_per_s: float,
+    compute_seconds_per_token: float,
+    overlap: bool,
+) -> float:
     """A modelled prefill: per chunk, every MoE layer's experts over the link, and the GPU's compute; their
     larger with overlap, their sum without."""
     full, rest = divmod(tokens, chunk)
@@ -173,8 +214,14 @@ def _prefill_compute(result: dict, chunk_bytes: float) -> float | None:
     """The GPU's compute time a prompt token, from the run's CHECK_PROMPT row (its transfer taken out where
     the plan does not overlap them: with overlap the row is compute-bound or the link's)."""
     plan = result["plan"]
-    row = next((r for r in result["runs"] if r.get("prompt_tokens") == CHECK_PROMPT
-                and r.get("routing") == "uniform" and "prefill_tokens_per_s" in r), None)
+    row = next(
+        (
+            r
+            for r in result["runs"]
+            if r.get("prompt_tokens") == CHECK_PROMPT and r.get("routing") == "uniform" and "prefill_tokens_per_s" in r
+        ),
+        None,
+    )
     if row is None:
         return None
     chunks = -(-CHECK_PROMPT // plan["prefill_chunk_tokens"])
@@ -195,9 +242,12 @@ def _model_decode(decode: dict, backend: str, result: dict, footprint: ModelFoot
 def _error_summary(errors: list[float]) -> dict:
     """How many rows, their median and largest error in size, and the mean error with its sign."""
     magnitudes = [abs(e) for e in errors]
-    return {"rows": len(errors), "median_abs_error": statistics.median(magnitudes) if errors else None,
-            "max_abs_error": max(magnitudes) if errors else None,
-            "mean_signed_error": statistics.fmean(errors) if errors else None}
+    return {
+        "rows": len(errors),
+        "median_abs_error": statistics.median(magnitudes) if errors else None,
+        "max_abs_error": max(magnitudes) if errors else None,
+        "mean_signed_error": statistics.fmean(errors) if errors else None,
+    }
 
 
 def check(result: dict, footprint: ModelFootprint) -> dict:
@@ -205,14 +255,25 @@ def check(result: dict, footprint: ModelFootprint) -> dict:
     `fixed`, every backend) and each prompt's prefill; errors are modelled / measured - 1."""
     chunk_bytes = footprint.moe_layers * footprint.expert_layer_bytes
     calibration = result.get("calibration") or {}
-    rates = Rates(result["gpu_step_seconds"], link_rate(result), calibration.get("cpu_bytes_per_s"),
-                  _prefill_compute(result, chunk_bytes) or 0.0)
+    rates = Rates(
+        result["gpu_step_seconds"],
+        link_rate(result),
+        calibration.get("cpu_bytes_per_s"),
+        _prefill_compute(result, chunk_bytes) or 0.0,
+    )
     decodes, by_backend = [], {}
     for row, backend, decode in _decodes(result):
         modelled = _model_decode(decode, backend, result, footprint, rates)
         error = modelled / decode["decode_tokens_per_s"] - 1.0
-        decodes.append({"routing": row["routing"], "backend": backend, "measured": decode["decode_tokens_per_s"],
-                        "modelled": modelled, "error": error})
+        decodes.append(
+            {
+                "routing": row["routing"],
+                "backend": backend,
+                "measured": decode["decode_tokens_per_s"],
+                "modelled": modelled,
+                "error": error,
+            }
+        )
         by_backend.setdefault(backend, []).append(error)
     prefills = []
     plan = result["plan"]
@@ -220,55 +281,90 @@ def check(result: dict, footprint: ModelFootprint) -> dict:
         for row in result["runs"]:
             if row.get("routing") != "uniform" or "prefill_tokens_per_s" not in row:
                 continue
-            seconds = prefill_seconds(row["prompt_tokens"], plan["prefill_chunk_tokens"], chunk_bytes, rates.pcie,
-                                      rates.prefill_compute, plan["prefill_overlap"])
+            seconds = prefill_seconds(
+                row["prompt_tokens"],
+                plan["prefill_chunk_tokens"],
+                chunk_bytes,
+                rates.pcie,
+                rates.prefill_compute,
+                plan["prefill_overlap"],
+            )
             modelled = row["prompt_tokens"] / seconds
-            prefills.append({"prompt_tokens": row["prompt_tokens"], "measured": row["prefill_tokens_per_s"],
-                             "modelled": modelled, "error": modelled / row["prefill_tokens_per_s"] - 1.0})
-    return {"decode": decodes, "decode_error": _error_summary([d["error"] for d in decodes]),
-            "decode_error_by_backend": {b: _error_summary(e) for b, e in by_backend.items()},
-            "prefill": prefills,
-            "prefill_error": _error_summary([p["error"] for p in prefills if p["prompt_tokens"] != CHECK_PROMPT]),
-            "prefill_compute_seconds_per_token": rates.prefill_compute}
+            prefills.append(
+                {
+                    "prompt_tokens": row["prompt_tokens"],
+                    "measured": row["prefill_tokens_per_s"],
+                    "modelled": modelled,
+                    "error": modelled / row["prefill_tokens_per_s"] - 1.0,
+                }
+            )
+    return {
+        "decode": decodes,
+        "decode_error": _error_summary([d["error"] for d in decodes]),
+        "decode_error_by_backend": {b: _error_summary(e) for b, e in by_backend.items()},
+        "prefill": prefills,
+        "prefill_error": _error_summary([p["error"] for p in prefills if p["prompt_tokens"] != CHECK_PROMPT]),
+        "prefill_compute_seconds_per_token": rates.prefill_compute,
+    }
 
 
-def project_card(result: dict, footprint: ModelFootprint, card: Card, checked: dict,
-                 prompts: tuple[int, ...] = (512, 4096, 16384)) -> dict:
+def project_card(
+    result: dict, footprint: ModelFootprint, card: Card, checked: dict, prompts: tuple[int, ...] = (512, 4096, 16384)
+) -> dict:
     """Decode (each backend, each routing the run measured) and prefill on `card`, by the formulas at its
     figures, and each scaled by the measured / modelled ratio of the same row on the run's GPU."""
     calibration = result.get("calibration") or {}
     chunk_bytes = footprint.moe_layers * footprint.expert_layer_bytes
     context = CHECK_PROMPT + max((r.get("decode_tokens", 0) for r in result["runs"]), default=0) // 2
     run_fixed_bytes = gpu_bytes_per_token(footprint, 1.0, context)  # the fixed step: every expert a hit
-    per_thread = (calibration["cpu_bytes_per_s"] / calibration["cpu_threads"]
-                  if calibration.get("cpu_bytes_per_s") and calibration.get("cpu_threads") else None)
+    per_thread = (
+        calibration["cpu_bytes_per_s"] / calibration["cpu_threads"]
+        if calibration.get("cpu_bytes_per_s") and calibration.get("cpu_threads")
+        else None
+    )
     cpu = card_cpu_rate(card, per_thread) if per_thread else None
-    compute = max(checked["prefill_compute_seconds_per_token"],
-                  2 * matmul_weights_per_token(footprint) / (TENSOR_EFFICIENCY * card.tensor_flops))
+    compute = max(
+        checked["prefill_compute_seconds_per_token"],
+        2 * matmul_weights_per_token(footprint) / (TENSOR_EFFICIENCY * card.tensor_flops),
+    )
     link = copy_rate(result, card.pcie_bytes_per_s)
     measured = {(d["routing"], d["backend"]): d for d in checked["decode"]}
     decode = {}
     for row, backend, d in _decodes(result):
         hits = 1.0 - missed_share(d)
-        step = card_gpu_step(result["gpu_step_seconds"], run_fixed_bytes, run_vram_bytes_per_s(result),
-                             gpu_bytes_per_token(footprint, hits, context), card)
+        step = card_gpu_step(
+            result["gpu_step_seconds"],
+            run_fixed_bytes,
+            run_vram_bytes_per_s(result),
+            gpu_bytes_per_token(footprint, hits, context),
+            card,
+        )
         modelled = _model_decode(d, backend, result, footprint, Rates(step, link, cpu, compute))
         on_run = measured[(row["routing"], backend)]
         decode.setdefault(row["routing"], {})[backend] = {
-            "modelled": modelled, "scaled_by_measured": modelled * on_run["measured"] / on_run["modelled"]}
+            "modelled": modelled,
+            "scaled_by_measured": modelled * on_run["measured"] / on_run["modelled"],
+        }
     plan = result["plan"]
     prefill = {}
     run_prefill = {p["prompt_tokens"]: p for p in checked["prefill"]}
     for tokens in prompts:
-        seconds = prefill_seconds(tokens, plan["prefill_chunk_tokens"], chunk_bytes, link, compute,
-                                  plan["prefill_overlap"])
+        seconds = prefill_seconds(
+            tokens, plan["prefill_chunk_tokens"], chunk_bytes, link, compute, plan["prefill_overlap"]
+        )
         entry = {"modelled": tokens / seconds, "time_to_first_token_s": seconds}
         if tokens in run_prefill:
             entry["scaled_by_measured"] = entry["modelled"] / (1.0 + run_prefill[tokens]["error"])
         prefill[tokens] = entry
-    return {"card": asdict(card), "pageable_experts": bool(result.get("pageable_experts")),
-            "link_bytes_per_s": link, "cpu_bytes_per_s": cpu, "prefill_compute_seconds_per_token": compute,
-            "decode_tokens_per_s": decode, "prefill_tokens_per_s": prefill}
+    return {
+        "card": asdict(card),
+        "pageable_experts": bool(result.get("pageable_experts")),
+        "link_bytes_per_s": link,
+        "cpu_bytes_per_s": cpu,
+        "prefill_compute_seconds_per_token": compute,
+        "decode_tokens_per_s": decode,
+        "prefill_tokens_per_s": prefill,
+    }
 
 
 def projection(result: dict, footprint: ModelFootprint, cards: tuple[Card, ...] = CARDS) -> dict | None:
@@ -278,5 +374,8 @@ def projection(result: dict, footprint: ModelFootprint, cards: tuple[Card, ...] 
         return None
     checked = check(result, footprint)
     preset = result["plan"]["preset"]
-    return {"note": MODELLED, "check": checked,
-            "cards": [project_card(result, footprint, card, checked) for card in cards if card.preset == preset]}
+    return {
+        "note": MODELLED,
+        "check": checked,
+        "cards": [project_card(result, footprint, card, checked) for card in cards if card.preset == preset],
+    }

@@ -61,17 +61,26 @@ class ModelConfig:
 def read_config(folder: Path) -> ModelConfig:
     config_path = folder / "config.json"
     if not folder.is_dir():
-        cause = ("is not a folder" if folder.exists() else "does not exist" if not folder.is_symlink() else
-                 "is a link that leads nowhere (broken, or a loop of links)")
-        raise CheckpointError(folder, cause,
-                              "choose the folder that holds config.json and the .safetensors files")
+        cause = (
+            "is not a folder"
+            if folder.exists()
+            else "does not exist"
+            if not folder.is_symlink()
+            else "is a link that leads nowhere (broken, or a loop of links)"
+        )
+        raise CheckpointError(folder, cause, "choose the folder that holds config.json and the .safetensors files")
     if not config_path.is_file():
-        raise CheckpointError(folder, "has no config.json, so it is not a Hugging Face model folder",
-                              "choose the folder that holds config.json and the .safetensors files")
+        raise CheckpointError(
+            folder,
+            "has no config.json, so it is not a Hugging Face model folder",
+            "choose the folder that holds config.json and the .safetensors files",
+        )
     try:
         raw = json.loads(config_path.read_text(encoding="utf-8"))
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise CheckpointError(config_path, f"is not valid JSON ({exc})", "the download may be incomplete; fetch it again")
+        raise CheckpointError(
+            config_path, f"is not valid JSON ({exc})", "the download may be incomplete; fetch it again"
+        )
     if not isinstance(raw, dict):
         raise CheckpointError(config_path, "does not hold a JSON object", FIX_CONFIG)
     return config_from_dict(raw, config_path)
@@ -83,8 +92,9 @@ FIX_CONFIG = "config.json is damaged or was edited by hand; download it again fr
 def config_from_dict(raw: dict, source: Path) -> ModelConfig:
     model_type = raw.get("model_type")
     if model_type not in SUPPORTED_MODEL_TYPES:
-        raise CheckpointError(source, f"model_type {model_type!r} is not supported",
-                              f"MoE Desk runs {', '.join(SUPPORTED_MODEL_TYPES)}")
+        raise CheckpointError(
+            source, f"model_type {model_type!r} is not supported", f"MoE Desk runs {', '.join(SUPPORTED_MODEL_TYPES)}"
+        )
     quantization_config = raw.get("quantization_config")
     text = raw
     if model_type == "qwen3_5_moe":
@@ -93,8 +103,11 @@ def config_from_dict(raw: dict, source: Path) -> ModelConfig:
             raise CheckpointError(source, "model_type qwen3_5_moe needs a text_config section", FIX_CONFIG)
         quantization_config = quantization_config or text.get("quantization_config")
     try:
-        config = _qwen3_moe(text, quantization_config) if model_type == "qwen3_moe" else \
-            _qwen3_5_moe(text, quantization_config)
+        config = (
+            _qwen3_moe(text, quantization_config)
+            if model_type == "qwen3_moe"
+            else _qwen3_5_moe(text, quantization_config)
+        )
         _check_consistent(config)
     except KeyError as exc:
         raise CheckpointError(source, f"is missing the setting {exc.args[0]!r}", FIX_CONFIG) from None
@@ -120,8 +133,12 @@ def _whole(text: dict, key: str, default=None, minimum: int = 1) -> int:
 
 def _positive(value, key: str, maximum: float = math.inf) -> float:
     """value as a finite float above 0 and at most `maximum`; ValueError naming the key otherwise."""
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value <= maximum \
-            or not math.isfinite(value):
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, (int, float))
+        or not 0 < value <= maximum
+        or not math.isfinite(value)
+    ):
         bound = f"at most {maximum:g}" if math.isfinite(maximum) else "finite"
         raise ValueError(f"{key} must be a number above 0 and {bound}, got {value!r}")
     return float(value)
@@ -174,8 +191,9 @@ def _common(text: dict, default_partial: float) -> dict:
         rms_norm_eps=_positive(text.get("rms_norm_eps", 1e-6), "rms_norm_eps", maximum=1.0),
         rope_theta=theta,
         rotary_dim=int(head_dim * partial),
-        num_experts=_whole(text, "num_experts", default=_whole(text, "num_local_experts", default=0, minimum=0),
-                           minimum=0),
+        num_experts=_whole(
+            text, "num_experts", default=_whole(text, "num_local_experts", default=0, minimum=0), minimum=0
+        ),
         num_experts_per_tok=_whole(text, "num_experts_per_tok"),
         moe_intermediate_size=_whole(text, "moe_intermediate_size"),
         tie_word_embeddings=bool(text.get("tie_word_embeddings", False)),
@@ -187,21 +205,30 @@ def _common(text: dict, default_partial: float) -> dict:
 def _check_consistent(config: ModelConfig) -> None:
     """ValueError when settings that are each in range contradict one another."""
     if config.num_attention_heads % config.num_key_value_heads:
-        raise ValueError(f"num_attention_heads {config.num_attention_heads} is not a multiple of "
-                         f"num_key_value_heads {config.num_key_value_heads}")
+        raise ValueError(
+            f"num_attention_heads {config.num_attention_heads} is not a multiple of "
+            f"num_key_value_heads {config.num_key_value_heads}"
+        )
     if config.rotary_dim < 2 or config.rotary_dim % 2:
-        raise ValueError(f"head_dim {config.head_dim} x partial_rotary_factor gives {config.rotary_dim} rotated "
-                         f"dimensions, which must be an even number of at least 2")
+        raise ValueError(
+            f"head_dim {config.head_dim} x partial_rotary_factor gives {config.rotary_dim} rotated "
+            f"dimensions, which must be an even number of at least 2"
+        )
     moe_layers = config.num_hidden_layers - len(config.dense_mlp_layers)
     if moe_layers and not 1 <= config.num_experts_per_tok <= config.num_experts:
-        raise ValueError(f"num_experts_per_tok {config.num_experts_per_tok} must be from 1 to num_experts "
-                         f"{config.num_experts}")
+        raise ValueError(
+            f"num_experts_per_tok {config.num_experts_per_tok} must be from 1 to num_experts {config.num_experts}"
+        )
     if config.dense_mlp_layers and config.intermediate_size < 1:
-        raise ValueError(f"intermediate_size must be at least 1 for the dense MLP layers "
-                         f"{list(config.dense_mlp_layers)}, got {config.intermediate_size}")
+        raise ValueError(
+            f"intermediate_size must be at least 1 for the dense MLP layers "
+            f"{list(config.dense_mlp_layers)}, got {config.intermediate_size}"
+        )
     if config.num_linear_attention_layers and config.linear_num_value_heads % config.linear_num_key_heads:
-        raise ValueError(f"linear_num_value_heads {config.linear_num_value_heads} is not a multiple of "
-                         f"linear_num_key_heads {config.linear_num_key_heads}")
+        raise ValueError(
+            f"linear_num_value_heads {config.linear_num_value_heads} is not a multiple of "
+            f"linear_num_key_heads {config.linear_num_key_heads}"
+        )
 
 
 def _qwen3_moe(text: dict, quantization_config: dict | None) -> ModelConfig:
@@ -213,8 +240,7 @@ def _qwen3_moe(text: dict, quantization_config: dict | None) -> ModelConfig:
     mlp_only = text.get("mlp_only_layers") or []
     if not isinstance(mlp_only, list) or not all(isinstance(i, int) and not isinstance(i, bool) for i in mlp_only):
         raise ValueError(f"mlp_only_layers must be a list of layer numbers, got {mlp_only!r:.60}")
-    dense = tuple(i for i in range(layers)
-                  if i in mlp_only or common["num_experts"] == 0 or (i + 1) % step != 0)
+    dense = tuple(i for i in range(layers) if i in mlp_only or common["num_experts"] == 0 or (i + 1) % step != 0)
     return ModelConfig(
         model_type="qwen3_moe",
         layer_types=("full_attention",) * layers,
@@ -233,8 +259,11 @@ def _qwen3_5_moe(text: dict, quantization_config: dict | None) -> ModelConfig:
     if layer_types is None:
         interval = _whole(text, "full_attention_interval", default=4)
         layer_types = ["linear_attention" if (i + 1) % interval else "full_attention" for i in range(layers)]
-    if not isinstance(layer_types, list) or len(layer_types) != layers \
-            or not all(t in ("linear_attention", "full_attention") for t in layer_types):
+    if (
+        not isinstance(layer_types, list)
+        or len(layer_types) != layers
+        or not all(t in ("linear_attention", "full_attention") for t in layer_types)
+    ):
         raise ValueError(f"layer_types must list 'linear_attention'/'full_attention' for all {layers} layers")
     return ModelConfig(
         model_type="qwen3_5_moe_text",

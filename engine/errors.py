@@ -24,16 +24,19 @@ class ContextOverflowError(ValueError):
     def __init__(self, needed: int, limit: int, advice: str = ""):
         """`advice`: what else can make room, where something can (e.g. a larger context setting)."""
         self.needed, self.limit = needed, limit
-        super().__init__(f"the conversation needs {needed} tokens but this session holds at most {limit}; "
-                         f"start a new chat or shorten the prompt" + (f"; {advice}" if advice else ""))
+        super().__init__(
+            f"the conversation needs {needed} tokens but this session holds at most {limit}; "
+            f"start a new chat or shorten the prompt" + (f"; {advice}" if advice else "")
+        )
 
 
 class NonFiniteLogitsError(RuntimeError):
     """The model's scores for the next token hold NaN or infinity, so no token can be chosen."""
 
     def __init__(self):
-        super().__init__("the model produced NaN/inf logits: its weights are damaged or the format is misread; "
-                         "re-download it")
+        super().__init__(
+            "the model produced NaN/inf logits: its weights are damaged or the format is misread; re-download it"
+        )
 
 
 class GraphCaptureError(RuntimeError):

@@ -25,9 +25,15 @@ if sys.platform.startswith("linux"):
     os.environ.setdefault("PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:True")
 
 
-def load_model(path: str | Path, device: str | torch.device = "cpu", dtype: torch.dtype = torch.float32,
-               expert_cache_slots: int | None = None, pin_budget_bytes: int | None = None,
-               expert_backend: str = "auto", cpu_threads: int | None = None) -> CausalLM:
+def load_model(
+    path: str | Path,
+    device: str | torch.device = "cpu",
+    dtype: torch.dtype = torch.float32,
+    expert_cache_slots: int | None = None,
+    pin_budget_bytes: int | None = None,
+    expert_backend: str = "auto",
+    cpu_threads: int | None = None,
+) -> CausalLM:
     """Open a Hugging Face checkpoint folder. Raises CheckpointError with the path and a plain cause.
 
     Routed experts stay in host RAM. With `expert_cache_slots`, that many experts at a time live in
@@ -51,8 +57,14 @@ def build_model(source: WeightSource, executor) -> CausalLM:
     return model
 
 
-def expert_executor(device, expert_cache_slots: int | None, pin_budget_bytes: int | None = None,
-                    expert_backend: str = "auto", cpu_threads: int | None = None, link: LinkLimit | None = None):
+def expert_executor(
+    device,
+    expert_cache_slots: int | None,
+    pin_budget_bytes: int | None = None,
+    expert_backend: str = "auto",
+    cpu_threads: int | None = None,
+    link: LinkLimit | None = None,
+):
     if not expert_cache_slots:
         return ReferenceExpertExecutor()
     budget = default_pin_budget_bytes() if pin_budget_bytes is None else pin_budget_bytes

@@ -38,15 +38,26 @@ def stored_tensors(form: str, out_features: int, in_features: int, block: tuple[
         scales = (-(-out_features // block[0]), -(-in_features // block[1]))
         return {"weight": ("F8_E4M3", (out_features, in_features)), "weight_scale_inv": ("BF16", scales)}
     if form == FP8_TENSOR:
-        return {"weight": ("F8_E4M3", (out_features, in_features)), "weight_scale": ("F32", ()),
-                "input_scale": ("F32", ())}
+        return {
+            "weight": ("F8_E4M3", (out_features, in_features)),
+            "weight_scale": ("F32", ()),
+            "input_scale": ("F32", ()),
+        }
     packed, scales = (out_features, in_features // 2), (out_features, in_features // NVFP4_GROUP)
     if form == NVFP4:
-        return {"weight": ("U8", packed), "weight_scale": ("F8_E4M3", scales), "weight_scale_2": ("F32", ()),
-                "input_scale": ("F32", ())}
+        return {
+            "weight": ("U8", packed),
+            "weight_scale": ("F8_E4M3", scales),
+            "weight_scale_2": ("F32", ()),
+            "input_scale": ("F32", ()),
+        }
     if form == NVFP4_CT:
-        return {"weight_packed": ("U8", packed), "weight_scale": ("F8_E4M3", scales),
-                "weight_global_scale": ("F32", (1,)), "input_global_scale": ("F32", (1,))}
+        return {
+            "weight_packed": ("U8", packed),
+            "weight_scale": ("F8_E4M3", scales),
+            "weight_global_scale": ("F32", (1,)),
+            "input_global_scale": ("F32", (1,)),
+        }
     raise ValueError(f"no stored form {form!r}")
 
 
@@ -66,8 +77,7 @@ class Build:
 BF16_FUSED = Build(BF16, BF16, BF16, BF16, fused_experts=True)
 NVIDIA_NVFP4 = Build(NVFP4, NVFP4, FP8_TENSOR, FP8_TENSOR, lm_head=NVFP4, mtp=BF16_FUSED)
 QWEN_BF16 = Build(BF16, BF16, BF16, BF16, fused_experts=True, mtp=BF16_FUSED)
-QWEN_FP8 = Build(FP8_BLOCK, FP8_BLOCK, FP8_BLOCK, FP8_BLOCK,
-                 mtp=Build(FP8_BLOCK, FP8_BLOCK, FP8_BLOCK, BF16))
+QWEN_FP8 = Build(FP8_BLOCK, FP8_BLOCK, FP8_BLOCK, FP8_BLOCK, mtp=Build(FP8_BLOCK, FP8_BLOCK, FP8_BLOCK, BF16))
 LLM_COMPRESSOR_NVFP4 = Build(NVFP4_CT, NVFP4_CT, NVFP4_CT, BF16)
 QWEN3_BF16 = Build(BF16, BF16, BF16, BF16)
 
@@ -84,8 +94,15 @@ class _LayoutWalk:
     def plain(self, name: str, *shape: int) -> None:
         self.layout[name] = ("BF16", shape)
 
-    def linear(self, module: str, out_features: int, in_features: int, form: str, group: str | None = None,
-               is_linear: bool = True) -> None:
+    def linear(
+        self,
+        module: str,
+        out_features: int,
+        in_features: int,
+        form: str,
+        group: str | None = None,
+        is_linear: bool = True,
+    ) -> None:
         for role, entry in stored_tensors(form, out_features, in_features, self.block).items():
             self.layout[f"{module}.{role}"] = entry
         self.forms.setdefault(group or module, form)
@@ -169,14 +186,20 @@ def vision_tensors(vision: dict) -> list[tuple[str, tuple[int, ...], str]]:
     hidden, inter, out = vision["hidden_size"], vision["intermediate_size"], vision["out_hidden_size"]
     merged = hidden * vision["spatial_merge_size"] ** 2
     patch = vision["patch_size"]
-    tensors = [("model.visual.patch_embed.proj.weight",
-                (hidden, vision["in_channels"], vision["temporal_patch_size"], patch, patch), "embed"),
-               ("model.visual.patch_embed.proj.bias", (hidden,), "bias"),
-               ("model.visual.pos_embed.weight", (vision["num_position_embeddings"], hidden), "embed")]
+    tensors = [
+        (
+            "model.visual.patch_embed.proj.weight",
+            (hidden, vision["in_channels"], vision["temporal_patch_size"], patch, patch),
+            "embed",
+        ),
+        ("model.visual.patch_embed.proj.bias", (hidden,), "bias"),
+        ("model.visual.pos_embed.weight", (vision["num_position_embeddings"], hidden), "embed"),
+    ]
 
     def linear_with_bias(module: str, out_features: int, in_features: int) -> None:
-        tensors.extend([(f"{module}.weight", (out_features, in_features), "linear"),
-                        (f"{module}.bias", (out_features,), "bias")])
+        tensors.extend(
+            [(f"{module}.weight", (out_features, in_features), "linear"), (f"{module}.bias", (out_features,), "bias")]
+        )
 
     for b in range(vision["depth"]):
         block = f"model.visual.blocks.{b}"
@@ -188,8 +211,9 @@ def vision_tensors(vision: dict) -> list[tuple[str, tuple[int, ...], str]]:
             tensors.extend([(f"{block}.{norm}.weight", (hidden,), "norm"), (f"{block}.{norm}.bias", (hidden,), "bias")])
     linear_with_bias("model.visual.merger.linear_fc1", merged, merged)
     linear_with_bias("model.visual.merger.linear_fc2", out, merged)
-    tensors.extend([("model.visual.merger.norm.weight", (hidden,), "norm"),
-                    ("model.visual.merger.norm.bias", (hidden,), "bias")])
+    tensors.extend(
+        [("model.visual.merger.norm.weight", (hidden,), "norm"), ("model.visual.merger.norm.bias", (hidden,), "bias")]
+    )
     return tensors
 
 
@@ -249,52 +273,139 @@ QWEN3_6_LAYERS = 40
 QWEN3_6_FULL_ATTENTION_INTERVAL = 4  # three Gated DeltaNet layers, then one full-attention layer
 
 QWEN3_6_TEXT_CONFIG = {  # Qwen/Qwen3.6-35B-A3B's text_config, shared by every build of it
-    "attention_bias": False, "attention_dropout": 0.0, "attn_output_gate": True, "bos_token_id": 248044,
-    "dtype": "bfloat16", "eos_token_id": 248044, "full_attention_interval": QWEN3_6_FULL_ATTENTION_INTERVAL,
-    "head_dim": 256, "hidden_act": "silu", "hidden_size": 2048, "initializer_range": 0.02,
-    "layer_types": ["full_attention" if (i + 1) % QWEN3_6_FULL_ATTENTION_INTERVAL == 0 else "linear_attention"
-                    for i in range(QWEN3_6_LAYERS)],
-    "linear_conv_kernel_dim": 4, "linear_key_head_dim": 128, "linear_num_key_heads": 16,
-    "linear_num_value_heads": 32, "linear_value_head_dim": 128, "mamba_ssm_dtype": "float32",
-    "max_position_embeddings": 262144, "model_type": "qwen3_5_moe_text", "moe_intermediate_size": 512,
-    "mtp_num_hidden_layers": 1, "mtp_use_dedicated_embeddings": False, "num_attention_heads": 16,
-    "num_experts": 256, "num_experts_per_tok": 8, "num_hidden_layers": QWEN3_6_LAYERS, "num_key_value_heads": 2,
-    "output_router_logits": False, "partial_rotary_factor": 0.25, "rms_norm_eps": 1e-06,
-    "rope_parameters": {"mrope_interleaved": True, "mrope_section": [11, 11, 10], "partial_rotary_factor": 0.25,
-                        "rope_theta": 10000000, "rope_type": "default"},
-    "router_aux_loss_coef": 0.001, "shared_expert_intermediate_size": 512, "tie_word_embeddings": False,
-    "use_cache": True, "vocab_size": 248320,
+    "attention_bias": False,
+    "attention_dropout": 0.0,
+    "attn_output_gate": True,
+    "bos_token_id": 248044,
+    "dtype": "bfloat16",
+    "eos_token_id": 248044,
+    "full_attention_interval": QWEN3_6_FULL_ATTENTION_INTERVAL,
+    "head_dim": 256,
+    "hidden_act": "silu",
+    "hidden_size": 2048,
+    "initializer_range": 0.02,
+    "layer_types": [
+        "full_attention" if (i + 1) % QWEN3_6_FULL_ATTENTION_INTERVAL == 0 else "linear_attention"
+        for i in range(QWEN3_6_LAYERS)
+    ],
+    "linear_conv_kernel_dim": 4,
+    "linear_key_head_dim": 128,
+    "linear_num_key_heads": 16,
+    "linear_num_value_heads": 32,
+    "linear_value_head_dim": 128,
+    "mamba_ssm_dtype": "float32",
+    "max_position_embeddings": 262144,
+    "model_type": "qwen3_5_moe_text",
+    "moe_intermediate_size": 512,
+    "mtp_num_hidden_layers": 1,
+    "mtp_use_dedicated_embeddings": False,
+    "num_attention_heads": 16,
+    "num_experts": 256,
+    "num_experts_per_tok": 8,
+    "num_hidden_layers": QWEN3_6_LAYERS,
+    "num_key_value_heads": 2,
+    "output_router_logits": False,
+    "partial_rotary_factor": 0.25,
+    "rms_norm_eps": 1e-06,
+    "rope_parameters": {
+        "mrope_interleaved": True,
+        "mrope_section": [11, 11, 10],
+        "partial_rotary_factor": 0.25,
+        "rope_theta": 10000000,
+        "rope_type": "default",
+    },
+    "router_aux_loss_coef": 0.001,
+    "shared_expert_intermediate_size": 512,
+    "tie_word_embeddings": False,
+    "use_cache": True,
+    "vocab_size": 248320,
 }
 QWEN3_6_VISION_CONFIG = {
-    "deepstack_visual_indexes": [], "depth": 27, "hidden_act": "gelu_pytorch_tanh", "hidden_size": 1152,
-    "in_channels": 3, "initializer_range": 0.02, "intermediate_size": 4304, "model_type": "qwen3_5_moe",
-    "num_heads": 16, "num_position_embeddings": 2304, "out_hidden_size": 2048, "patch_size": 16,
-    "spatial_merge_size": 2, "temporal_patch_size": 2,
+    "deepstack_visual_indexes": [],
+    "depth": 27,
+    "hidden_act": "gelu_pytorch_tanh",
+    "hidden_size": 1152,
+    "in_channels": 3,
+    "initializer_range": 0.02,
+    "intermediate_size": 4304,
+    "model_type": "qwen3_5_moe",
+    "num_heads": 16,
+    "num_position_embeddings": 2304,
+    "out_hidden_size": 2048,
+    "patch_size": 16,
+    "spatial_merge_size": 2,
+    "temporal_patch_size": 2,
 }
 QWEN3_6_CONFIG = {
-    "architectures": ["Qwen3_5MoeForConditionalGeneration"], "image_token_id": 248056, "language_model_only": False,
-    "model_type": "qwen3_5_moe", "text_config": QWEN3_6_TEXT_CONFIG, "tie_word_embeddings": False,
-    "transformers_version": "4.57.1", "video_token_id": 248057, "vision_config": QWEN3_6_VISION_CONFIG,
-    "vision_end_token_id": 248054, "vision_start_token_id": 248053,
+    "architectures": ["Qwen3_5MoeForConditionalGeneration"],
+    "image_token_id": 248056,
+    "language_model_only": False,
+    "model_type": "qwen3_5_moe",
+    "text_config": QWEN3_6_TEXT_CONFIG,
+    "tie_word_embeddings": False,
+    "transformers_version": "4.57.1",
+    "video_token_id": 248057,
+    "vision_config": QWEN3_6_VISION_CONFIG,
+    "vision_end_token_id": 248054,
+    "vision_start_token_id": 248053,
 }
-QWEN3_6_GENERATION_CONFIG = {"bos_token_id": 248044, "do_sample": True, "eos_token_id": [248046, 248044],
-                             "pad_token_id": 248044, "temperature": 1.0, "top_k": 20, "top_p": 0.95,
-                             "transformers_version": "4.57.1"}
+QWEN3_6_GENERATION_CONFIG = {
+    "bos_token_id": 248044,
+    "do_sample": True,
+    "eos_token_id": [248046, 248044],
+    "pad_token_id": 248044,
+    "temperature": 1.0,
+    "top_k": 20,
+    "top_p": 0.95,
+    "transformers_version": "4.57.1",
+}
 
 QWEN3_30B_A3B_CONFIG = {
-    "architectures": ["Qwen3MoeForCausalLM"], "attention_bias": False, "attention_dropout": 0.0,
-    "bos_token_id": 151643, "decoder_sparse_step": 1, "eos_token_id": 151645, "head_dim": 128, "hidden_act": "silu",
-    "hidden_size": 2048, "initializer_range": 0.02, "intermediate_size": 6144, "max_position_embeddings": 40960,
-    "max_window_layers": 48, "mlp_only_layers": [], "model_type": "qwen3_moe", "moe_intermediate_size": 768,
-    "norm_topk_prob": True, "num_attention_heads": 32, "num_experts": 128, "num_experts_per_tok": 8,
-    "num_hidden_layers": 48, "num_key_value_heads": 4, "output_router_logits": False, "rms_norm_eps": 1e-06,
-    "rope_scaling": None, "rope_theta": 1000000.0, "router_aux_loss_coef": 0.001, "sliding_window": None,
-    "tie_word_embeddings": False, "torch_dtype": "bfloat16", "transformers_version": "4.51.0", "use_cache": True,
-    "use_sliding_window": False, "vocab_size": 151936,
+    "architectures": ["Qwen3MoeForCausalLM"],
+    "attention_bias": False,
+    "attention_dropout": 0.0,
+    "bos_token_id": 151643,
+    "decoder_sparse_step": 1,
+    "eos_token_id": 151645,
+    "head_dim": 128,
+    "hidden_act": "silu",
+    "hidden_size": 2048,
+    "initializer_range": 0.02,
+    "intermediate_size": 6144,
+    "max_position_embeddings": 40960,
+    "max_window_layers": 48,
+    "mlp_only_layers": [],
+    "model_type": "qwen3_moe",
+    "moe_intermediate_size": 768,
+    "norm_topk_prob": True,
+    "num_attention_heads": 32,
+    "num_experts": 128,
+    "num_experts_per_tok": 8,
+    "num_hidden_layers": 48,
+    "num_key_value_heads": 4,
+    "output_router_logits": False,
+    "rms_norm_eps": 1e-06,
+    "rope_scaling": None,
+    "rope_theta": 1000000.0,
+    "router_aux_loss_coef": 0.001,
+    "sliding_window": None,
+    "tie_word_embeddings": False,
+    "torch_dtype": "bfloat16",
+    "transformers_version": "4.51.0",
+    "use_cache": True,
+    "use_sliding_window": False,
+    "vocab_size": 151936,
 }
-QWEN3_30B_A3B_GENERATION_CONFIG = {"bos_token_id": 151643, "do_sample": True, "eos_token_id": [151645, 151643],
-                                   "pad_token_id": 151643, "temperature": 0.6, "top_k": 20, "top_p": 0.95,
-                                   "transformers_version": "4.51.0"}
+QWEN3_30B_A3B_GENERATION_CONFIG = {
+    "bos_token_id": 151643,
+    "do_sample": True,
+    "eos_token_id": [151645, 151643],
+    "pad_token_id": 151643,
+    "temperature": 0.6,
+    "top_k": 20,
+    "top_p": 0.95,
+    "transformers_version": "4.51.0",
+}
 
 MODELOPT_VERSION = "0.44.0"  # the exporter of nvidia/Qwen3.6-35B-A3B-NVFP4
 LLM_COMPRESSOR_VERSION = "0.20.1"  # compressed-tensors version of the llm-compressor build
@@ -307,8 +418,9 @@ def _modelopt_quantization(config_json: dict, build: Build) -> tuple[dict, dict]
     """(config.json quantization_config, hf_quant_config.json) a ModelOpt MIXED_PRECISION export declares."""
     walk = walk_layout(config_json, build)
     algos = {NVFP4: "W4A16_NVFP4", FP8_TENSOR: "FP8"}
-    layers = {group: algos[form] for group, form in walk.forms.items()
-              if form in algos and not group.startswith("mtp.")}
+    layers = {
+        group: algos[form] for group, form in walk.forms.items() if form in algos and not group.startswith("mtp.")
+    }
     mtp_layers = int(config_json.get("text_config", config_json).get("mtp_num_hidden_layers") or 0)
     exclude = ["mtp*", *(f"mtp.layers.{i}*" for i in range(mtp_layers))]
     return modelopt_mixed_precision(layers, exclude, MODELOPT_VERSION)
@@ -326,20 +438,43 @@ def _qwen_fp8_modules_to_not_convert(config_json: dict) -> list[str]:
         for root in ("model.visual", "visual"):
             names += [f"{root}.deepstack_merger_list.{d}.{m}" for m in ("linear_fc1", "linear_fc2", "norm")]
     for root in ("model.visual", "visual"):
-        names += [f"{root}.{m}" for m in ("merger.linear_fc1", "merger.linear_fc2", "merger.norm", "patch_embed.proj",
-                                          "pos_embed")]
+        names += [
+            f"{root}.{m}"
+            for m in ("merger.linear_fc1", "merger.linear_fc2", "merger.norm", "patch_embed.proj", "pos_embed")
+        ]
     names += ["visual", "model.visual", "lm_head", "model.embed_tokens"]
     for i, kind in enumerate(text["layer_types"]):
         layer = f"model.language_model.layers.{i}"
-        names += [f"{layer}.{m}" for m in ("input_layernorm", "mlp.shared_expert_gate", "post_attention_layernorm",
-                                           "mlp.gate")]
-        mixer = ("linear_attn.A_log", "linear_attn.conv1d", "linear_attn.dt_bias", "linear_attn.in_proj_ba",
-                 "linear_attn.in_proj_b", "linear_attn.in_proj_a", "linear_attn.norm") \
-            if kind == "linear_attention" else ("self_attn.k_norm", "self_attn.q_norm")
+        names += [
+            f"{layer}.{m}"
+            for m in ("input_layernorm", "mlp.shared_expert_gate", "post_attention_layernorm", "mlp.gate")
+        ]
+        mixer = (
+            (
+                "linear_attn.A_log",
+                "linear_attn.conv1d",
+                "linear_attn.dt_bias",
+                "linear_attn.in_proj_ba",
+                "linear_attn.in_proj_b",
+                "linear_attn.in_proj_a",
+                "linear_attn.norm",
+            )
+            if kind == "linear_attention"
+            else ("self_attn.k_norm", "self_attn.q_norm")
+        )
         names += [f"{layer}.{m}" for m in mixer]
     for i in range(text["mtp_num_hidden_layers"]):
-        names += [f"mtp.layers.{i}.{m}" for m in ("input_layernorm", "mlp.gate", "mlp.shared_expert_gate",
-                                                  "post_attention_layernorm", "self_attn.k_norm", "self_attn.q_norm")]
+        names += [
+            f"mtp.layers.{i}.{m}"
+            for m in (
+                "input_layernorm",
+                "mlp.gate",
+                "mlp.shared_expert_gate",
+                "post_attention_layernorm",
+                "self_attn.k_norm",
+                "self_attn.q_norm",
+            )
+        ]
     return names + ["mtp.fc", "mtp.norm", "mtp.pre_fc_norm_embedding", "mtp.pre_fc_norm_hidden"]
 
 
@@ -355,51 +490,107 @@ def _with_quantization(config: dict, quantization: dict) -> dict:
 
 
 def _synthetic(name: str, description: str, config_json: dict, build: Build, **extra) -> SyntheticModel:
-    return SyntheticModel(name, description, config_from_dict(config_json, Path(f"<synthetic {name}>/config.json")),
-                          config_json, build, **extra)
+    return SyntheticModel(
+        name,
+        description,
+        config_from_dict(config_json, Path(f"<synthetic {name}>/config.json")),
+        config_json,
+        build,
+        **extra,
+    )
 
 
 def _nvidia_nvfp4(name: str, description: str, config: dict, **extra) -> SyntheticModel:
     quantization, hf_quant = _modelopt_quantization(config, NVIDIA_NVFP4)
-    return _synthetic(name, description, _with_quantization(config, quantization), NVIDIA_NVFP4,
-                      hf_quant_config=hf_quant, **extra)
+    return _synthetic(
+        name, description, _with_quantization(config, quantization), NVIDIA_NVFP4, hf_quant_config=hf_quant, **extra
+    )
 
 
 # The shapes of the tiny test checkpoints, as write_tiny_checkpoint(..., "qwen3_5_moe", "nvfp4") lays them out.
 TINY_CONFIG = tiny_checkpoints.config_json("qwen3_5_moe", tiny_checkpoints.TEXT_QWEN3_5)
 
-SYNTHETIC_MODELS: Mapping[str, SyntheticModel] = MappingProxyType({
-    model.name: model for model in (
-        _nvidia_nvfp4("qwen3.6-35b-a3b-nvfp4", "Qwen3.6-35B-A3B as nvidia/Qwen3.6-35B-A3B-NVFP4 stores it (NVFP4 "
-                      "experts and LM head, FP8 attention and GDN projections)", QWEN3_6_CONFIG,
-                      generation_config=QWEN3_6_GENERATION_CONFIG),
-        _synthetic("qwen3.6-35b-a3b", "Qwen3.6-35B-A3B as Qwen/Qwen3.6-35B-A3B stores it (bf16, fused experts)",
-                   copy.deepcopy(QWEN3_6_CONFIG), QWEN_BF16, generation_config=QWEN3_6_GENERATION_CONFIG),
-        _synthetic("qwen3.6-35b-a3b-fp8", "Qwen3.6-35B-A3B as Qwen/Qwen3.6-35B-A3B-FP8 stores it (FP8 projections, "
-                   "bf16 scales per 128x128 block)",
-                   _with_quantization(QWEN3_6_CONFIG, fp8_block((128, 128),
-                                                                _qwen_fp8_modules_to_not_convert(QWEN3_6_CONFIG))),
-                   QWEN_FP8, generation_config=QWEN3_6_GENERATION_CONFIG),
-        _synthetic("qwen3.6-35b-a3b-nvfp4-ct", "Qwen3.6-35B-A3B as an llm-compressor nvfp4-pack-quantized build "
-                   "stores it (NVFP4 experts and attention, bf16 GDN)",
-                   _with_quantization(QWEN3_6_CONFIG, compressed_tensors_nvfp4(
-                       _llm_compressor_ignore(QWEN3_6_CONFIG, LLM_COMPRESSOR_NVFP4), LLM_COMPRESSOR_VERSION)),
-                   LLM_COMPRESSOR_NVFP4, generation_config=QWEN3_6_GENERATION_CONFIG),
-        _synthetic("qwen3-30b-a3b", "Qwen3-30B-A3B as Qwen/Qwen3-30B-A3B stores it (bf16, one tensor per expert)",
-                   copy.deepcopy(QWEN3_30B_A3B_CONFIG), QWEN3_BF16, generation_config=QWEN3_30B_A3B_GENERATION_CONFIG),
-        _nvidia_nvfp4("tiny", "the tiny Qwen3.5-MoE test model, as write_tiny_checkpoint(..., 'nvfp4') lays it out",
-                      TINY_CONFIG),
-    )
-})
+SYNTHETIC_MODELS: Mapping[str, SyntheticModel] = MappingProxyType(
+    {
+        model.name: model
+        for model in (
+            _nvidia_nvfp4(
+                "qwen3.6-35b-a3b-nvfp4",
+                "Qwen3.6-35B-A3B as nvidia/Qwen3.6-35B-A3B-NVFP4 stores it (NVFP4 "
+                "experts and LM head, FP8 attention and GDN projections)",
+                QWEN3_6_CONFIG,
+                generation_config=QWEN3_6_GENERATION_CONFIG,
+            ),
+            _synthetic(
+                "qwen3.6-35b-a3b",
+                "Qwen3.6-35B-A3B as Qwen/Qwen3.6-35B-A3B stores it (bf16, fused experts)",
+                copy.deepcopy(QWEN3_6_CONFIG),
+                QWEN_BF16,
+                generation_config=QWEN3_6_GENERATION_CONFIG,
+            ),
+            _synthetic(
+                "qwen3.6-35b-a3b-fp8",
+                "Qwen3.6-35B-A3B as Qwen/Qwen3.6-35B-A3B-FP8 stores it (FP8 projections, "
+                "bf16 scales per 128x128 block)",
+                _with_quantization(
+                    QWEN3_6_CONFIG, fp8_block((128, 128), _qwen_fp8_modules_to_not_convert(QWEN3_6_CONFIG))
+                ),
+                QWEN_FP8,
+                generation_config=QWEN3_6_GENERATION_CONFIG,
+            ),
+            _synthetic(
+                "qwen3.6-35b-a3b-nvfp4-ct",
+                "Qwen3.6-35B-A3B as an llm-compressor nvfp4-pack-quantized build "
+                "stores it (NVFP4 experts and attention, bf16 GDN)",
+                _with_quantization(
+                    QWEN3_6_CONFIG,
+                    compressed_tensors_nvfp4(
+                        _llm_compressor_ignore(QWEN3_6_CONFIG, LLM_COMPRESSOR_NVFP4), LLM_COMPRESSOR_VERSION
+                    ),
+                ),
+                LLM_COMPRESSOR_NVFP4,
+                generation_config=QWEN3_6_GENERATION_CONFIG,
+            ),
+            _synthetic(
+                "qwen3-30b-a3b",
+                "Qwen3-30B-A3B as Qwen/Qwen3-30B-A3B stores it (bf16, one tensor per expert)",
+                copy.deepcopy(QWEN3_30B_A3B_CONFIG),
+                QWEN3_BF16,
+                generation_config=QWEN3_30B_A3B_GENERATION_CONFIG,
+            ),
+            _nvidia_nvfp4(
+                "tiny",
+                "the tiny Qwen3.5-MoE test model, as write_tiny_checkpoint(..., 'nvfp4') lays it out",
+                TINY_CONFIG,
+            ),
+        )
+    }
+)
 
 
 def text_config(config: ModelConfig) -> dict:
     """The config.json text settings that give `config`: what engine.testing.tiny_checkpoints lays out."""
-    text = {key: getattr(config, key) for key in (
-        "vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads",
-        "head_dim", "num_experts", "num_experts_per_tok", "moe_intermediate_size", "intermediate_size",
-        "shared_expert_intermediate_size", "linear_num_key_heads", "linear_num_value_heads",
-        "linear_key_head_dim", "linear_value_head_dim", "linear_conv_kernel_dim")}
+    text = {
+        key: getattr(config, key)
+        for key in (
+            "vocab_size",
+            "hidden_size",
+            "num_hidden_layers",
+            "num_attention_heads",
+            "num_key_value_heads",
+            "head_dim",
+            "num_experts",
+            "num_experts_per_tok",
+            "moe_intermediate_size",
+            "intermediate_size",
+            "shared_expert_intermediate_size",
+            "linear_num_key_heads",
+            "linear_num_value_heads",
+            "linear_key_head_dim",
+            "linear_value_head_dim",
+            "linear_conv_kernel_dim",
+        )
+    }
     text["layer_types"] = list(config.layer_types)
     text["mlp_only_layers"] = list(config.dense_mlp_layers)
     return text

@@ -43,8 +43,23 @@ def test_graphed_steps_follow_the_forced_routing_like_the_plain_forward(tiny_che
 def test_worst_case_routing_stays_within_the_preset(preset):
     """Prefill and decode of the full-size real-layout model under every chunk worst case: no out-of-memory,
     and the measured peak within the budget."""
-    command = [sys.executable, "-m", "engine", "bench", "--synthetic", "qwen3.6-35b-a3b-nvfp4", "--preset", preset,
-               "--routing", WORST_CASES, "--prompt-tokens", "4096", "--decode-tokens", "8", "--json"]
+    command = [
+        sys.executable,
+        "-m",
+        "engine",
+        "bench",
+        "--synthetic",
+        "qwen3.6-35b-a3b-nvfp4",
+        "--preset",
+        preset,
+        "--routing",
+        WORST_CASES,
+        "--prompt-tokens",
+        "4096",
+        "--decode-tokens",
+        "8",
+        "--json",
+    ]
     # the bench reads what lies outside its allocator from the card's free memory, so what this process
     # (CUDA started by earlier tests) holds on the card is counted in its peak: take it back out
     torch.cuda.empty_cache()

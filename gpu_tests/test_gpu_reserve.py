@@ -19,15 +19,22 @@ SPARE_BYTES = 48 * MIB  # beyond the reserve: the tiny model's tensors and a 4,0
 DECODE_STEPS = 16
 
 
-MEASURE = "import json; from engine.runtime.reserve import runtime_reserve; print(json.dumps(runtime_reserve().to_dict()))"
+MEASURE = (
+    "import json; from engine.runtime.reserve import runtime_reserve; print(json.dumps(runtime_reserve().to_dict()))"
+)
 
 
 def test_the_reserve_is_measured_here_and_a_plan_made_with_it_holds(tiny_checkpoint, tmp_path, monkeypatch):
     monkeypatch.setenv("MOEDESK_MODELS_DIR", str(tmp_path / "models"))  # a cache file of the test's own
     # measured in a fresh process, as the app's first start does: this one has CUDA started by earlier tests,
     # so NVML's reading before CUDA (the baseline) is no longer to be had here
-    done = subprocess.run([sys.executable, "-c", MEASURE], capture_output=True, text=True, timeout=120,
-                          cwd=Path(__file__).resolve().parent.parent)
+    done = subprocess.run(
+        [sys.executable, "-c", MEASURE],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=Path(__file__).resolve().parent.parent,
+    )
     assert done.returncode == 0, done.stderr[-2000:]
     fresh = json.loads(done.stdout)
     props = torch.cuda.get_device_properties(0)
@@ -35,16 +42,24 @@ def test_the_reserve_is_measured_here_and_a_plan_made_with_it_holds(tiny_checkpo
     print(f"\nmeasured {fresh}\nformula {formula.to_dict()}")
     assert fresh["measured"] and not fresh["others_included"], fresh["source"]
     local_memory = props.multi_processor_count * props.max_threads_per_multi_processor * CUDA_STACK_BYTES_PER_THREAD
-    assert local_memory < fresh["measured_outside_bytes"] <= reserve.MAX_PLAUSIBLE_OUTSIDE_FACTOR * \
-        formula.outside_allocator_bytes
+    assert (
+        local_memory
+        < fresh["measured_outside_bytes"]
+        <= reserve.MAX_PLAUSIBLE_OUTSIDE_FACTOR * formula.outside_allocator_bytes
+    )
     assert reserve.reserve_file().exists()
     reserve.forget_in_process()
     found = reserve.runtime_reserve()  # from the file the fresh process cached
     assert found.to_dict() == fresh
 
     folder = tiny_checkpoint("qwen3_5_moe", "nvfp4", False)
-    plan = plan_memory(footprint_from_checkpoint(folder), found.reserve_bytes + SPARE_BYTES, "4gb",
-                       reserve_bytes=found.reserve_bytes, reserve_source=found.source)
+    plan = plan_memory(
+        footprint_from_checkpoint(folder),
+        found.reserve_bytes + SPARE_BYTES,
+        "4gb",
+        reserve_bytes=found.reserve_bytes,
+        reserve_source=found.source,
+    )
     assert plan.reserve_measured and plan.breakdown["runtime_reserve"] == found.reserve_bytes
     gc.collect()
     torch.cuda.empty_cache()
@@ -56,7 +71,7 @@ def test_the_reserve_is_measured_here_and_a_plan_made_with_it_holds(tiny_checkpo
         state = model.new_state(plan.kv_tokens)
         prompt = torch.randint(2, 320, (plan.max_prompt_tokens,), generator=torch.Generator().manual_seed(3))
         for start in range(0, len(prompt), plan.prefill_chunk_tokens):
-            token = int(model.forward(prompt[start:start + plan.prefill_chunk_tokens], state).argmax())
+            token = int(model.forward(prompt[start : start + plan.prefill_chunk_tokens], state).argmax())
         for _ in range(DECODE_STEPS):  # captured as CUDA graphs after the first
             token = int(model.forward([token], state).argmax())
         torch.cuda.synchronize()

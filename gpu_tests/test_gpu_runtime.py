@@ -10,8 +10,14 @@ from engine.runtime.sampling import SamplingParams
 from engine.runtime.session import ChatSession
 from engine.runtime.tokenizer import ChatTokenizer
 
-LAYOUTS = [("qwen3_5_moe", "nvfp4", False), ("qwen3_5_moe", "nvfp4_ct", False), ("qwen3_5_moe", "bf16", True),
-           ("qwen3_5_moe", "fp8_block", False), ("qwen3_moe", "fp8_block", False), ("qwen3_moe", "bf16", False)]
+LAYOUTS = [
+    ("qwen3_5_moe", "nvfp4", False),
+    ("qwen3_5_moe", "nvfp4_ct", False),
+    ("qwen3_5_moe", "bf16", True),
+    ("qwen3_5_moe", "fp8_block", False),
+    ("qwen3_moe", "fp8_block", False),
+    ("qwen3_moe", "bf16", False),
+]
 BF16_TOLERANCE = 3e-2  # max |logit difference| / max |logit| after every layer ran in bfloat16
 # float32 on the GPU: TF32 is off; summation order and FMA contraction (Triton's fused norm and GDN step) differ,
 # amplified through the tiny models' near-tie routing (measured up to 2.5e-4); a wrong scale or a flipped expert
@@ -92,9 +98,15 @@ def test_decode_with_the_cpu_computing_misses_matches_the_cpu_reference(tiny_che
     with no record pinned (pin budget 0, as where pinning fails) the host copies and computes every layer's share."""
     from engine.experts.calibration import Calibration
     from engine.experts.policy import BackendTrial
+
     folder = tiny_checkpoint("qwen3_5_moe", "nvfp4", False)
-    model = engine.load_model(folder, device="cuda", expert_cache_slots=8, pin_budget_bytes=pin_budget_bytes,
-                              expert_backend="hybrid" if backend == "auto" else backend)
+    model = engine.load_model(
+        folder,
+        device="cuda",
+        expert_cache_slots=8,
+        pin_budget_bytes=pin_budget_bytes,
+        expert_backend="hybrid" if backend == "auto" else backend,
+    )
     cpu_model = engine.load_model(folder)
     executor = model.expert_executor
     if backend != "cpu":  # whatever this machine measured, give the CPU half of each step's misses
@@ -114,14 +126,18 @@ def test_decode_with_the_cpu_computing_misses_matches_the_cpu_reference(tiny_che
 
 
 @pytest.mark.parametrize("kernel_works", [True, False])
-def test_decode_copies_by_kernel_or_by_the_host_as_the_load_time_probe_found(tiny_checkpoint, monkeypatch,
-                                                                             kernel_works):
+def test_decode_copies_by_kernel_or_by_the_host_as_the_load_time_probe_found(
+    tiny_checkpoint, monkeypatch, kernel_works
+):
     """The gather kernel is tried once at load; if this machine's Triton refused pinned host memory, a warning says
     so, the host copies the misses, and decode still equals the CPU reference."""
     from engine import kernels
+
     if not kernel_works:
+
         def refuse(*args):
             raise ValueError("Pointer argument (at 0) cannot be accessed from Triton (cpu tensor?)")
+
         monkeypatch.setattr(kernels, "gather_records", refuse)
     folder = tiny_checkpoint("qwen3_5_moe", "nvfp4", False)
     if kernel_works:
@@ -165,10 +181,12 @@ def test_graphed_decode_equals_the_plain_forward_on_the_gpu(tiny_checkpoint, lay
 
 
 def demo_session(device, dtype, chunk=256):
-    model = engine.load_model(DEMO_MODEL, device=device, dtype=dtype,
-                              expert_cache_slots=8 if device == "cuda" else None)
-    return ChatSession(model, ChatTokenizer.from_folder(DEMO_MODEL), context_tokens=8192, sampling=GREEDY,
-                       prefill_chunk_tokens=chunk)
+    model = engine.load_model(
+        DEMO_MODEL, device=device, dtype=dtype, expert_cache_slots=8 if device == "cuda" else None
+    )
+    return ChatSession(
+        model, ChatTokenizer.from_folder(DEMO_MODEL), context_tokens=8192, sampling=GREEDY, prefill_chunk_tokens=chunk
+    )
 
 
 def reply(session, text):

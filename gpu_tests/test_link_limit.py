@@ -31,6 +31,7 @@ def test_a_held_copy_takes_its_bytes_over_the_limit_and_still_copies():
         link.start()
         target.copy_(source, non_blocking=True)
         link.hold(source.numel())
+
     copy()  # compiles the kernels
     seconds = _elapsed(copy)
     assert source.numel() / LIMIT <= seconds <= SLACK * source.numel() / LIMIT
@@ -49,6 +50,7 @@ def test_a_captured_gather_is_held_for_each_replays_own_misses(misses):
         link.start()
         gather_records(records, pool, table)
         link.hold_records(table, record_bytes)
+
     step()  # compiles outside the capture
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):

@@ -38,8 +38,14 @@ def test_a_hundred_turns_at_4gb_stay_within_the_budget_and_match_a_fresh_session
     tokenizer = real_tokenizer(tmp_path)
 
     def session():
-        return ChatSession(model, tokenizer, context_tokens=plan.kv_tokens, sampling=GREEDY,
-                           prefill_chunk_tokens=plan.prefill_chunk_tokens)
+        return ChatSession(
+            model,
+            tokenizer,
+            context_tokens=plan.kv_tokens,
+            sampling=GREEDY,
+            prefill_chunk_tokens=plan.prefill_chunk_tokens,
+        )
+
     long_chat, replies, peaks = session(), [], []
     torch.cuda.reset_peak_memory_stats()
     for turn in range(TURNS):
@@ -47,9 +53,11 @@ def test_a_hundred_turns_at_4gb_stay_within_the_budget_and_match_a_fresh_session
         if turn % 10 == 9:  # a regenerate restores the host snapshot and answers the same
             assert list(long_chat.regenerate())[-1].answer == replies[-1]
         peaks.append(measured_peak()["peak_process_bytes"])
-    print(f"\nsoak: {TURNS} turns; "
-          f"peak {max(peaks) / 2**30:.3f} GiB of {plan.budget_bytes / 2**30:.2f}; "
-          f"turns 10-{TURNS}: {(peaks[-1] - peaks[9]) / 2**20:+.1f} MiB")
+    print(
+        f"\nsoak: {TURNS} turns; "
+        f"peak {max(peaks) / 2**30:.3f} GiB of {plan.budget_bytes / 2**30:.2f}; "
+        f"turns 10-{TURNS}: {(peaks[-1] - peaks[9]) / 2**20:+.1f} MiB"
+    )
     assert max(peaks) <= plan.budget_bytes, [p / 2**30 for p in peaks]
     assert peaks[-1] - peaks[9] < 64 * 2**20  # no growth with the turns
     del long_chat  # its KV cache makes room for the fresh session's

@@ -4,8 +4,15 @@ from __future__ import annotations
 
 from PySide6.QtCore import QObject, Signal, Slot
 
-DEFAULT_STATS = {"stop_reason": "eos", "new_tokens": 42, "time_to_first_token_s": 0.12,
-                 "decode_tokens_per_s": 23.4, "prefill_tokens": 17, "prompt_tokens": 17, "error": None}
+DEFAULT_STATS = {
+    "stop_reason": "eos",
+    "new_tokens": 42,
+    "time_to_first_token_s": 0.12,
+    "decode_tokens_per_s": 23.4,
+    "prefill_tokens": 17,
+    "prompt_tokens": 17,
+    "error": None,
+}
 
 
 class FakeWorker(QObject):
@@ -73,6 +80,8 @@ class FakeWorker(QObject):
     def reply(self, answer: str, reasoning: str = "", **stats) -> None:
         """A whole reply: started, streamed in two halves each, finished."""
         self.start_reply()
-        self.stream([reasoning[:len(reasoning) // 2], reasoning[len(reasoning) // 2:]] if reasoning else [],
-                    [answer[:len(answer) // 2], answer[len(answer) // 2:]])
+        self.stream(
+            [reasoning[: len(reasoning) // 2], reasoning[len(reasoning) // 2 :]] if reasoning else [],
+            [answer[: len(answer) // 2], answer[len(answer) // 2 :]],
+        )
         self.finish(answer, reasoning, **stats)

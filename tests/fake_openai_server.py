@@ -17,16 +17,25 @@ HANG = "hang"  # in a script: keep the stream open (with keep-alive comments) un
 KEEP_ALIVE_S = 0.02
 
 
-def chunk(content: str | None = None, reasoning: str | None = None, reasoning_key: str = "reasoning_content",
-          finish: str | None = None, usage: dict | None = None) -> dict:
+def chunk(
+    content: str | None = None,
+    reasoning: str | None = None,
+    reasoning_key: str = "reasoning_content",
+    finish: str | None = None,
+    usage: dict | None = None,
+) -> dict:
     """One chat.completion.chunk as vLLM sends it."""
     delta = {}
     if content is not None:
         delta["content"] = content
     if reasoning is not None:
         delta[reasoning_key] = reasoning
-    body = {"id": "chatcmpl-1", "object": "chat.completion.chunk", "model": "fake/model",
-            "choices": [{"index": 0, "delta": delta, "finish_reason": finish}]}
+    body = {
+        "id": "chatcmpl-1",
+        "object": "chat.completion.chunk",
+        "model": "fake/model",
+        "choices": [{"index": 0, "delta": delta, "finish_reason": finish}],
+    }
     if usage is not None:
         body = {**body, "choices": [], "usage": usage}
     return body

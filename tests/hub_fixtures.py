@@ -41,13 +41,22 @@ def fake_hub(hf_home, tiny_checkpoint):
     """A started FakeHub serving the tiny repos; stopped after the test."""
     hub = FakeHub(valid_tokens=(TOKEN,))
     nvfp4 = tiny_checkpoint("qwen3_5_moe", "nvfp4", shards=2)
-    extras = {"README.md": b"# Tiny MoE\n", ".gitattributes": b"*.safetensors filter=lfs\n",
-              "original/consolidated.safetensors": b"\0" * 64, "preprocessor_config.json": b"{}"}
+    extras = {
+        "README.md": b"# Tiny MoE\n",
+        ".gitattributes": b"*.safetensors filter=lfs\n",
+        "original/consolidated.safetensors": b"\0" * 64,
+        "preprocessor_config.json": b"{}",
+    }
     hub.add_repo(TINY, nvfp4, files=extras)
     hub.add_repo(QWEN3, tiny_checkpoint("qwen3_moe", "bf16"))
     hub.add_repo(GATED, nvfp4, gated=True)
-    hub.add_repo(NOT_MOE, files={"config.json": json.dumps({"model_type": "llama"}).encode(),
-                                 "model.safetensors": (b"\x02\0\0\0\0\0\0\0{}")})
+    hub.add_repo(
+        NOT_MOE,
+        files={
+            "config.json": json.dumps({"model_type": "llama"}).encode(),
+            "model.safetensors": (b"\x02\0\0\0\0\0\0\0{}"),
+        },
+    )
     hub.add_repo(NO_WEIGHTS, files={"config.json": b"{}", "pytorch_model.bin": b"\0" * 16})
     with hub:
         yield hub

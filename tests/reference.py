@@ -15,8 +15,14 @@ from compressed_tensors.compressors.nvfp4.helpers import unpack_fp4_from_uint8
 from safetensors import safe_open
 from safetensors.torch import save_file
 
-SCALE_ROLES = ("weight_scale", "weight_scale_2", "weight_scale_inv", "input_scale", "weight_global_scale",
-               "input_global_scale")
+SCALE_ROLES = (
+    "weight_scale",
+    "weight_scale_2",
+    "weight_scale_inv",
+    "input_scale",
+    "weight_global_scale",
+    "input_global_scale",
+)
 
 
 def _fp4_values(packed: torch.Tensor) -> torch.Tensor:
@@ -72,9 +78,11 @@ def transformers_model(folder: Path):
     import transformers
 
     model_type = json.loads((folder / "config.json").read_text())["model_type"]
-    cls = {"qwen3_5_moe": transformers.Qwen3_5MoeForConditionalGeneration,
-           "qwen3_5_moe_text": transformers.Qwen3_5MoeForCausalLM,
-           "qwen3_moe": transformers.Qwen3MoeForCausalLM}[model_type]
+    cls = {
+        "qwen3_5_moe": transformers.Qwen3_5MoeForConditionalGeneration,
+        "qwen3_5_moe_text": transformers.Qwen3_5MoeForCausalLM,
+        "qwen3_moe": transformers.Qwen3MoeForCausalLM,
+    }[model_type]
     return cls.from_pretrained(str(folder), dtype=torch.float32).eval()
 
 

@@ -29,8 +29,9 @@ class ScriptedModel:
             if interrupt is not None and interrupt():
                 raise Interrupted()
             time.sleep(0.001)
-        decoding = bool(self.fed) and len(ids) == 1 and self._cursor < len(self.script) and \
-            ids[0] == self.script[self._cursor]
+        decoding = (
+            bool(self.fed) and len(ids) == 1 and self._cursor < len(self.script) and ids[0] == self.script[self._cursor]
+        )
         self._cursor = self._cursor + 1 if decoding else 0
         self.fed.append(ids)
         state.position += len(ids)

@@ -17,12 +17,19 @@ from app.pages.chat import ChatPage, SystemPromptDialog, engine_history, title_f
 from app.storage import chat_history
 from app.widgets.chat_input import ChatInput
 from app.widgets.conversation_list import ConversationList
-from app.widgets.transcript import (RENDER_INTERVAL_MS, AssistantBubble, Block, CodeBlock, MarkdownPart,
-                                    Transcript, UserBubble, format_stats, split_code_blocks)
+from app.widgets.transcript import (
+    RENDER_INTERVAL_MS,
+    AssistantBubble,
+    Block,
+    CodeBlock,
+    MarkdownPart,
+    Transcript,
+    UserBubble,
+    format_stats,
+    split_code_blocks,
+)
 
 REAL_REPLY_TIMEOUT_MS = 20_000
-
-
 
 
 def make_page(qtbot, store, worker, settings) -> ChatPage:
@@ -83,8 +90,9 @@ def test_stats_line_reads_like_the_other_apps():
 
 
 def test_code_block_copy_button_puts_its_code_on_the_clipboard(qtbot):
-    bubble = AssistantBubble({"role": "assistant", "content": "Run:\n```sh\nls -la\n```\nthen\n```\nexit\n```",
-                              "reasoning": "", "stats": {}})
+    bubble = AssistantBubble(
+        {"role": "assistant", "content": "Run:\n```sh\nls -la\n```\nthen\n```\nexit\n```", "reasoning": "", "stats": {}}
+    )
     qtbot.addWidget(bubble)
     code_blocks = [p for p in bubble.answer_view.parts if isinstance(p, CodeBlock)]
     assert [c.code() for c in code_blocks] == ["ls -la", "exit"]
@@ -242,15 +250,22 @@ def test_a_failed_reply_shows_its_error_and_keeps_the_question(qtbot, store, fak
 
     # the worker refuses before starting when no model is loaded: no replyStarted at all
     type_and_send(qtbot, page, "Hello?")
-    fake.replyFinished.emit({"answer": "", "reasoning": "", "stats": {
-        "stop_reason": "error", "error": "No model is loaded. Open one on the Models page."}})
+    fake.replyFinished.emit(
+        {
+            "answer": "",
+            "reasoning": "",
+            "stats": {"stop_reason": "error", "error": "No model is loaded. Open one on the Models page."},
+        }
+    )
     assert last_bubble(page).error_label.text() == "No model is loaded. Open one on the Models page."
 
     # failed replies are not part of what the model is told happened
     type_and_send(qtbot, page, "Try again")
     history, _, _ = fake.sent[-1]
-    assert history == [{"role": "user", "content": "Summarise this very long text"},
-                       {"role": "user", "content": "Hello?"}]
+    assert history == [
+        {"role": "user", "content": "Summarise this very long text"},
+        {"role": "user", "content": "Hello?"},
+    ]
     assert engine_history(store.messages(conversation_id)) == history + [{"role": "user", "content": "Try again"}]
 
 
@@ -416,8 +431,9 @@ class ReplyWatcher(QObject):
     @Slot(dict)
     def on_reply_finished(self, _result: dict) -> None:
         bubble = last_bubble(self.page)
-        self.seen_before_end.append((bubble.answer, bubble.reasoning, shown_answer(bubble),
-                                     bubble.reasoning_section.text_label.text()))
+        self.seen_before_end.append(
+            (bubble.answer, bubble.reasoning, shown_answer(bubble), bubble.reasoning_section.text_label.text())
+        )
 
 
 class GuiThreadLoad(QObject):
@@ -548,8 +564,9 @@ def test_real_engine_continues_a_reply_cut_by_its_length_limit(qtbot, store, set
     cut = store.messages(conversation_id)[-1]
 
     bubble = last_bubble(page)
-    result = wait_for_reply(qtbot, page, real_worker,
-                            lambda: qtbot.mouseClick(bubble.continue_button, Qt.MouseButton.LeftButton))
+    result = wait_for_reply(
+        qtbot, page, real_worker, lambda: qtbot.mouseClick(bubble.continue_button, Qt.MouseButton.LeftButton)
+    )
     assert result["stats"]["stop_reason"] != "error" and result["stats"]["prefill_tokens"] == 1  # no re-prefill
     saved = store.messages(conversation_id)
     assert len(saved) == 2 and saved[-1]["id"] == cut["id"]
@@ -569,8 +586,9 @@ def test_real_engine_continues_a_cut_reply_after_another_chat_ran(qtbot, store, 
     page.open_conversation(cut_chat)  # the engine's state now holds the other chat
 
     bubble = last_bubble(page)
-    result = wait_for_reply(qtbot, page, real_worker,
-                            lambda: qtbot.mouseClick(bubble.continue_button, Qt.MouseButton.LeftButton))
+    result = wait_for_reply(
+        qtbot, page, real_worker, lambda: qtbot.mouseClick(bubble.continue_button, Qt.MouseButton.LeftButton)
+    )
     assert result["stats"]["stop_reason"] in ("eos", "length") and result["stats"]["prefill_tokens"] > 1
     saved = store.messages(cut_chat)
     assert len(saved) == 2 and saved[-1]["id"] == cut["id"] and saved[-1]["content"].startswith(cut["content"])

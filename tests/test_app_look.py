@@ -16,9 +16,11 @@ from app.theme import COLOURS, apply_theme, theme_colours
 from app.widgets.rich_text import BREAK_POINT, breakable, is_safe_link, markdown_html, open_link
 from app.widgets.transcript import AssistantBubble, Block, CodeBlock, MarkdownPart, UserBubble
 
-HOSTILE_REPLY = ('Look: <img src="https://evil.example/track.png"> <a href="javascript:alert(1)">click</a> '
-                 '<script>alert(2)</script>\n\n<iframe src="https://evil.example"></iframe>\n\n'
-                 '[docs](javascript:alert(3)) [site](https://example.com)')
+HOSTILE_REPLY = (
+    'Look: <img src="https://evil.example/track.png"> <a href="javascript:alert(1)">click</a> '
+    '<script>alert(2)</script>\n\n<iframe src="https://evil.example"></iframe>\n\n'
+    "[docs](javascript:alert(3)) [site](https://example.com)"
+)
 
 
 @pytest.fixture(params=["light", "dark"])
@@ -49,8 +51,11 @@ def test_raw_html_from_a_model_is_shown_as_text(qtbot, theme):
     rich = part.text().replace(BREAK_POINT, "")  # long words get break points; the text is what is checked
     for tag in ("<img", "<script", "<iframe", 'href="javascript'):
         assert tag not in rich
-    for shown in ("&lt;img src=&quot;https://evil.example/track.png&quot;&gt;", "&lt;script&gt;alert(2)",
-                  "&lt;a href=&quot;javascript:alert(1)&quot;&gt;click&lt;/a&gt;"):
+    for shown in (
+        "&lt;img src=&quot;https://evil.example/track.png&quot;&gt;",
+        "&lt;script&gt;alert(2)",
+        "&lt;a href=&quot;javascript:alert(1)&quot;&gt;click&lt;/a&gt;",
+    ):
         assert shown in rich
     assert "[docs](javascript:alert(3))" in rich  # a javascript: Markdown link is not a link
     assert '<a href="https://example.com">site</a>' in rich
@@ -58,8 +63,9 @@ def test_raw_html_from_a_model_is_shown_as_text(qtbot, theme):
 
 def test_only_web_and_mail_links_open(monkeypatch):
     opened = []
-    monkeypatch.setattr("app.widgets.rich_text.QDesktopServices.openUrl", lambda url: opened.append(url.toString())
-                        or True)
+    monkeypatch.setattr(
+        "app.widgets.rich_text.QDesktopServices.openUrl", lambda url: opened.append(url.toString()) or True
+    )
     for url in ("javascript:alert(1)", "file:///etc/passwd", "data:text/html,x", " JAVASCRIPT:alert(1)"):
         assert not is_safe_link(url) and not open_link(url)
     assert open_link("https://example.com/a") and open_link("mailto:a@example.com")
@@ -69,13 +75,14 @@ def test_only_web_and_mail_links_open(monkeypatch):
 def test_inline_code_and_quotes_are_styled_in_the_theme(theme):
     colours = COLOURS[theme]
     rich = markdown_html("Run `ls`.\n\n> quoted", theme)
-    assert f'background-color:{colours["code_background"]}' in rich and "ls" in rich
+    assert f"background-color:{colours['code_background']}" in rich and "ls" in rich
     assert f'bgcolor="{colours["quote_bar"]}"' in rich  # the quote's bar
 
 
 def test_a_theme_switch_recolours_shown_replies(qtbot):
-    bubble = AssistantBubble({"role": "assistant", "content": "Run `ls`.\n\n```python\ndef f(): pass\n```",
-                              "reasoning": "", "stats": {}})
+    bubble = AssistantBubble(
+        {"role": "assistant", "content": "Run `ls`.\n\n```python\ndef f(): pass\n```", "reasoning": "", "stats": {}}
+    )
     qtbot.addWidget(bubble)
     prose, code = bubble.answer_view.parts
     apply_theme(QApplication.instance(), "dark")
@@ -104,8 +111,9 @@ def test_long_words_get_break_points_but_keep_their_text():
 def _colours_in(block: CodeBlock) -> dict[str, str]:
     """Each highlighted piece of the block's first line, with its colour."""
     line = block.editor.document().firstBlock()
-    return {line.text()[r.start:r.start + r.length]: r.format.foreground().color().name()
-            for r in line.layout().formats()}
+    return {
+        line.text()[r.start : r.start + r.length]: r.format.foreground().color().name() for r in line.layout().formats()
+    }
 
 
 def test_a_python_block_gets_token_colours(qtbot, theme):
@@ -114,8 +122,10 @@ def test_a_python_block_gets_token_colours(qtbot, theme):
     block.show_block(Block("code", 'def greet(name):\n    return "hi " + name  # say it', "python"))
     colours = _colours_in(block)
     assert "def" in colours and "greet" in colours and colours["def"] != colours["greet"]
-    assert colours["def"] == "#" + get_style_by_name(theme_colours(theme)["pygments_style"]).style_for_token(
-        Keyword)["color"]
+    assert (
+        colours["def"]
+        == "#" + get_style_by_name(theme_colours(theme)["pygments_style"]).style_for_token(Keyword)["color"]
+    )
     plain = CodeBlock()
     qtbot.addWidget(plain)
     plain.show_block(Block("code", "def greet(name):", "no-such-language"))
@@ -132,10 +142,20 @@ def _seed_chat(store) -> None:
     chat = store.create()
     store.rename(chat, "A chat whose title is much longer than the header has room for at small widths")
     store.add_message(chat, "user", f"Short? {LONG_WORD}")
-    store.add_message(chat, "assistant", f"Prose with {LONG_WORD} and a long line of code:\n\n```python\n"
-                      f"print('{'x' * 300}')\n```\n\n> a quote\n\n| a | b |\n|---|---|\n| 1 | 2 |",
-                      "", {"new_tokens": 12345, "time_to_first_token_s": 1.5, "decode_tokens_per_s": 12.3,
-                           "stop_reason": "max_tokens", "remote": "a remote engine with a long name"})
+    store.add_message(
+        chat,
+        "assistant",
+        f"Prose with {LONG_WORD} and a long line of code:\n\n```python\n"
+        f"print('{'x' * 300}')\n```\n\n> a quote\n\n| a | b |\n|---|---|\n| 1 | 2 |",
+        "",
+        {
+            "new_tokens": 12345,
+            "time_to_first_token_s": 1.5,
+            "decode_tokens_per_s": 12.3,
+            "stop_reason": "max_tokens",
+            "remote": "a remote engine with a long name",
+        },
+    )
 
 
 def _scroll_view_of(widget: QWidget, window: QWidget) -> QAbstractScrollArea | None:
@@ -166,8 +186,7 @@ def clipped_widgets(window: QWidget) -> list[str]:
             view = QRect(area.viewport().mapTo(window, QPoint(0, 0)), area.viewport().size())
             if rect.left() < view.left() or rect.right() > view.right():
                 problems.append(f"{name} at {rect.getRect()} cut off sideways by {view.getRect()}")
-        if isinstance(widget, (QAbstractButton, QLabel)) and (
-                widget.width() < widget.minimumSizeHint().width()):
+        if isinstance(widget, (QAbstractButton, QLabel)) and (widget.width() < widget.minimumSizeHint().width()):
             problems.append(f"{name} squeezed to {widget.width()} < {widget.minimumSizeHint().width()} px")
     return problems
 
@@ -175,6 +194,7 @@ def clipped_widgets(window: QWidget) -> list[str]:
 @pytest.fixture
 def fit_window(qtbot, tmp_path, settings, tiny_checkpoint, monkeypatch):
     """fit_window(screen) -> a loaded main window on a fake screen of that size, with a chat that is hard to fit."""
+
     def make(screen: QSize) -> MainWindow:
         monkeypatch.setattr("app.main_window.available_geometry", lambda: QRect(QPoint(0, 0), screen))
         store = ConversationStore(tmp_path / f"{screen.width()}.sqlite3")
@@ -185,6 +205,7 @@ def fit_window(qtbot, tmp_path, settings, tiny_checkpoint, monkeypatch):
             window.show()
         qtbot.waitUntil(lambda: window.model_info is not None, timeout=10000)
         return window
+
     return make
 
 
@@ -241,8 +262,12 @@ def test_a_saved_window_too_big_for_this_screen_is_fitted_again(qtbot, fit_windo
 def _icon_colours(icon, mode=None) -> set[tuple[int, int, int]]:
     """The colours of the icon's opaque pixels, rounded to a step of 8 (scaled drawing blends the odd edge)."""
     image = icon.pixmap(QSize(18, 18), mode or icon.Mode.Normal).toImage()
-    return {tuple(round(c / 8) for c in image.pixelColor(x, y).getRgb()[:3])
-            for x in range(image.width()) for y in range(image.height()) if image.pixelColor(x, y).alpha() == 255}
+    return {
+        tuple(round(c / 8) for c in image.pixelColor(x, y).getRgb()[:3])
+        for x in range(image.width())
+        for y in range(image.height())
+        if image.pixelColor(x, y).alpha() == 255
+    }
 
 
 def _rounded(colour: str) -> set[tuple[int, int, int]]:

@@ -69,6 +69,7 @@ def tiny_model(tmp_path):
 
 # ---- plan bar and gauges ---------------------------------------------------------------------------
 
+
 def test_plan_bar_shows_each_part_of_a_plan(qtbot):
     plan = plan_memory(footprint_from_synthetic(SYNTHETIC), 4 * GIB, "4gb").to_dict()
     bar = PlanBar()
@@ -76,8 +77,15 @@ def test_plan_bar_shows_each_part_of_a_plan(qtbot):
     bar.resize(600, 120)
     bar.set_plan(plan, 4 * GIB)
     keys = [key for key, _, _ in bar.parts()]
-    assert keys == ["resident_weights", "expert_cache", "kv_cache", "gdn_state", "prefill_workspace",
-                    "runtime_reserve", "free"]
+    assert keys == [
+        "resident_weights",
+        "expert_cache",
+        "kv_cache",
+        "gdn_state",
+        "prefill_workspace",
+        "runtime_reserve",
+        "free",
+    ]
     sizes = dict((key, n) for key, _, n in bar.parts())
     assert sizes["free"] == plan["headroom_bytes"]
     assert "KV cache  875.0 MiB" in bar.legend_texts()
@@ -120,6 +128,7 @@ def test_footer_shows_the_gpu_it_reads(qtbot):
 
 
 # ---- engine page -----------------------------------------------------------------------------------
+
 
 def test_switching_preset_changes_the_plan(qtbot, engine_page, settings):
     assert "synthetic" in engine_page.model_label.text()
@@ -210,8 +219,13 @@ def test_the_engine_page_plans_with_the_reserve_measured_on_the_gpu_and_says_so(
 
 def test_in_cpu_mode_the_engine_page_says_the_plan_is_an_estimate_it_does_not_use(engine_page, worker):
     engine_page.set_preset("4gb")
-    worker.reserveMeasured.emit(dict(reserve.reference_estimate().to_dict(), gpu_usable=False,
-                                     gpu_status="this PyTorch build has no CUDA support"))
+    worker.reserveMeasured.emit(
+        dict(
+            reserve.reference_estimate().to_dict(),
+            gpu_usable=False,
+            gpu_status="this PyTorch build has no CUDA support",
+        )
+    )
     assert not engine_page.plan()["reserve_measured"]
     assert engine_page.detail_labels["max_prompt"].text().endswith("· estimate")
     note = engine_page.reserve_note.text()
@@ -223,8 +237,13 @@ def test_in_cpu_mode_the_engine_page_says_the_plan_is_an_estimate_it_does_not_us
 
 def test_a_gpu_whose_reserve_could_not_be_measured_shows_the_formula_as_an_estimate(engine_page, worker):
     engine_page.set_preset("4gb")
-    formula = reserve.RuntimeReserve(900 * 2**20, 820 * 2**20, "estimate for NVIDIA T4 from its 40 SMs, not measured: "
-                                     "another program is using NVIDIA T4", measured=False, gpu="NVIDIA T4")
+    formula = reserve.RuntimeReserve(
+        900 * 2**20,
+        820 * 2**20,
+        "estimate for NVIDIA T4 from its 40 SMs, not measured: another program is using NVIDIA T4",
+        measured=False,
+        gpu="NVIDIA T4",
+    )
     worker.reserveMeasured.emit(dict(formula.to_dict(), gpu_usable=True, gpu_status="NVIDIA T4"))
     assert engine_page.plan()["breakdown"]["runtime_reserve"] == 900 * 2**20
     assert engine_page.detail_labels["max_prompt"].text().endswith("· estimate")
@@ -246,20 +265,41 @@ def test_live_gauges_follow_progress_and_replies(engine_page, worker):
     assert live.hit_rate_label.text() == NOT_MEASURED and live.vram_label.text() == NOT_MEASURED
     assert live.last_reply_label.text() == "No reply yet."
     for rate, used in ((10.0, 120), (12.5, 140)):
-        worker.progress.emit({"new_tokens": 5, "decode_tokens_per_s": rate, "context_used": used,
-                              "context_tokens": 8192})
+        worker.progress.emit(
+            {"new_tokens": 5, "decode_tokens_per_s": rate, "context_used": used, "context_tokens": 8192}
+        )
     assert live.decode_label.text() == "12.5 tok/s"
     assert live.last_reply_label.text() == "The first reply is on its way…"  # not "No reply yet." while it streams
     assert live.decode_history.values() == [10.0, 12.5]
     assert live.context_label.text() == "140 / 8,192" and live.context_bar.value() == 140
-    worker.replyFinished.emit({"answer": "5", "reasoning": "", "stats": {
-        "prompt_tokens": 140, "prefill_tokens": 120, "new_tokens": 20, "time_to_first_token_s": 0.25,
-        "prefill_tokens_per_s": 480.0, "decode_tokens_per_s": 12.0, "stop_reason": "eos", "seed": 1}})
+    worker.replyFinished.emit(
+        {
+            "answer": "5",
+            "reasoning": "",
+            "stats": {
+                "prompt_tokens": 140,
+                "prefill_tokens": 120,
+                "new_tokens": 20,
+                "time_to_first_token_s": 0.25,
+                "prefill_tokens_per_s": 480.0,
+                "decode_tokens_per_s": 12.0,
+                "stop_reason": "eos",
+                "seed": 1,
+            },
+        }
+    )
     assert live.prefill_label.text() == "480.0 tok/s" and live.prefill_history.values() == [480.0]
     assert "20 tokens" in live.last_reply_label.text() and "0.25 s" in live.last_reply_label.text()
     assert live.hit_rate_label.text() == NOT_MEASURED  # the CPU engine reports none: nothing is made up
-    worker.progress.emit({"decode_tokens_per_s": 30.0, "context_used": 10, "context_tokens": 8192,
-                          "expert_cache_hit_rate": 0.875, "vram_used_bytes": 3 * GIB})
+    worker.progress.emit(
+        {
+            "decode_tokens_per_s": 30.0,
+            "context_used": 10,
+            "context_tokens": 8192,
+            "expert_cache_hit_rate": 0.875,
+            "vram_used_bytes": 3 * GIB,
+        }
+    )
     assert live.hit_rate_label.text() == "87.5%"
     planned = system_info.format_bytes(engine_page.plan()["breakdown"]["total"])
     assert live.vram_label.text() == f"3.00 GiB of {planned} planned"
@@ -269,14 +309,26 @@ def test_live_gauges_follow_progress_and_replies(engine_page, worker):
 def test_live_gauges_show_the_expert_backend_and_the_cpu_share(engine_page, worker):
     live = engine_page.live
     assert not live.backend_title.isVisibleTo(live) and not live.backend_label.isVisibleTo(live)
-    worker.progress.emit({"decode_tokens_per_s": 20.0, "expert_cache_hit_rate": 0.9, "expert_backend": "hybrid",
-                          "cpu_expert_calls": 38, "cpu_expert_share": 0.38,
-                          "calibration": {"pcie_bytes_per_s": 6e9, "cpu_bytes_per_s": 4e9, "cpu_threads": 8}})
+    worker.progress.emit(
+        {
+            "decode_tokens_per_s": 20.0,
+            "expert_cache_hit_rate": 0.9,
+            "expert_backend": "hybrid",
+            "cpu_expert_calls": 38,
+            "cpu_expert_share": 0.38,
+            "calibration": {"pcie_bytes_per_s": 6e9, "cpu_bytes_per_s": 4e9, "cpu_threads": 8},
+        }
+    )
     assert live.backend_label.isVisibleTo(live) and live.backend_title.isVisibleTo(live)
     assert live.backend_label.text() == "hybrid · CPU 38% of experts"
     assert live.hit_rate_label.text() == "90.0%"
-    worker.replyFinished.emit({"answer": "x", "reasoning": "", "stats": {
-        "new_tokens": 3, "stop_reason": "eos", "expert_backend": "cpu", "cpu_expert_share": 1.0}})
+    worker.replyFinished.emit(
+        {
+            "answer": "x",
+            "reasoning": "",
+            "stats": {"new_tokens": 3, "stop_reason": "eos", "expert_backend": "cpu", "cpu_expert_share": 1.0},
+        }
+    )
     assert live.backend_label.text() == "cpu · CPU 100% of experts"
     worker.progress.emit({"expert_backend": "offload", "cpu_expert_calls": 0, "cpu_expert_share": 0.0})
     assert live.backend_label.text() == "offload"  # the CPU never computes experts here: no share to show
@@ -286,8 +338,13 @@ def test_live_gauges_show_the_expert_backend_and_the_cpu_share(engine_page, work
     trial["chosen"], trial["step_seconds"]["offload"] = "offload", 0.0076
     worker.progress.emit({"expert_backend": "offload", "cpu_expert_share": 0.1, "expert_backend_trial": trial})
     assert live.backend_label.text() == "offload · auto chose it: 7.6 ms a token, cpu 9.1, hybrid 8.4"
-    worker.progress.emit({"expert_backend": "cpu", "cpu_expert_share": 1.0, "expert_backend_trial": {
-        "chosen": "cpu", "step_seconds": {"cpu": 0.0325, "offload": 0.1124}}})  # a pageable machine's trial of two
+    worker.progress.emit(
+        {
+            "expert_backend": "cpu",
+            "cpu_expert_share": 1.0,
+            "expert_backend_trial": {"chosen": "cpu", "step_seconds": {"cpu": 0.0325, "offload": 0.1124}},
+        }
+    )  # a pageable machine's trial of two
     assert live.backend_label.text() == "cpu · CPU 100% of experts · auto chose it: 32.5 ms a token, offload 112.4"
     worker.loaded.emit({"name": "m", "context_tokens": 4096})
     assert not live.backend_label.isVisibleTo(live)  # a new model: the old one's backend says nothing
@@ -297,13 +354,18 @@ def test_live_gauges_show_the_expert_backend_and_the_cpu_share(engine_page, work
 
 # ---- model library and models page -----------------------------------------------------------------
 
+
 def test_library_lists_the_demo_model(monkeypatch):
     from engine.resources import DEMO_MODEL
 
     monkeypatch.setattr("app.model_library.DEMO_MODEL", DEMO_MODEL)
     (demo,) = scan_library([])
-    assert (demo["name"], demo["architecture"], demo["format"], demo["error"]) == \
-        ("Demo model (built in)", "qwen3_5_moe", "bf16", "")
+    assert (demo["name"], demo["architecture"], demo["format"], demo["error"]) == (
+        "Demo model (built in)",
+        "qwen3_5_moe",
+        "bf16",
+        "",
+    )
 
 
 def test_library_scan_finds_a_checkpoint_and_lists_a_bad_folder(tmp_path, empty_hf_cache, tiny_model):
@@ -320,16 +382,26 @@ def test_library_scan_finds_a_checkpoint_and_lists_a_bad_folder(tmp_path, empty_
     assert "has no config.json" in entries["not-a-model"]["error"]
     assert entries["not-a-model"]["fits"] == {}
     hub_model = entries["Org/Tiny-MoE"]
-    assert (hub_model["architecture"], hub_model["format"], hub_model["source"]) == \
-        ("qwen3_moe", "bf16", "Hugging Face cache")
+    assert (hub_model["architecture"], hub_model["format"], hub_model["source"]) == (
+        "qwen3_moe",
+        "bf16",
+        "Hugging Face cache",
+    )
 
 
 def test_library_reports_why_a_preset_does_not_fit(tmp_path):
     """A tiny model plus a 3.5 GiB projection from a header alone: the shard is sparse, nothing is written."""
     folder = write_tiny_checkpoint(tmp_path / "big", "qwen3_moe", "bf16")
     big = int(3.5 * GIB)
-    header = json.dumps({"model.layers.0.self_attn.big_proj.weight": {
-        "dtype": "BF16", "shape": [big // 128, 64], "data_offsets": [0, big]}}).encode()
+    header = json.dumps(
+        {
+            "model.layers.0.self_attn.big_proj.weight": {
+                "dtype": "BF16",
+                "shape": [big // 128, 64],
+                "data_offsets": [0, big],
+            }
+        }
+    ).encode()
     with open(folder / "model-big.safetensors", "wb") as handle:
         handle.write(len(header).to_bytes(8, "little") + header)
         handle.truncate(8 + len(header) + big)
@@ -364,8 +436,11 @@ def test_models_page_judges_each_model_against_this_machine(qtbot, worker, setti
     weights = footprint_from_checkpoint(tiny_model)
     weight_bytes = weights.resident_bytes + weights.embedding_bytes + weights.routed_expert_bytes
     # a machine whose RAM is smaller than the tiny model's weights: it is too big here, whatever the presets say
-    monkeypatch.setattr(system_info, "ram", lambda: {"total_bytes": weight_bytes // 2, "used_bytes": 0,
-                                                     "available_bytes": weight_bytes // 2})
+    monkeypatch.setattr(
+        system_info,
+        "ram",
+        lambda: {"total_bytes": weight_bytes // 2, "used_bytes": 0, "available_bytes": weight_bytes // 2},
+    )
     monkeypatch.setattr(system_info, "gpu_memory", lambda: None)
     page = _models_page(qtbot, worker, settings)
     with qtbot.waitSignal(page.libraryScanned):
@@ -384,23 +459,42 @@ def test_models_page_load_emits_load_requested(qtbot, worker, settings, tiny_mod
         page.add_folder(tiny_model)
     assert settings.get("model_folders") == [str(tiny_model)]
     row = page.library.row_of(str(tiny_model))
-    assert [_cell(page, row, c) for c in ("Name", "Architecture", "Format", "This PC", "Presets", "Status")] == \
-        ["m", "qwen3_5_moe", "nvfp4", "✓ fits", "4 GB ✓  8 GB ✓  12 GB ✓", "ready"]
+    assert [_cell(page, row, c) for c in ("Name", "Architecture", "Format", "This PC", "Presets", "Status")] == [
+        "m",
+        "qwen3_5_moe",
+        "nvfp4",
+        "✓ fits",
+        "4 GB ✓  8 GB ✓  12 GB ✓",
+        "ready",
+    ]
     assert page.load_button.isEnabled()
     with qtbot.waitSignal(page.loadRequested) as requested:
         qtbot.mouseClick(page.load_button, Qt.MouseButton.LeftButton)
     options = requested.args[1]
     assert requested.args[0] == str(tiny_model) and worker.load_calls == [(str(tiny_model), options)]
-    assert {k: options[k] for k in ("context_tokens", "cpu_threads", "preset", "vram_gib")} == \
-        {"context_tokens": 8192, "cpu_threads": 0, "preset": "auto", "vram_gib": 0.0}
+    assert {k: options[k] for k in ("context_tokens", "cpu_threads", "preset", "vram_gib")} == {
+        "context_tokens": 8192,
+        "cpu_threads": 0,
+        "preset": "auto",
+        "vram_gib": 0.0,
+    }
     assert settings.get("last_model") == str(tiny_model)
 
     worker.loadStarted.emit(str(tiny_model))
     worker.busyChanged.emit(True)
     assert page.busy_bar.isVisibleTo(page) and not page.load_button.isEnabled()
     assert _cell(page, row, "Status") == "loading…"
-    worker.loaded.emit({"name": "m", "path": str(tiny_model), "model_type": "qwen3_5_moe_text", "layers": 4,
-                        "experts": 8, "experts_per_token": 2, "context_tokens": 4096})
+    worker.loaded.emit(
+        {
+            "name": "m",
+            "path": str(tiny_model),
+            "model_type": "qwen3_5_moe_text",
+            "layers": 4,
+            "experts": 8,
+            "experts_per_token": 2,
+            "context_tokens": 4096,
+        }
+    )
     worker.busyChanged.emit(False)
     assert not page.busy_bar.isVisibleTo(page) and page.load_button.isEnabled()
     assert _cell(page, row, "Status") == "loaded"
@@ -446,6 +540,7 @@ def test_models_page_shows_why_a_folder_cannot_be_opened(qtbot, worker, settings
 
 # ---- settings and logs -----------------------------------------------------------------------------
 
+
 def test_settings_page_saves_sampling_and_rejects_bad_values(qtbot, settings):
     page = SettingsPage(settings)
     qtbot.addWidget(page)
@@ -470,8 +565,11 @@ def test_settings_page_saves_sampling_and_rejects_bad_values(qtbot, settings):
     page.context_spin.setValue(16384)
     page.thinking_check.setChecked(False)
     page.threads_spin.setValue(1)
-    assert (settings.get("context_tokens"), settings.get("enable_thinking"), settings.get("cpu_threads")) == \
-        (16384, False, 1)
+    assert (settings.get("context_tokens"), settings.get("enable_thinking"), settings.get("cpu_threads")) == (
+        16384,
+        False,
+        1,
+    )
     with qtbot.waitSignal(page.themeChanged) as theme:
         page.theme_combo.setCurrentIndex(page.theme_combo.findData("dark"))
     assert theme.args == ["dark"] and settings.get("theme") == "dark"
@@ -486,15 +584,19 @@ def test_settings_page_expert_backend_and_cpu_threads_reach_the_load_options(qtb
     assert all(combo.itemData(i, Qt.ItemDataRole.ToolTipRole) for i in range(combo.count()))
     assert "applies when a model is loaded" in combo.toolTip() and "Applies when" in page.threads_spin.toolTip()
     assert combo.currentData() == "auto" and page.threads_spin.text() == "physical cores"
-    assert {k: load_options(settings)[k] for k in ("expert_backend", "cpu_threads")} == \
-        {"expert_backend": "auto", "cpu_threads": 0}
+    assert {k: load_options(settings)[k] for k in ("expert_backend", "cpu_threads")} == {
+        "expert_backend": "auto",
+        "cpu_threads": 0,
+    }
 
     combo.setCurrentIndex(combo.findData("hybrid"))
     threads = page.threads_spin.maximum()  # the machine's logical CPUs
     page.threads_spin.setValue(threads)
     assert (settings.get("expert_backend"), settings.get("cpu_threads")) == ("hybrid", threads)
-    assert {k: load_options(settings)[k] for k in ("expert_backend", "cpu_threads")} == \
-        {"expert_backend": "hybrid", "cpu_threads": threads}
+    assert {k: load_options(settings)[k] for k in ("expert_backend", "cpu_threads")} == {
+        "expert_backend": "hybrid",
+        "cpu_threads": threads,
+    }
     reopened = SettingsPage(settings)
     qtbot.addWidget(reopened)
     assert reopened.backend_combo.currentText() == "Hybrid (PCIe + CPU)" and reopened.threads_spin.value() == threads
@@ -573,6 +675,7 @@ def test_the_library_scan_never_blocks_the_gui_thread(qtbot, worker, settings, m
         threads.append(threading.get_ident())
         assert release.wait(10), "the test never released the scan"
         return []
+
     monkeypatch.setattr(scanner, "scan_library", blocked)
     page = ModelsPage(worker, settings)  # returns while its first scan is blocked
     qtbot.addWidget(page)
@@ -584,38 +687,76 @@ def test_the_library_scan_never_blocks_the_gui_thread(qtbot, worker, settings, m
 
 # a hand-edited or foreign settings file: every bad value reads as its default, with one warning
 
-@pytest.mark.parametrize("key, stored", [
-    ("context_tokens", '"abc"'), ("context_tokens", "1000000000000"), ("context_tokens", "8192.5"),
-    ("cpu_threads", "10000"), ("cpu_threads", '"many"'), ("cpu_threads", "-1"), ("cpu_threads", "true"),
-    ("vram_gib", "NaN"), ("vram_gib", "-4"), ("pin_budget_gib", '"lots"'),
-    ("preset", '"16gb"'), ("preset", "4"), ("theme", '"neon"'), ("expert_backend", '"warp"'),
-    ("custom_plan", "[1, 2]"), ("custom_plan", '{"expert_cache_layers": "x", "prefill_overlap": false, '
-                                               '"prefill_chunk_tokens": 256, "kv_tokens": 8192}'),
-    ("sampling", '{"temperature": "hot"}'), ("sampling", '{"seed": -1}'), ("sampling", '{"top_p": 7}'),
-    ("sampling", '{"bogus": 1}'), ("sampling", "[]"),
-    ("enable_thinking", '"yes"'), ("model_folders", '"/one/folder"'), ("model_folders", "[1]"),
-    ("last_model", "{}"), ("hub_offline", "1"), ("download_folder", "{not json"), ("chat_engine", "[]"),
-    ("turn_snapshots", "0"), ("turn_snapshots", "65"), ("turn_snapshots", "4.0"), ("turn_snapshots", '"8"'),
-    ("turn_snapshots", "true"),
-])
+
+@pytest.mark.parametrize(
+    "key, stored",
+    [
+        ("context_tokens", '"abc"'),
+        ("context_tokens", "1000000000000"),
+        ("context_tokens", "8192.5"),
+        ("cpu_threads", "10000"),
+        ("cpu_threads", '"many"'),
+        ("cpu_threads", "-1"),
+        ("cpu_threads", "true"),
+        ("vram_gib", "NaN"),
+        ("vram_gib", "-4"),
+        ("pin_budget_gib", '"lots"'),
+        ("preset", '"16gb"'),
+        ("preset", "4"),
+        ("theme", '"neon"'),
+        ("expert_backend", '"warp"'),
+        ("custom_plan", "[1, 2]"),
+        (
+            "custom_plan",
+            '{"expert_cache_layers": "x", "prefill_overlap": false, "prefill_chunk_tokens": 256, "kv_tokens": 8192}',
+        ),
+        ("sampling", '{"temperature": "hot"}'),
+        ("sampling", '{"seed": -1}'),
+        ("sampling", '{"top_p": 7}'),
+        ("sampling", '{"bogus": 1}'),
+        ("sampling", "[]"),
+        ("enable_thinking", '"yes"'),
+        ("model_folders", '"/one/folder"'),
+        ("model_folders", "[1]"),
+        ("last_model", "{}"),
+        ("hub_offline", "1"),
+        ("download_folder", "{not json"),
+        ("chat_engine", "[]"),
+        ("turn_snapshots", "0"),
+        ("turn_snapshots", "65"),
+        ("turn_snapshots", "4.0"),
+        ("turn_snapshots", '"8"'),
+        ("turn_snapshots", "true"),
+    ],
+)
 def test_a_bad_stored_setting_reads_as_its_default_with_one_warning(settings, key, stored):
     from app.settings import DEFAULTS
 
     settings._store.setValue(key, stored)
     assert settings.get(key) == DEFAULTS[key] and settings.get(key) == DEFAULTS[key]
     (warning,) = settings.warnings  # read twice, said once
-    assert warning.startswith(f"setting {key} in {settings._store.fileName()} is {stored!r:.80}") \
+    assert (
+        warning.startswith(f"setting {key} in {settings._store.fileName()} is {stored!r:.80}")
         and f"using the default {json.dumps(DEFAULTS[key])}" in warning
+    )
 
 
-@pytest.mark.parametrize("key, stored, value", [
-    ("context_tokens", "32768", 32768), ("cpu_threads", "1", 1), ("vram_gib", "6", 6),
-    ("turn_snapshots", "1", 1), ("turn_snapshots", "64", 64),
-    ("sampling", '{"temperature": 0.5, "seed": 7}', {"temperature": 0.5, "seed": 7}),
-    ("custom_plan", '{"expert_cache_layers": 2, "prefill_overlap": true, "prefill_chunk_tokens": 128, '
-                    '"kv_tokens": 4096}',
-     {"expert_cache_layers": 2, "prefill_overlap": True, "prefill_chunk_tokens": 128, "kv_tokens": 4096}),
-])
+@pytest.mark.parametrize(
+    "key, stored, value",
+    [
+        ("context_tokens", "32768", 32768),
+        ("cpu_threads", "1", 1),
+        ("vram_gib", "6", 6),
+        ("turn_snapshots", "1", 1),
+        ("turn_snapshots", "64", 64),
+        ("sampling", '{"temperature": 0.5, "seed": 7}', {"temperature": 0.5, "seed": 7}),
+        (
+            "custom_plan",
+            '{"expert_cache_layers": 2, "prefill_overlap": true, "prefill_chunk_tokens": 128, "kv_tokens": 4096}',
+            {"expert_cache_layers": 2, "prefill_overlap": True, "prefill_chunk_tokens": 128, "kv_tokens": 4096},
+        ),
+    ],
+)
 def test_a_good_stored_setting_reads_as_stored(settings, key, stored, value):
     settings._store.setValue(key, stored)
     assert settings.get(key) == value and settings.warnings == []
@@ -630,15 +771,23 @@ def test_the_settings_page_and_load_options_survive_bad_stored_values(qtbot, set
     qtbot.addWidget(page)
     assert (page.context_spin.value(), page.threads_spin.value()) == (8192, 0)
     assert page.sampling_fields["top_k"].text() == ""
-    assert {k: load_options(settings)[k] for k in ("context_tokens", "cpu_threads")} == \
-        {"context_tokens": 8192, "cpu_threads": 0}
+    assert {k: load_options(settings)[k] for k in ("context_tokens", "cpu_threads")} == {
+        "context_tokens": 8192,
+        "cpu_threads": 0,
+    }
     assert [(level, message.split(" in ")[0]) for level, message in reported] == [
-        ("warning", "setting sampling"), ("warning", "setting context_tokens"), ("warning", "setting cpu_threads")]
+        ("warning", "setting sampling"),
+        ("warning", "setting context_tokens"),
+        ("warning", "setting cpu_threads"),
+    ]
 
 
 def test_the_engine_page_judges_the_model_against_this_machine(engine_page, monkeypatch):
-    monkeypatch.setattr(system_info, "ram", lambda: {"total_bytes": int(23.5 * GIB), "used_bytes": 0,
-                                                     "available_bytes": int(23.5 * GIB)})
+    monkeypatch.setattr(
+        system_info,
+        "ram",
+        lambda: {"total_bytes": int(23.5 * GIB), "used_bytes": 0, "available_bytes": int(23.5 * GIB)},
+    )
     monkeypatch.setattr(system_info, "gpu_memory", lambda: None)
     engine_page.set_model_footprint(footprint_from_synthetic("qwen3.6-35b-a3b"))  # bf16: 64.56 GiB of weights
     text = engine_page.machine_label.text()
@@ -656,18 +805,31 @@ def test_the_context_setting_says_what_the_model_and_the_plan_allow(qtbot, setti
     page.context_spin.setValue(8192)
     assert "up to the model's own maximum" in page.context_note.text()  # nothing loaded yet
     # the issue's case: the setting says 8,192, the 4 GB plan's KV cache holds 4,096
-    info = {"name": "Qwen3.6", "context_tokens": 4096, "max_context_tokens": 262144, "context_asked_tokens": 8192,
-            "context_plan_tokens": 4096}
+    info = {
+        "name": "Qwen3.6",
+        "context_tokens": 4096,
+        "max_context_tokens": 262144,
+        "context_asked_tokens": 8192,
+        "context_plan_tokens": 4096,
+    }
     page.set_model(info)
     assert page.context_note.text() == (
         "Qwen3.6 runs at 4,096 tokens: the model allows 262,144 (max_position_embeddings), the VRAM plan's KV cache "
-        "holds 4,096. This setting asks 8,192, so the plan's KV cache (a larger VRAM preset holds more) decides.")
+        "holds 4,096. This setting asks 8,192, so the plan's KV cache (a larger VRAM preset holds more) decides."
+    )
     page.context_spin.setValue(2048)
     assert page.context_note.text().endswith("The new size applies when the model is loaded again.")
-    cpu = {"name": "m", "context_tokens": 4096, "max_context_tokens": 4096, "context_asked_tokens": 8192,
-           "context_plan_tokens": None}
-    assert context_note(8192, cpu) == ("m runs at 4,096 tokens: the model allows 4,096 (max_position_embeddings). "
-                                       "This setting asks 8,192, so the model's maximum decides.")
+    cpu = {
+        "name": "m",
+        "context_tokens": 4096,
+        "max_context_tokens": 4096,
+        "context_asked_tokens": 8192,
+        "context_plan_tokens": None,
+    }
+    assert context_note(8192, cpu) == (
+        "m runs at 4,096 tokens: the model allows 4,096 (max_position_embeddings). "
+        "This setting asks 8,192, so the model's maximum decides."
+    )
 
     # the overflow advice is one that can help: none at the model's maximum, the preset when the plan caps it
     assert context_advice(4096, 8192, 4096, None) == ""

@@ -18,9 +18,15 @@ from app.storage import ConversationStore
 
 KEY = "sk-remote-test-91c2"
 REPLY_TIMEOUT_MS = 10_000
-REPLY = [chunk(reasoning="Two and two "), chunk(reasoning="make four."), chunk(content="It is "),
-         chunk(content="**4**."), chunk(finish="stop"), chunk(usage={"prompt_tokens": 20, "completion_tokens": 6}),
-         "data: [DONE]\n\n"]
+REPLY = [
+    chunk(reasoning="Two and two "),
+    chunk(reasoning="make four."),
+    chunk(content="It is "),
+    chunk(content="**4**."),
+    chunk(finish="stop"),
+    chunk(usage={"prompt_tokens": 20, "completion_tokens": 6}),
+    "data: [DONE]\n\n",
+]
 
 
 @pytest.fixture
@@ -46,8 +52,15 @@ class Recorder:
 
     def __init__(self, worker):
         self.events = []
-        for name in ("replyStarted", "reasoningDelta", "answerDelta", "progress", "replyFinished", "busyChanged",
-                     "log"):
+        for name in (
+            "replyStarted",
+            "reasoningDelta",
+            "answerDelta",
+            "progress",
+            "replyFinished",
+            "busyChanged",
+            "log",
+        ):
             getattr(worker, name).connect(lambda *args, name=name: self.events.append((name, args)))
 
     def names(self):
@@ -176,23 +189,32 @@ def test_the_dialog_tests_the_connection_lists_the_models_and_saves_the_choice(q
         qtbot.mouseClick(dialog.test_button, Qt.MouseButton.LeftButton)
         assert not dialog.test_button.isEnabled()  # the test runs off the GUI thread; the dialog waits
     assert tested.args == [True]
-    assert [dialog.model_list.item(i).text() for i in range(dialog.model_list.count())] == \
-        ["Qwen/Qwen3-30B-A3B  (sglang)", "second  (sglang)"]
+    assert [dialog.model_list.item(i).text() for i in range(dialog.model_list.count())] == [
+        "Qwen/Qwen3-30B-A3B  (sglang)",
+        "second  (sglang)",
+    ]
     assert dialog.banner.property("kind") == "ok" and "2 models" in dialog.banner.text()
     dialog.model_list.setCurrentRow(1)
     with qtbot.waitSignal(dialog.saved) as saved:
         qtbot.mouseClick(dialog.save_button, Qt.MouseButton.LeftButton)
     endpoint = remotes.get(saved.args[0])
-    assert (endpoint.name, endpoint.base_url, endpoint.model, endpoint.api_key) == \
-        ("sglang", server.url + "/v1", "second", KEY)
+    assert (endpoint.name, endpoint.base_url, endpoint.model, endpoint.api_key) == (
+        "sglang",
+        server.url + "/v1",
+        "second",
+        KEY,
+    )
     assert dialog.key_edit.text() == "" and not dialog.isVisible()
 
 
-@pytest.mark.parametrize("address, key, words", [
-    ("{server}", "wrong", "the key was refused"),
-    ("{server}/elsewhere", KEY, "no OpenAI-compatible API at this URL"),
-    ("http://127.0.0.1:{free}", KEY, "refused the connection"),
-])
+@pytest.mark.parametrize(
+    "address, key, words",
+    [
+        ("{server}", "wrong", "the key was refused"),
+        ("{server}/elsewhere", KEY, "no OpenAI-compatible API at this URL"),
+        ("http://127.0.0.1:{free}", KEY, "refused the connection"),
+    ],
+)
 def test_the_dialog_says_why_a_server_cannot_be_used(qtbot, server, fake_api, remotes, address, key, words):
     fake_api.api_key = KEY
     dialog = open_dialog(qtbot, remotes)
@@ -254,8 +276,12 @@ def test_a_saved_remote_is_listed_with_its_host_and_answers_once_used(qtbot, ser
     dialog.save()
     host = server.url.removeprefix("http://")
     row = page.selected_row()
-    assert row == 0 and [cell(page, row, c) for c in ("Name", "Architecture", "Format", "Status")] == \
-        ["fake/model", "remote: vllm", "OpenAI API", f"remote @ {host}"]
+    assert row == 0 and [cell(page, row, c) for c in ("Name", "Architecture", "Format", "Status")] == [
+        "fake/model",
+        "remote: vllm",
+        "OpenAI API",
+        f"remote @ {host}",
+    ]
     assert page.load_button.text() == "Use" and page.load_button.isEnabled() and page.remove_button.isVisibleTo(page)
     assert "no API key" in page.library.index(row, 0).data(Qt.ItemDataRole.ToolTipRole)
     endpoint_id = remotes.endpoints()[0].id
@@ -341,8 +367,9 @@ def test_switching_engines_mid_reply_waits_for_the_reply_to_end(qtbot, settings,
 # ---- the window -----------------------------------------------------------------------------------------
 
 
-def test_the_window_chats_through_the_chosen_remote_and_back_to_local(qtbot, server, fake_api, settings, remotes,
-                                                                     tmp_path, tiny_checkpoint):
+def test_the_window_chats_through_the_chosen_remote_and_back_to_local(
+    qtbot, server, fake_api, settings, remotes, tmp_path, tiny_checkpoint
+):
     from app.main_window import MainWindow
 
     fake_api.script = REPLY
@@ -359,8 +386,7 @@ def test_the_window_chats_through_the_chosen_remote_and_back_to_local(qtbot, ser
     assert page.engine_text() == f"Answering: remote: vllm @ {endpoint.host}, model fake/model"
     qtbot.keyClicks(page.input, "2+2?")
     qtbot.keyClick(page.input, Qt.Key.Key_Return)
-    qtbot.waitUntil(lambda: page.send_button.isEnabled() and bool(page.transcript.bubbles[-1].answer),
-                    timeout=20_000)
+    qtbot.waitUntil(lambda: page.send_button.isEnabled() and bool(page.transcript.bubbles[-1].answer), timeout=20_000)
     assert page.transcript.bubbles[-1].answer == "It is **4**."
     assert fake_api.headers[-1]["authorization"] == f"Bearer {KEY}"
 

@@ -30,9 +30,28 @@ START_TIMEOUT_S = 120
 def served():
     """`engine serve` on a free loopback port with the demo model on the CPU; its base URL."""
     port = free_port()
-    process = subprocess.Popen([sys.executable, "-m", "engine", "serve", "--model", "demo", "--device", "cpu",
-                                "--port", str(port), "--api-key", KEY, "--cpu-threads", "1"],
-                               cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    process = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "engine",
+            "serve",
+            "--model",
+            "demo",
+            "--device",
+            "cpu",
+            "--port",
+            str(port),
+            "--api-key",
+            KEY,
+            "--cpu-threads",
+            "1",
+        ],
+        cwd=ROOT,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     url = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + START_TIMEOUT_S
     while True:

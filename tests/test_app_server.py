@@ -41,8 +41,7 @@ def window(qtbot, tmp_path, settings, port):
     window = MainWindow(ConversationStore(tmp_path / "c.sqlite3"), settings, DEMO_MODEL)
     qtbot.addWidget(window)
     window.show()
-    qtbot.waitUntil(lambda: window.model_info is not None and window.chat_page.send_button.isEnabled(),
-                    timeout=LOAD_MS)
+    qtbot.waitUntil(lambda: window.model_info is not None and window.chat_page.send_button.isEnabled(), timeout=LOAD_MS)
     yield window
     window.close()
 
@@ -51,8 +50,10 @@ def switch_api(qtbot, window, on: bool) -> None:
     """Turn the API on or off on the Settings page and wait until the status bar agrees."""
     window.settings_page.server_section.enable_check.setChecked(on)
     indicator = window.api_indicator
-    qtbot.waitUntil(lambda: indicator.isVisible() and indicator.text().startswith("API :") if on
-                    else not indicator.isVisible(), timeout=10_000)
+    qtbot.waitUntil(
+        lambda: indicator.isVisible() and indicator.text().startswith("API :") if on else not indicator.isVisible(),
+        timeout=10_000,
+    )
 
 
 def port_is_free(port: int) -> bool:
@@ -102,6 +103,7 @@ def hold_engine(queue, delivered: list) -> threading.Event:
     def held_request(session):
         release.wait(REPLY_MS / 1000)
         return iter(())
+
     queue.submit(held_request, delivered.append)
     return release
 
@@ -203,9 +205,11 @@ def test_a_port_in_use_is_said_in_words_and_another_port_works(qtbot, window, po
         section.enable_check.setChecked(True)
         qtbot.waitUntil(lambda: "already in use" in section.status_label.text(), timeout=10_000)
     message = section.status_label.text()
-    assert message == (f"The API is off: port {port} is already in use by another program (or another MoE Desk). "
-                       f"Choose another port in Settings → Local API (or close the program using it), then turn the "
-                       f"API on again.")
+    assert message == (
+        f"The API is off: port {port} is already in use by another program (or another MoE Desk). "
+        f"Choose another port in Settings → Local API (or close the program using it), then turn the "
+        f"API on again."
+    )
     assert window.api_indicator.text() == "API off: see Settings" and window.api_indicator.toolTip() == message
     assert not section.enable_check.isChecked() and window.isVisible()
     assert window.logs_page.last_error == message
@@ -225,10 +229,14 @@ def test_while_no_model_is_loaded_the_api_answers_503_and_serves_the_next(qtbot,
         window.models_page.unload_button.click()
     for reply in (httpx.get(f"{url}/models", timeout=10), chat(url)):
         assert reply.status_code == 503
-        assert reply.json()["error"]["message"] == ("no model is loaded: open one in MoE Desk (its Models page), then "
-                                                    "send the request again")
-    claude = httpx.post(f"http://127.0.0.1:{port}/v1/messages", timeout=10, json={
-        "model": "demo", "max_tokens": 4, "messages": QUESTION})
+        assert reply.json()["error"]["message"] == (
+            "no model is loaded: open one in MoE Desk (its Models page), then send the request again"
+        )
+    claude = httpx.post(
+        f"http://127.0.0.1:{port}/v1/messages",
+        timeout=10,
+        json={"model": "demo", "max_tokens": 4, "messages": QUESTION},
+    )
     assert claude.status_code == 503 and claude.json()["type"] == "error"  # in Anthropic's shape there
 
     window.load_model(DEMO_MODEL)
@@ -268,8 +276,10 @@ def test_a_request_waiting_when_the_model_is_unloaded_gets_503_in_words(qtbot, w
     waiting.join(10)
     qtbot.waitUntil(lambda: window.model_info is None, timeout=10_000)
     assert replies[0].status_code == 503
-    assert replies[0].json()["error"]["message"] == ("the model was unloaded (or the server stopped) before this "
-                                                     "request was answered; send it again once a model is loaded")
+    assert replies[0].json()["error"]["message"] == (
+        "the model was unloaded (or the server stopped) before this "
+        "request was answered; send it again once a model is loaded"
+    )
 
 
 def send_and_wait(qtbot, page, text: str) -> None:
@@ -297,6 +307,7 @@ def test_a_failure_in_a_window_turn_ends_that_reply_and_the_queue_lives_on(qtbot
 
     def broken(session):
         raise RuntimeError("the counters could not be read")
+
     monkeypatch.setattr(EngineWorker, "_runtime_measures", staticmethod(broken))
     page = window.chat_page
     send_and_wait(qtbot, page, "What is 2 + 3?")

@@ -11,9 +11,6 @@ from app.settings import AppSettings
 from app.widgets.transcript import UserBubble
 
 
-
-
-
 def send(qtbot, page, text):
     qtbot.keyClicks(page.input, text)
     qtbot.keyClick(page.input, Qt.Key.Key_Return)
@@ -53,8 +50,9 @@ def test_enter_during_a_reply_says_why_nothing_is_sent(qtbot, page, fake):
 
 def test_escape_cancels_an_inline_edit_even_with_the_window_s_stop_shortcut(qtbot, page, fake):
     stops = []
-    QShortcut(QKeySequence("Esc"), page, activated=lambda: stops.append(1),
-              context=Qt.ShortcutContext.ApplicationShortcut)
+    QShortcut(
+        QKeySequence("Esc"), page, activated=lambda: stops.append(1), context=Qt.ShortcutContext.ApplicationShortcut
+    )
     send(qtbot, page, "original")
     fake.reply("ok")
     bubble = next(b for b in page.transcript.bubbles if isinstance(b, UserBubble))

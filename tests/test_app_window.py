@@ -21,8 +21,7 @@ def open_window(qtbot, store, settings, folder):
     with qtbot.waitSignal(window.worker.loaded, timeout=60000):
         window.show()
     # the worker's signal reaches the window's slot through the event loop: wait until the window took it
-    qtbot.waitUntil(lambda: window.model_info is not None and window.chat_page.send_button.isEnabled(),
-                    timeout=10000)
+    qtbot.waitUntil(lambda: window.model_info is not None and window.chat_page.send_button.isEnabled(), timeout=10000)
     return window
 
 
@@ -106,8 +105,10 @@ def test_bad_model_folder_shows_the_error(qtbot, tmp_path, settings):
     # the load starts in the constructor, so its failure may come before any waitSignal could listen
     qtbot.waitUntil(lambda: window.load_error is not None, timeout=30000)
     assert "has no config.json" in window.load_error
-    qtbot.waitUntil(lambda: window.models_page.error_banner.isVisible() or
-                    "config.json" in window.models_page.error_banner.text(), timeout=5000)
+    qtbot.waitUntil(
+        lambda: window.models_page.error_banner.isVisible() or "config.json" in window.models_page.error_banner.text(),
+        timeout=5000,
+    )
     assert "config.json" in window.models_page.error_banner.text()
     window.close()
 
@@ -119,7 +120,9 @@ def test_settings_refused_at_startup_are_warnings_on_the_logs_page(qtbot, tmp_pa
     settings.get("cpu_threads")  # read before the window exists: kept until the Logs page can show it
     window = open_window(qtbot, ConversationStore(tmp_path / "c.sqlite3"), settings, model_folder)
     records = window.logs_page.records
-    found = [(records.index(row).data(LEVEL_ROLE), records.index(row).data(MESSAGE_ROLE))
-             for row in range(records.rowCount())]
+    found = [
+        (records.index(row).data(LEVEL_ROLE), records.index(row).data(MESSAGE_ROLE))
+        for row in range(records.rowCount())
+    ]
     assert [r for r in found if "setting cpu_threads" in r[1]] == [("warning", settings.warnings[0])]
     assert "is '10000', not a whole number from 0 (physical cores)" in settings.warnings[0]

@@ -42,8 +42,14 @@ def loads(monkeypatch, cpu_only):
 
     def load_cached(folder, where, pin_budget_bytes=None, **backend):
         calls.append({"pin_budget_bytes": pin_budget_bytes, **backend})
-        return load_model(folder, "cpu", torch.float32, expert_cache_slots=ONE_LAYER_OF_SLOTS,
-                          pin_budget_bytes=pin_budget_bytes, **backend)
+        return load_model(
+            folder,
+            "cpu",
+            torch.float32,
+            expert_cache_slots=ONE_LAYER_OF_SLOTS,
+            pin_budget_bytes=pin_budget_bytes,
+            **backend,
+        )
 
     monkeypatch.setattr(placement, "load_placed", load_cached)
     return calls
@@ -101,8 +107,10 @@ def test_a_gpu_backend_that_does_not_fit_is_refused_in_words(settings, folder, l
     seen = recorded(worker)
     worker.load(str(folder), load_options(settings))
     [message] = seen["failed"]
-    assert message.startswith("The model cannot run with the expert backend “gpu”: the gpu expert backend keeps "
-                              "every expert in VRAM: 4 layers of slots, but the cache holds 1")
+    assert message.startswith(
+        "The model cannot run with the expert backend “gpu”: the gpu expert backend keeps "
+        "every expert in VRAM: 4 layers of slots, but the cache holds 1"
+    )
     assert "Choose another expert backend in Settings" in message and "a bigger VRAM preset" in message
     assert "Traceback" not in message and seen["log"][-1][0] == "error"
     assert worker.session is None and not seen["loaded"] and seen["busy"] == [True, False]
@@ -126,8 +134,9 @@ def test_the_measured_bandwidths_are_logged_once(settings, folder, loads, monkey
     worker = EngineWorker()
     seen = recorded(worker)
     worker.load(str(folder), load_options(settings))
-    assert backend_lines(seen) == [f"expert backend: hybrid (chosen by auto); measured PCIe 12.5 GB/s{said}, "
-                                   "CPU 31.3 GB/s with 8 threads"]
+    assert backend_lines(seen) == [
+        f"expert backend: hybrid (chosen by auto); measured PCIe 12.5 GB/s{said}, CPU 31.3 GB/s with 8 threads"
+    ]
 
 
 def test_auto_s_trial_is_said_at_load_and_its_choice_once(qtbot, settings, folder, loads, monkeypatch):
@@ -143,8 +152,10 @@ def test_auto_s_trial_is_said_at_load_and_its_choice_once(qtbot, settings, folde
     worker = EngineWorker()
     seen = recorded(worker)
     worker.load(str(folder), load_options(settings))
-    assert backend_lines(seen) == ["expert backend: auto: whichever of cpu, hybrid, offload decodes fastest over "
-                                   "the first tokens; measured PCIe 12.5 GB/s, CPU 31.3 GB/s with 8 threads"]
+    assert backend_lines(seen) == [
+        "expert backend: auto: whichever of cpu, hybrid, offload decodes fastest over "
+        "the first tokens; measured PCIe 12.5 GB/s, CPU 31.3 GB/s with 8 threads"
+    ]
     options = {"sampling": {"max_new_tokens": 2, "seed": 1}}
     send_and_wait(qtbot, worker, [], "Hi", options)
     assert len(backend_lines(seen)) == 1  # still timing: nothing chosen to say
@@ -152,8 +163,9 @@ def test_auto_s_trial_is_said_at_load_and_its_choice_once(qtbot, settings, folde
     trial.seconds, trial.chosen = {"hybrid": [0.0084], "cpu": [0.0071], "offload": [0.0076]}, "cpu"
     for text in ("Hi again", "And again"):
         send_and_wait(qtbot, worker, worker.session.messages, text, options)
-    assert backend_lines(seen)[1:] == ["expert backend: auto chose cpu by the median decode step (cpu 7.1 ms, "
-                                       "hybrid 8.4 ms, offload 7.6 ms)"]
+    assert backend_lines(seen)[1:] == [
+        "expert backend: auto chose cpu by the median decode step (cpu 7.1 ms, hybrid 8.4 ms, offload 7.6 ms)"
+    ]
 
 
 def test_a_cpu_only_run_logs_no_backend(settings, folder, cpu_only):
@@ -221,6 +233,7 @@ def test_on_a_usable_gpu_the_worker_emits_the_measured_reserve(monkeypatch):
 def test_a_gpu_that_cannot_be_read_leaves_the_estimate_and_the_reason(monkeypatch):
     def broken():
         raise RuntimeError("CUDA driver initialization failed")
+
     monkeypatch.setattr(placement, "gpu_status", broken)
     worker = EngineWorker()
     seen = recorded(worker)
@@ -232,6 +245,7 @@ def test_a_gpu_that_cannot_be_read_leaves_the_estimate_and_the_reason(monkeypatc
 
 def test_the_loaded_models_footprint_is_read_on_the_worker_for_the_engine_page(settings, folder, cpu_only):
     from engine.runtime.planner import footprint_from_checkpoint
+
     worker = EngineWorker()
     worker.load(str(folder), load_options(settings))
     assert worker.model_info["footprint"] == footprint_from_checkpoint(folder)

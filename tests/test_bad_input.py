@@ -55,6 +55,7 @@ def bf16(tiny_checkpoint, tmp_path):
 
 # (a), (b), (c), (d): the folder and its config.json
 
+
 def test_folder_without_config(bf16):
     (bf16 / "config.json").unlink()
     assert _fails(bf16, "has no config.json").path == bf16
@@ -84,10 +85,13 @@ def test_unsupported_model_type(bf16):
 
 # (e) missing shard, (j) no weights
 
+
 def test_missing_shard(tiny_checkpoint, tmp_path):
     folder = _copy(tiny_checkpoint(ARCH, "bf16", shards=2), tmp_path)
     (folder / "model-00002-of-00002.safetensors").unlink()
-    error = _fails(folder, r"is missing shard model-00002-of-00002\.safetensors listed in model\.safetensors\.index\.json")
+    error = _fails(
+        folder, r"is missing shard model-00002-of-00002\.safetensors listed in model\.safetensors\.index\.json"
+    )
     assert error.path == folder and "incomplete" in error.hint
 
 
@@ -100,12 +104,17 @@ def test_no_safetensors_files(bf16):
 
 # (f), (g) and non-safetensors files: the header is checked before anything is read
 
+
 @pytest.mark.parametrize("where", ["last byte", "middle of data", "first tensor", "inside header"])
 def test_truncated_file(bf16, where):
     file = bf16 / "model.safetensors"
     data, start = file.read_bytes(), _header_end(file)
-    cut = {"last byte": len(data) - 1, "middle of data": (start + len(data)) // 2, "first tensor": start + 10,
-           "inside header": start // 2}[where]
+    cut = {
+        "last byte": len(data) - 1,
+        "middle of data": (start + len(data)) // 2,
+        "first tensor": start + 10,
+        "inside header": start // 2,
+    }[where]
     file.write_bytes(data[:cut])
     assert _fails(bf16, "truncated").path == file
 
@@ -121,13 +130,16 @@ def test_huge_header_length(bf16):
 def test_garbage_header(bf16, garbage):
     file = bf16 / "model.safetensors"
     data = bytearray(file.read_bytes())
-    data[8:8 + len(garbage)] = garbage
+    data[8 : 8 + len(garbage)] = garbage
     file.write_bytes(bytes(data))
     assert _fails(bf16, "corrupt safetensors header").path == file
 
 
-@pytest.mark.parametrize("content", [bytes(range(256)) * 20, b"hello, this is a text file\n" * 40, b"abc", b""],
-                         ids=["random bytes", "text", "three bytes", "empty"])
+@pytest.mark.parametrize(
+    "content",
+    [bytes(range(256)) * 20, b"hello, this is a text file\n" * 40, b"abc", b""],
+    ids=["random bytes", "text", "three bytes", "empty"],
+)
 def test_not_a_safetensors_file(bf16, content):
     file = bf16 / "model.safetensors"
     file.write_bytes(content)
@@ -136,28 +148,40 @@ def test_not_a_safetensors_file(bf16, content):
 
 # (h) shapes that disagree with config.json
 
-@pytest.mark.parametrize("fmt, fused, shards, found, expected", [
-    ("bf16", False, 1, [32, 64], [48, 64]),
-    ("bf16", True, 1, [8, 64, 64], [8, 96, 64]),  # fused gate_up stack
-    ("nvfp4", False, 3, [32, 64], [48, 64]),  # weight and its scales lie in different shards
-    ("nvfp4_ct", False, 1, [32, 64], [48, 64]),
-])
+
+@pytest.mark.parametrize(
+    "fmt, fused, shards, found, expected",
+    [
+        ("bf16", False, 1, [32, 64], [48, 64]),
+        ("bf16", True, 1, [8, 64, 64], [8, 96, 64]),  # fused gate_up stack
+        ("nvfp4", False, 3, [32, 64], [48, 64]),  # weight and its scales lie in different shards
+        ("nvfp4_ct", False, 1, [32, 64], [48, 64]),
+    ],
+)
 def test_config_shape_mismatch(tiny_checkpoint, tmp_path, fmt, fused, shards, found, expected):
     folder = _copy(tiny_checkpoint(ARCH, fmt, fused, shards), tmp_path)
     _edit_config(folder, moe_intermediate_size=48)
-    error = _fails(folder, rf"tensor '(?P<key>[^']+)' has shape {re.escape(str(found))} "
-                           rf"but config\.json implies {re.escape(str(expected))}")
+    error = _fails(
+        folder,
+        rf"tensor '(?P<key>[^']+)' has shape {re.escape(str(found))} "
+        rf"but config\.json implies {re.escape(str(expected))}",
+    )
     key = re.search(r"tensor '([^']+)'", error.cause).group(1)
-    assert re.fullmatch(r"model\.layers\.0\.mlp\.experts\.(0\.(gate|up)_proj\.(weight|weight_packed)|gate_up_proj)", key)
+    assert re.fullmatch(
+        r"model\.layers\.0\.mlp\.experts\.(0\.(gate|up)_proj\.(weight|weight_packed)|gate_up_proj)", key
+    )
     index = folder / "model.safetensors.index.json"
     shard = json.loads(index.read_text())["weight_map"][key] if shards > 1 else "model.safetensors"
     assert error.path == folder / shard
 
 
-@pytest.mark.parametrize("key, shape, expected", [
-    ("model.layers.0.mlp.experts.3.up_proj.weight", (16, 64), [32, 64]),
-    ("model.norm.weight", (32,), [64]),
-])
+@pytest.mark.parametrize(
+    "key, shape, expected",
+    [
+        ("model.layers.0.mlp.experts.3.up_proj.weight", (16, 64), [32, 64]),
+        ("model.norm.weight", (32,), [64]),
+    ],
+)
 def test_tensor_shape_mismatch(bf16, key, shape, expected):
     _rewrite(bf16 / "model.safetensors", lambda t: t.__setitem__(key, torch.zeros(shape, dtype=torch.bfloat16)))
     error = _fails(bf16, re.escape(f"tensor '{key}' has shape {list(shape)} but config.json implies {expected}"))
@@ -166,13 +190,22 @@ def test_tensor_shape_mismatch(bf16, key, shape, expected):
 
 # (i) quantisation we cannot decode, refused before any tensor is read
 
-@pytest.mark.parametrize("quant, what", [
-    ({"quant_method": "modelopt", "quant_algo": "INT3"}, "ModelOpt quant_algo 'INT3'"),
-    ({"quant_method": "gptq", "bits": 4}, "quant_method 'gptq'"),
-    ({"quant_method": "modelopt", "quant_algo": "MIXED_PRECISION",
-      "quantized_layers": {"model.layers.0.mlp.experts.0.up_proj": {"quant_algo": "INT3"}}},
-     "ModelOpt quant_algo 'INT3' for model.layers.0.mlp.experts.0.up_proj"),
-])
+
+@pytest.mark.parametrize(
+    "quant, what",
+    [
+        ({"quant_method": "modelopt", "quant_algo": "INT3"}, "ModelOpt quant_algo 'INT3'"),
+        ({"quant_method": "gptq", "bits": 4}, "quant_method 'gptq'"),
+        (
+            {
+                "quant_method": "modelopt",
+                "quant_algo": "MIXED_PRECISION",
+                "quantized_layers": {"model.layers.0.mlp.experts.0.up_proj": {"quant_algo": "INT3"}},
+            },
+            "ModelOpt quant_algo 'INT3' for model.layers.0.mlp.experts.0.up_proj",
+        ),
+    ],
+)
 def test_unknown_quantisation(bf16, quant, what):
     _edit_config(bf16, quantization_config=quant)
     error = _fails(bf16, "uses the unknown quantisation algorithm " + re.escape(what))
@@ -190,17 +223,21 @@ def test_unknown_quantisation_in_hf_quant_config(tiny_checkpoint, tmp_path):
     assert _fails(folder, "quant_algo 'W4A8_AWQ'").path == folder / "hf_quant_config.json"
 
 
-@pytest.mark.parametrize("quant, match", [
-    ("nvfp4", "quantization_config that is not a JSON object"),
-    ({"quant_method": "modelopt", "quant_algo": "MIXED_PRECISION", "quantized_layers": ["x"]}, "quantized_layers"),
-    ({"quant_method": "fp8", "weight_block_size": [128]}, r"weight_block_size \[128\]"),
-])
+@pytest.mark.parametrize(
+    "quant, match",
+    [
+        ("nvfp4", "quantization_config that is not a JSON object"),
+        ({"quant_method": "modelopt", "quant_algo": "MIXED_PRECISION", "quantized_layers": ["x"]}, "quantized_layers"),
+        ({"quant_method": "fp8", "weight_block_size": [128]}, r"weight_block_size \[128\]"),
+    ],
+)
 def test_malformed_quantisation_config(bf16, quant, match):
     _edit_config(bf16, quantization_config=quant)
     assert _fails(bf16, match).path == bf16 / "config.json"
 
 
 # (k) tensors the config calls for
+
 
 @pytest.mark.parametrize("key", ["model.layers.2.mlp.experts.5.down_proj.weight", "model.layers.1.linear_attn.A_log"])
 def test_missing_tensor(bf16, key):
@@ -214,8 +251,11 @@ def test_missing_scale_of_quantised_weight(tiny_checkpoint, tmp_path):
     folder = _copy(tiny_checkpoint(ARCH, "nvfp4"), tmp_path)
     module = "model.layers.0.mlp.experts.1.down_proj"
     _rewrite(folder / "model.safetensors", lambda t: t.pop(module + ".weight_scale_2"))
-    error = _fails(folder, r"layers\.0\.mlp\.experts\.1\.down_proj stores weight \(torch\.uint8\), "
-                           r"weight_scale \(torch\.float8_e4m3fn\), which is no weight format")
+    error = _fails(
+        folder,
+        r"layers\.0\.mlp\.experts\.1\.down_proj stores weight \(torch\.uint8\), "
+        r"weight_scale \(torch\.float8_e4m3fn\), which is no weight format",
+    )
     assert error.path == folder / "model.safetensors"
 
 
@@ -232,36 +272,49 @@ def test_misshaped_scale(tiny_checkpoint, tmp_path):
 QWEN3_MOE = "qwen3_moe"
 
 
-@pytest.mark.parametrize("arch, changes, match", [
-    (ARCH, {"num_attention_heads": 0, "head_dim": None}, "num_attention_heads must be at least 1, got 0"),
-    (ARCH, {"head_dim": 0}, "head_dim must be at least 1, got 0"),
-    (ARCH, {"layer_types": None, "full_attention_interval": 0}, "full_attention_interval must be at least 1, got 0"),
-    (QWEN3_MOE, {"decoder_sparse_step": 0}, "decoder_sparse_step must be at least 1, got 0"),
-    (ARCH, {"rope_parameters": [10000.0, 0.25]}, r"rope_parameters must be a JSON object, got \[10000\.0, 0\.25\]"),
-    (QWEN3_MOE, {"rope_scaling": "yarn"}, "rope_scaling must be a JSON object, got 'yarn'"),
-    (ARCH, {"num_experts": 0}, "num_experts_per_tok 2 must be from 1 to num_experts 0"),
-    (ARCH, {"num_experts_per_tok": 9}, "num_experts_per_tok 9 must be from 1 to num_experts 8"),
-    (QWEN3_MOE, {"num_experts_per_tok": 0}, "num_experts_per_tok must be at least 1, got 0"),
-    (ARCH, {"num_experts": -8}, "num_experts must be at least 0, got -8"),
-    (ARCH, {"moe_intermediate_size": -32}, "moe_intermediate_size must be at least 1, got -32"),
-    (ARCH, {"hidden_size": 64.5}, "hidden_size must be a whole number, got 64.5"),
-    (ARCH, {"hidden_size": "64"}, "hidden_size must be a whole number, got '64'"),
-    (ARCH, {"vocab_size": True}, "vocab_size must be a whole number, got True"),
-    (ARCH, {"num_hidden_layers": 0, "layer_types": None}, "num_hidden_layers must be at least 1, got 0"),
-    (ARCH, {"num_key_value_heads": 3}, "num_attention_heads 4 is not a multiple of num_key_value_heads 3"),
-    (ARCH, {"linear_num_value_heads": 3}, "linear_num_value_heads 3 is not a multiple of linear_num_key_heads 2"),
-    (ARCH, {"max_position_embeddings": 0}, "max_position_embeddings must be at least 1, got 0"),
-    (ARCH, {"rms_norm_eps": -1e-6}, "rms_norm_eps must be a number above 0"),
-    (QWEN3_MOE, {"rope_theta": float("inf")}, "rope_theta must be a number above 0 and finite, got inf"),
-    (ARCH, {"rope_parameters": {"rope_theta": 1e7, "partial_rotary_factor": 1.5}},
-     "partial_rotary_factor must be a number above 0 and at most 1, got 1.5"),
-    (ARCH, {"rope_parameters": {"rope_theta": 1e7, "partial_rotary_factor": 0.01}},
-     "head_dim 32 x partial_rotary_factor gives 0 rotated dimensions"),
-    (ARCH, {"eos_token_id": "x"}, "eos_token_id must be a token id or a list of them, got 'x'"),
-    (QWEN3_MOE, {"mlp_only_layers": 1}, "mlp_only_layers must be a list of layer numbers, got 1"),
-    (QWEN3_MOE, {"intermediate_size": 0}, r"intermediate_size must be at least 1 for the dense MLP layers \[1\]"),
-    (ARCH, {"layer_types": "full_attention"}, "layer_types must list"),
-])
+@pytest.mark.parametrize(
+    "arch, changes, match",
+    [
+        (ARCH, {"num_attention_heads": 0, "head_dim": None}, "num_attention_heads must be at least 1, got 0"),
+        (ARCH, {"head_dim": 0}, "head_dim must be at least 1, got 0"),
+        (
+            ARCH,
+            {"layer_types": None, "full_attention_interval": 0},
+            "full_attention_interval must be at least 1, got 0",
+        ),
+        (QWEN3_MOE, {"decoder_sparse_step": 0}, "decoder_sparse_step must be at least 1, got 0"),
+        (ARCH, {"rope_parameters": [10000.0, 0.25]}, r"rope_parameters must be a JSON object, got \[10000\.0, 0\.25\]"),
+        (QWEN3_MOE, {"rope_scaling": "yarn"}, "rope_scaling must be a JSON object, got 'yarn'"),
+        (ARCH, {"num_experts": 0}, "num_experts_per_tok 2 must be from 1 to num_experts 0"),
+        (ARCH, {"num_experts_per_tok": 9}, "num_experts_per_tok 9 must be from 1 to num_experts 8"),
+        (QWEN3_MOE, {"num_experts_per_tok": 0}, "num_experts_per_tok must be at least 1, got 0"),
+        (ARCH, {"num_experts": -8}, "num_experts must be at least 0, got -8"),
+        (ARCH, {"moe_intermediate_size": -32}, "moe_intermediate_size must be at least 1, got -32"),
+        (ARCH, {"hidden_size": 64.5}, "hidden_size must be a whole number, got 64.5"),
+        (ARCH, {"hidden_size": "64"}, "hidden_size must be a whole number, got '64'"),
+        (ARCH, {"vocab_size": True}, "vocab_size must be a whole number, got True"),
+        (ARCH, {"num_hidden_layers": 0, "layer_types": None}, "num_hidden_layers must be at least 1, got 0"),
+        (ARCH, {"num_key_value_heads": 3}, "num_attention_heads 4 is not a multiple of num_key_value_heads 3"),
+        (ARCH, {"linear_num_value_heads": 3}, "linear_num_value_heads 3 is not a multiple of linear_num_key_heads 2"),
+        (ARCH, {"max_position_embeddings": 0}, "max_position_embeddings must be at least 1, got 0"),
+        (ARCH, {"rms_norm_eps": -1e-6}, "rms_norm_eps must be a number above 0"),
+        (QWEN3_MOE, {"rope_theta": float("inf")}, "rope_theta must be a number above 0 and finite, got inf"),
+        (
+            ARCH,
+            {"rope_parameters": {"rope_theta": 1e7, "partial_rotary_factor": 1.5}},
+            "partial_rotary_factor must be a number above 0 and at most 1, got 1.5",
+        ),
+        (
+            ARCH,
+            {"rope_parameters": {"rope_theta": 1e7, "partial_rotary_factor": 0.01}},
+            "head_dim 32 x partial_rotary_factor gives 0 rotated dimensions",
+        ),
+        (ARCH, {"eos_token_id": "x"}, "eos_token_id must be a token id or a list of them, got 'x'"),
+        (QWEN3_MOE, {"mlp_only_layers": 1}, "mlp_only_layers must be a list of layer numbers, got 1"),
+        (QWEN3_MOE, {"intermediate_size": 0}, r"intermediate_size must be at least 1 for the dense MLP layers \[1\]"),
+        (ARCH, {"layer_types": "full_attention"}, "layer_types must list"),
+    ],
+)
 def test_nonsense_config_value(tiny_checkpoint, tmp_path, arch, changes, match):
     folder = _copy(tiny_checkpoint(arch, "bf16"), tmp_path)
     config = json.loads((folder / "config.json").read_text())
@@ -275,11 +328,14 @@ def test_nonsense_config_value(tiny_checkpoint, tmp_path, arch, changes, match):
     assert error.path == folder / "config.json" and "download it again" in error.hint
 
 
-@pytest.mark.parametrize("side, match", [
-    ({"quantization": ["NVFP4"]}, r"has a \"quantization\" entry that is not a JSON object \(\['NVFP4'\]\)"),
-    ({"quantization": "NVFP4"}, r"has a \"quantization\" entry that is not a JSON object \('NVFP4'\)"),
-    (["ab", "cd"], "does not hold a JSON object"),
-])
+@pytest.mark.parametrize(
+    "side, match",
+    [
+        ({"quantization": ["NVFP4"]}, r"has a \"quantization\" entry that is not a JSON object \(\['NVFP4'\]\)"),
+        ({"quantization": "NVFP4"}, r"has a \"quantization\" entry that is not a JSON object \('NVFP4'\)"),
+        (["ab", "cd"], "does not hold a JSON object"),
+    ],
+)
 def test_malformed_hf_quant_config(tiny_checkpoint, tmp_path, side, match):
     folder = _copy(tiny_checkpoint(ARCH, "nvfp4"), tmp_path)
     _edit_config(folder, quantization_config=None)  # the side file is read only without one in config.json
@@ -295,14 +351,25 @@ def test_fp8_block_size_that_is_no_block(bf16, block):
 
 # checkpoint headers and files that are not what their names say
 
-@pytest.mark.parametrize("weight_map", [{"model.norm.weight": 1}, {"model.norm.weight": None}, {},
-                                        {"model.norm.weight": "../elsewhere/model.safetensors"}])
+
+@pytest.mark.parametrize(
+    "weight_map",
+    [
+        {"model.norm.weight": 1},
+        {"model.norm.weight": None},
+        {},
+        {"model.norm.weight": "../elsewhere/model.safetensors"},
+    ],
+)
 def test_index_whose_weight_map_names_no_shard_files(tiny_checkpoint, tmp_path, weight_map):
     folder = _copy(tiny_checkpoint(ARCH, "bf16", shards=2), tmp_path)
     index = folder / "model.safetensors.index.json"
     index.write_text(json.dumps({"metadata": {}, "weight_map": weight_map}))
-    error = _fails(folder, "is not a valid safetensors index: its weight_map must give each tensor the name of a "
-                           "shard file in this folder")
+    error = _fails(
+        folder,
+        "is not a valid safetensors index: its weight_map must give each tensor the name of a "
+        "shard file in this folder",
+    )
     assert error.path == index
 
 
@@ -315,14 +382,25 @@ def _edit_header(file, key, change):
     file.write_bytes(struct.pack("<Q", len(text)) + text + data[start:])
 
 
-@pytest.mark.parametrize("field, value", [("shape", [-64]), ("shape", [-8, -8]), ("shape", [64.0]),
-                                          ("shape", [True] * 1), ("data_offsets", [-128, 0]),
-                                          ("data_offsets", ["0", "128"])])
+@pytest.mark.parametrize(
+    "field, value",
+    [
+        ("shape", [-64]),
+        ("shape", [-8, -8]),
+        ("shape", [64.0]),
+        ("shape", [True] * 1),
+        ("data_offsets", [-128, 0]),
+        ("data_offsets", ["0", "128"]),
+    ],
+)
 def test_header_with_impossible_shape_or_offsets(bf16, field, value):
     file = bf16 / "model.safetensors"
     _edit_header(file, "model.norm.weight", lambda entry: entry.__setitem__(field, value))
-    error = _fails(bf16, r"tensor 'model\.norm\.weight' has shape .* and data offsets .*, which must all be whole "
-                         r"numbers of 0 or more")
+    error = _fails(
+        bf16,
+        r"tensor 'model\.norm\.weight' has shape .* and data offsets .*, which must all be whole "
+        r"numbers of 0 or more",
+    )
     assert error.path == file
 
 
@@ -337,8 +415,9 @@ def test_named_pipe_named_like_a_weights_file_is_refused_without_blocking(bf16):
     (bf16 / "model.safetensors").unlink()
     os.mkfifo(bf16 / "model.safetensors")  # opening it would wait for a writer forever
     result = {}
-    worker = threading.Thread(target=lambda: result.setdefault("error", _fails(bf16, "is not a regular file")),
-                              daemon=True)
+    worker = threading.Thread(
+        target=lambda: result.setdefault("error", _fails(bf16, "is not a regular file")), daemon=True
+    )
     worker.start()
     worker.join(30)
     assert not worker.is_alive(), "loading blocked on the named pipe"
@@ -352,8 +431,9 @@ def test_library_scan_lists_a_named_pipe_weights_file_without_blocking(bf16):
     (bf16 / "model.safetensors").unlink()
     os.mkfifo(bf16 / "model.safetensors")
     result = {}
-    worker = threading.Thread(target=lambda: result.setdefault("entries", scan_library([bf16], bf16 / "no-hub")),
-                              daemon=True)
+    worker = threading.Thread(
+        target=lambda: result.setdefault("entries", scan_library([bf16], bf16 / "no-hub")), daemon=True
+    )
     worker.start()
     worker.join(30)
     assert not worker.is_alive(), "the library scan blocked on the named pipe"
@@ -382,16 +462,22 @@ def test_library_scan_survives_a_symlink_loop(tmp_path, bf16):
     for name in ("loop", "a"):
         assert by_path[str(models / name)]["error"] == (
             f"{models / name}: is a link that leads nowhere (broken, or a loop of links) "
-            f"(choose the folder that holds config.json and the .safetensors files)")
+            f"(choose the folder that holds config.json and the .safetensors files)"
+        )
     assert by_path[str(bf16)]["error"] == "" and by_path[str(bf16)]["size_bytes"] > 0
 
 
-@pytest.mark.parametrize("changes, fmt", [
-    ({"quantization_config": {"quant_method": "modelopt", "quant_algo": "NVFP4", "quantized_layers": ["x"]}},
-     "nvfp4"),
-    ({"quantization_config": {"quant_method": "compressed-tensors", "config_groups": [{"weights": 4}]}}, "fp8"),
-    ({"text_config": [1]}, "bf16"),
-])
+@pytest.mark.parametrize(
+    "changes, fmt",
+    [
+        (
+            {"quantization_config": {"quant_method": "modelopt", "quant_algo": "NVFP4", "quantized_layers": ["x"]}},
+            "nvfp4",
+        ),
+        ({"quantization_config": {"quant_method": "compressed-tensors", "config_groups": [{"weights": 4}]}}, "fp8"),
+        ({"text_config": [1]}, "bf16"),
+    ],
+)
 def test_library_scan_survives_malformed_quantisation_sections(bf16, changes, fmt):
     from app.model_library import scan_library
 
@@ -407,18 +493,22 @@ def test_library_scan_survives_a_list_in_hf_quant_config(tiny_checkpoint, tmp_pa
     _edit_config(folder, quantization_config=None)
     (folder / "hf_quant_config.json").write_text(json.dumps({"quantization": [1, 2]}))
     (entry,) = [e for e in scan_library([folder], folder / "no-hub") if e["path"] == str(folder)]
-    assert "hf_quant_config.json: has a \"quantization\" entry that is not a JSON object" in entry["error"]
+    assert 'hf_quant_config.json: has a "quantization" entry that is not a JSON object' in entry["error"]
 
 
 # generation_config.json: sampling values of the wrong kind name the file
 
-@pytest.mark.parametrize("changes, match", [
-    ({"temperature": "hot"}, "temperature must be a number, got 'hot'"),
-    ({"top_k": 1.5}, "top_k must be a whole number, got 1.5"),
-    ({"top_p": True}, "top_p must be a number, got True"),
-    ({"max_new_tokens": 0}, r"max_new_tokens must be >= 1, got 0"),
-    ({"temperature": -1}, r"temperature must be >= 0, got -1\.0"),
-])
+
+@pytest.mark.parametrize(
+    "changes, match",
+    [
+        ({"temperature": "hot"}, "temperature must be a number, got 'hot'"),
+        ({"top_k": 1.5}, "top_k must be a whole number, got 1.5"),
+        ({"top_p": True}, "top_p must be a number, got True"),
+        ({"max_new_tokens": 0}, r"max_new_tokens must be >= 1, got 0"),
+        ({"temperature": -1}, r"temperature must be >= 0, got -1\.0"),
+    ],
+)
 def test_generation_config_sampling_value_of_the_wrong_kind(tiny_checkpoint, tmp_path, changes, match):
     from engine.runtime.tokenizer import ChatTokenizer
 

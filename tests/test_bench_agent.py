@@ -62,8 +62,25 @@ def test_the_command_runs_a_synthetic_real_layout_model_under_a_plan(tmp_path, c
     plan's chunk and KV cache, a tokenizer folder of its own; the table on stdout, the JSON in --output."""
     write_tiny_tokenizer(tmp_path / "tokenizer")
     out = tmp_path / "out" / "agent.json"
-    code = main(["bench-agent", "--synthetic", "tiny", "--preset", "4gb", "--tokenizer", str(tmp_path / "tokenizer"),
-                 "--requests", "3", "--target-tokens", "1500", "--decode-tokens", "2", "--output", str(out)])
+    code = main(
+        [
+            "bench-agent",
+            "--synthetic",
+            "tiny",
+            "--preset",
+            "4gb",
+            "--tokenizer",
+            str(tmp_path / "tokenizer"),
+            "--requests",
+            "3",
+            "--target-tokens",
+            "1500",
+            "--decode-tokens",
+            "2",
+            "--output",
+            str(out),
+        ]
+    )
     assert code == 0
     result = json.loads(out.read_text(encoding="utf-8"))
     assert result["model"] == "tiny" and result["plan"]["preset"] == "4gb"
@@ -75,12 +92,15 @@ def test_the_command_runs_a_synthetic_real_layout_model_under_a_plan(tmp_path, c
     assert "prefilled" in capsys.readouterr().out
 
 
-@pytest.mark.parametrize("argv, message", [
-    (["--synthetic", "tiny"], "needs --tokenizer"),
-    (["--model", "demo", "--target-tokens", "30000"], "past this model's 4,096"),
-    (["--model", "demo", "--requests", "1"], "--requests must be 2 or more"),
-    (["--model", "demo", "--preset", "4gb"], "--model runs on the CPU"),
-])
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["--synthetic", "tiny"], "needs --tokenizer"),
+        (["--model", "demo", "--target-tokens", "30000"], "past this model's 4,096"),
+        (["--model", "demo", "--requests", "1"], "--requests must be 2 or more"),
+        (["--model", "demo", "--preset", "4gb"], "--model runs on the CPU"),
+    ],
+)
 def test_the_command_explains_what_it_refuses(argv, message, capsys):
     assert main(["bench-agent", *argv]) == 2
     err = capsys.readouterr().err

@@ -48,8 +48,9 @@ def test_the_gpu_step_keeps_the_fixed_cost_and_reads_at_the_cards_bandwidth():
     assert bp.card_gpu_step(0.006, run_bytes, 4.8e12, 1e9, card) == pytest.approx(0.0055 + 0.010)
     assert bp.run_vram_bytes_per_s({"device_name": "NVIDIA H200"}) == 4.8e12
     # an unknown GPU: its whole step counts as fixed cost
-    assert bp.card_gpu_step(0.006, run_bytes, bp.run_vram_bytes_per_s({"device_name": "?"}), 1e9, card) == \
-        pytest.approx(0.006 + 0.010)
+    assert bp.card_gpu_step(
+        0.006, run_bytes, bp.run_vram_bytes_per_s({"device_name": "?"}), 1e9, card
+    ) == pytest.approx(0.006 + 0.010)
 
 
 def test_cpu_rate_is_the_threads_until_the_dram_runs_out():
@@ -84,21 +85,45 @@ def run_result(preset="4gb", slow=1.0, pageable=False):
     for backend, hit, share in (("offload", 0.1, 0.0), ("cpu", 1.0, 0.95)):
         miss = max(1 - hit, share) * 40 * 8 * record
         modelled = 1 / bp.decode_step_seconds(gpu_step, miss, pcie, cpu, backend)
-        decodes[backend] = {"decode_tokens_per_s": modelled / slow, "decode_expert_cache_hit_rate": hit,
-                            "decode_cpu_expert_share": share}
+        decodes[backend] = {
+            "decode_tokens_per_s": modelled / slow,
+            "decode_expert_cache_hit_rate": hit,
+            "decode_cpu_expert_share": share,
+        }
     chunk_bytes = 40 * footprint.expert_layer_bytes
     prefill_4096 = 4096 / (4 * chunk_bytes / pcie + 4096 * 0.0002)  # 0.2 ms a token beside the link
-    return {"model": MODEL, "device_name": "NVIDIA H200", "expert_backend": "hybrid", "pageable_experts": pageable,
-            "gpu_step_seconds": gpu_step, "expert_link_bytes_per_s": pcie,
-            "calibration": {"cpu_bytes_per_s": cpu, "cpu_threads": 16, "pageable_bytes_per_s": 5e9},
-            "plan": {"preset": preset, "prefill_chunk_tokens": 1024, "prefill_overlap": False},
-            "runs": [{"prompt_tokens": 4096, "routing": "uniform", "decode_tokens": 128,
-                      "prefill_tokens_per_s": prefill_4096, "decode_by_backend": decodes},
-                     {"prompt_tokens": 2048, "routing": "uniform", "prefill_tokens_per_s": 2048 / (
-                         2 * chunk_bytes / pcie + 2048 * 0.0002 * slow)},
-                     {"prompt_tokens": 4096, "routing": "fixed", "decode_tokens": 128,
-                      "decode_by_backend": {"offload": {"decode_tokens_per_s": 1 / gpu_step,
-                                                        "decode_expert_cache_hit_rate": 1.0}}}]}
+    return {
+        "model": MODEL,
+        "device_name": "NVIDIA H200",
+        "expert_backend": "hybrid",
+        "pageable_experts": pageable,
+        "gpu_step_seconds": gpu_step,
+        "expert_link_bytes_per_s": pcie,
+        "calibration": {"cpu_bytes_per_s": cpu, "cpu_threads": 16, "pageable_bytes_per_s": 5e9},
+        "plan": {"preset": preset, "prefill_chunk_tokens": 1024, "prefill_overlap": False},
+        "runs": [
+            {
+                "prompt_tokens": 4096,
+                "routing": "uniform",
+                "decode_tokens": 128,
+                "prefill_tokens_per_s": prefill_4096,
+                "decode_by_backend": decodes,
+            },
+            {
+                "prompt_tokens": 2048,
+                "routing": "uniform",
+                "prefill_tokens_per_s": 2048 / (2 * chunk_bytes / pcie + 2048 * 0.0002 * slow),
+            },
+            {
+                "prompt_tokens": 4096,
+                "routing": "fixed",
+                "decode_tokens": 128,
+                "decode_by_backend": {
+                    "offload": {"decode_tokens_per_s": 1 / gpu_step, "decode_expert_cache_hit_rate": 1.0}
+                },
+            },
+        ],
+    }
 
 
 def test_the_check_finds_no_error_where_the_run_is_the_formula(footprint):

@@ -22,9 +22,6 @@ from app.widgets.transcript import AssistantBubble, MarkdownPart
 SCHEMA0_FILE = Path(__file__).parent / "fixtures" / "chats-schema0.sqlite3"
 
 
-
-
-
 def send(qtbot, page: ChatPage, text: str) -> None:
     qtbot.keyClicks(page.input, text)
     qtbot.keyClick(page.input, Qt.Key.Key_Return)
@@ -32,9 +29,12 @@ def send(qtbot, page: ChatPage, text: str) -> None:
 
 def shown_texts(page: ChatPage) -> list[str]:
     """Each bubble's text as shown: a user message's text, a reply's rendered answer."""
-    return [b.text if not isinstance(b, AssistantBubble) else
-            "\n".join(p.source if isinstance(p, MarkdownPart) else p.code() for p in b.answer_view.parts)
-            for b in page.transcript.bubbles]
+    return [
+        b.text
+        if not isinstance(b, AssistantBubble)
+        else "\n".join(p.source if isinstance(p, MarkdownPart) else p.code() for p in b.answer_view.parts)
+        for b in page.transcript.bubbles
+    ]
 
 
 def contents(store: ConversationStore, conversation_id: int) -> list[str]:
@@ -58,11 +58,18 @@ def test_a_file_written_by_the_flat_schema_opens_with_every_chat_as_one_branch(t
     chats = {c["title"]: c for c in store.conversations()}
     assert set(chats) == {"Colours", "Empty chat", "Edited"}
     colours = chats["Colours"]
-    assert (colours["system_prompt"], colours["enable_thinking"], colours["draft"]) == ("Be brief.", False,
-                                                                                        "half typed")
+    assert (colours["system_prompt"], colours["enable_thinking"], colours["draft"]) == (
+        "Be brief.",
+        False,
+        "half typed",
+    )
     shown = store.messages(colours["id"])
     assert [(m["role"], m["content"]) for m in shown] == [
-        ("user", "Name a colour"), ("assistant", "Blue."), ("user", "Another one"), ("assistant", "Red.")]
+        ("user", "Name a colour"),
+        ("assistant", "Blue."),
+        ("user", "Another one"),
+        ("assistant", "Red."),
+    ]
     assert shown[1]["reasoning"] == "Pick one." and shown[3]["stats"] == {"stop_reason": "length", "new_tokens": 2}
     assert [m["parent_id"] for m in shown] == [None] + [m["id"] for m in shown[:-1]]
     assert all((m["version"], m["versions"]) == (1, 1) for m in shown)
@@ -116,8 +123,10 @@ def test_a_deleted_message_comes_back_on_undo_and_goes_on_purge(store):
     store.delete_message(cid, q)
     assert contents(store, cid) == []
     store.purge_deleted()
-    assert store.tree(cid) == [] and sqlite3.connect(store.path).execute(
-        "SELECT COUNT(*) FROM messages").fetchone()[0] == 0  # the replies under it went too
+    assert (
+        store.tree(cid) == []
+        and sqlite3.connect(store.path).execute("SELECT COUNT(*) FROM messages").fetchone()[0] == 0
+    )  # the replies under it went too
 
 
 # ---- export and import ----------------------------------------------------------------------------
@@ -140,6 +149,7 @@ def test_json_export_round_trips_every_branch(store):
         tree = store.tree(conversation_id)
         index = {m["id"]: i for i, m in enumerate(tree)}
         return [(index.get(m["parent_id"]), m["role"], m["content"], m["reasoning"], m["stats"]) for m in tree]
+
     assert shape(copy) == shape(cid)
     assert contents(store, copy) == contents(store, cid) == ["hello <b>there</b> ```", "one"]
     assert json.loads(to_json(store, copy))["messages"][0]["content"] == "hello <b>there</b> ```"
@@ -156,15 +166,22 @@ def test_markdown_export_is_the_shown_branch(store):
     assert "Blue." not in markdown and "Pick one." not in markdown
 
 
-@pytest.mark.parametrize("text, says", [
-    ("not json", "not JSON"),
-    ('{"title": "x"}', "not a chat exported by MoE Desk"),
-    ('{"format": "moe-desk-chat", "version": 99, "messages": []}', "version 99"),
-    ('{"format": "moe-desk-chat", "version": 1, "messages": [{"id": 1, "role": "system", "content": ""}]}',
-     "damaged"),
-    ('{"format": "moe-desk-chat", "version": 1, "messages": [{"id": 2, "parent_id": 1, "role": "user"}]}',
-     "missing message"),
-])
+@pytest.mark.parametrize(
+    "text, says",
+    [
+        ("not json", "not JSON"),
+        ('{"title": "x"}', "not a chat exported by MoE Desk"),
+        ('{"format": "moe-desk-chat", "version": 99, "messages": []}', "version 99"),
+        (
+            '{"format": "moe-desk-chat", "version": 1, "messages": [{"id": 1, "role": "system", "content": ""}]}',
+            "damaged",
+        ),
+        (
+            '{"format": "moe-desk-chat", "version": 1, "messages": [{"id": 2, "parent_id": 1, "role": "user"}]}',
+            "missing message",
+        ),
+    ],
+)
 def test_import_refuses_what_is_not_an_export_and_says_why(store, text, says):
     before = store.conversations()
     with pytest.raises(ChatImportError, match=says):
@@ -300,8 +317,10 @@ def test_paging_is_held_while_a_reply_streams(qtbot, page, store, fake):
     page.show_version(1, -1)  # even asked directly, the branch does not change under a streaming reply
     fake.finish("done")
     assert contents(store, cid) == ["Q", "A2", "Next", "done"]
-    assert chat_history(store.messages(cid))[:2] == [{"role": "user", "content": "Q"},
-                                                     {"role": "assistant", "content": "A2"}]
+    assert chat_history(store.messages(cid))[:2] == [
+        {"role": "user", "content": "Q"},
+        {"role": "assistant", "content": "A2"},
+    ]
 
 
 def test_export_and_import_from_the_page(qtbot, page, store, fake, tmp_path, monkeypatch):
@@ -315,8 +334,11 @@ def test_export_and_import_from_the_page(qtbot, page, store, fake, tmp_path, mon
         monkeypatch.setattr(QFileDialog, "getSaveFileName", lambda *args, name=name: (str(tmp_path / name), ""))
         page.export_chat(kind)
     assert "## Assistant\n\nHey!" in (tmp_path / "chat.md").read_text(encoding="utf-8")
-    assert [m["content"] for m in json.loads((tmp_path / "chat.json").read_text())["messages"]] == \
-        ["Hi", "Hello!", "Hey!"]
+    assert [m["content"] for m in json.loads((tmp_path / "chat.json").read_text())["messages"]] == [
+        "Hi",
+        "Hello!",
+        "Hey!",
+    ]
 
     monkeypatch.setattr(QFileDialog, "getOpenFileName", lambda *args: (str(tmp_path / "chat.json"), ""))
     original = page.current_conversation_id()

@@ -33,7 +33,7 @@ def test_chunked_prefill_equals_one_pass(model, pattern, max_tokens):
     state = model.new_state(max_tokens=max_tokens)
     start = 0
     for size in pattern:
-        last = model.forward(ids[start:start + size], state)
+        last = model.forward(ids[start : start + size], state)
         start += size
         # every chunk's last logits equal the one-pass logits at that position
         assert float((last - expected[start - 1]).abs().max() / expected.abs().max()) <= TOLERANCE

@@ -30,8 +30,21 @@ def run(argv, capsys):
 def test_generate_json_one_object_per_prompt(model_dir, tmp_path, capsys):
     prompts = tmp_path / "prompts.txt"
     prompts.write_text("Hello\n\nWhat is 2+2?\n", encoding="utf-8")
-    code, out, err = run(["generate", "--model", model_dir, "--prompts-file", str(prompts), "--json",
-                          "--max-new-tokens", "5", "--seed", "3"], capsys)
+    code, out, err = run(
+        [
+            "generate",
+            "--model",
+            model_dir,
+            "--prompts-file",
+            str(prompts),
+            "--json",
+            "--max-new-tokens",
+            "5",
+            "--seed",
+            "3",
+        ],
+        capsys,
+    )
     assert code == 0, err
     rows = [json.loads(line) for line in out.splitlines()]
     assert [r["prompt"] for r in rows] == ["Hello", "What is 2+2?"]
@@ -39,14 +52,17 @@ def test_generate_json_one_object_per_prompt(model_dir, tmp_path, capsys):
         assert row["stats"]["new_tokens"] == 5 and row["stats"]["stop_reason"] == "length"
         assert row["stats"]["seed"] == 3 and row["stats"]["prefill_tokens"] > 0
     # same seed, same text
-    _, again, _ = run(["generate", "--model", model_dir, "--prompt", "Hello", "--json", "--max-new-tokens", "5",
-                       "--seed", "3"], capsys)
+    _, again, _ = run(
+        ["generate", "--model", model_dir, "--prompt", "Hello", "--json", "--max-new-tokens", "5", "--seed", "3"],
+        capsys,
+    )
     assert json.loads(again)["reply"] == rows[0]["reply"] and json.loads(again)["reasoning"] == rows[0]["reasoning"]
 
 
 def test_generate_streams_text_and_stats(model_dir, capsys):
-    code, out, err = run(["generate", "--model", model_dir, "--prompt", "Hi", "--max-new-tokens", "4",
-                          "--no-think"], capsys)
+    code, out, err = run(
+        ["generate", "--model", model_dir, "--prompt", "Hi", "--max-new-tokens", "4", "--no-think"], capsys
+    )
     assert code == 0 and "[4 tokens" in out and "stop: length" in out
 
 
@@ -58,16 +74,19 @@ def test_chat_commands(model_dir, capsys, monkeypatch):
     assert out.count("[3 tokens") == 2
 
 
-@pytest.mark.parametrize("argv, message, exit_code", [
-    (["generate", "--model", "/no/such/folder", "--prompt", "x"], "/no/such/folder: does not exist", 1),
-    (["generate"], "one of the arguments --prompt --prompts-file is required", 2),
-    (["generate", "--model", "M", "--prompt", "x", "--bogus"], "unrecognized arguments: --bogus", 2),
-    (["generate", "--model", "M", "--prompt", "x", "--top-p", "1.5"], "top_p must be in (0, 1], got 1.5", 2),
-    (["generate", "--model", "M", "--prompts-file", "/no/such/file.txt"], "cannot read /no/such/file.txt", 2),
-    (["generate", "--model", "M", "--prompt", "x" * 5000, "--context", "64"], "at most 64", 1),
-    (["plan", "--synthetic", "no-such-model", "--preset", "4gb"], "no-such-model", 2),
-    (["plan", "--synthetic", "qwen3.6-35b-a3b-nvfp4", "--preset", "4gb", "--vram", "-1"], "--vram must be", 2),
-])
+@pytest.mark.parametrize(
+    "argv, message, exit_code",
+    [
+        (["generate", "--model", "/no/such/folder", "--prompt", "x"], "/no/such/folder: does not exist", 1),
+        (["generate"], "one of the arguments --prompt --prompts-file is required", 2),
+        (["generate", "--model", "M", "--prompt", "x", "--bogus"], "unrecognized arguments: --bogus", 2),
+        (["generate", "--model", "M", "--prompt", "x", "--top-p", "1.5"], "top_p must be in (0, 1], got 1.5", 2),
+        (["generate", "--model", "M", "--prompts-file", "/no/such/file.txt"], "cannot read /no/such/file.txt", 2),
+        (["generate", "--model", "M", "--prompt", "x" * 5000, "--context", "64"], "at most 64", 1),
+        (["plan", "--synthetic", "no-such-model", "--preset", "4gb"], "no-such-model", 2),
+        (["plan", "--synthetic", "qwen3.6-35b-a3b-nvfp4", "--preset", "4gb", "--vram", "-1"], "--vram must be", 2),
+    ],
+)
 def test_errors_are_one_line(argv, message, exit_code, model_dir, capsys):
     argv = [model_dir if a == "M" else a for a in argv]
     code, out, err = run(argv, capsys)
@@ -83,8 +102,23 @@ def test_demo_model_is_the_default(capsys):
 
 
 def test_module_entry_point(model_dir):
-    result = subprocess.run([sys.executable, "-m", "engine", "generate", "--model", model_dir, "--prompt", "Hi",
-                             "--max-new-tokens", "2", "--json"], capture_output=True, text=True)
+    result = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "engine",
+            "generate",
+            "--model",
+            model_dir,
+            "--prompt",
+            "Hi",
+            "--max-new-tokens",
+            "2",
+            "--json",
+        ],
+        capture_output=True,
+        text=True,
+    )
     assert result.returncode == 0, result.stderr
     assert json.loads(result.stdout)["stats"]["new_tokens"] == 2
 
@@ -122,26 +156,36 @@ def fake_gpu_run(monkeypatch, expert_slots: int) -> list[dict]:
     return calls
 
 
-@pytest.mark.parametrize("options, expected", [
-    ([], {"expert_backend": "auto", "cpu_threads": None}),
-    (["--expert-backend", "offload", "--cpu-threads", "1"], {"expert_backend": "offload", "cpu_threads": 1}),
-])
-def test_expert_backend_and_cpu_threads_reach_load_placed(options, expected, model_dir, capsys, monkeypatch,
-                                                          restored_threads):
+@pytest.mark.parametrize(
+    "options, expected",
+    [
+        ([], {"expert_backend": "auto", "cpu_threads": None}),
+        (["--expert-backend", "offload", "--cpu-threads", "1"], {"expert_backend": "offload", "cpu_threads": 1}),
+    ],
+)
+def test_expert_backend_and_cpu_threads_reach_load_placed(
+    options, expected, model_dir, capsys, monkeypatch, restored_threads
+):
     calls = fake_gpu_run(monkeypatch, expert_slots=32)  # every layer fits: any backend runs
-    code, out, err = run(["generate", "--model", model_dir, "--prompt", "Hi", "--max-new-tokens", "2", "--json",
-                          *options], capsys)
+    code, out, err = run(
+        ["generate", "--model", model_dir, "--prompt", "Hi", "--max-new-tokens", "2", "--json", *options], capsys
+    )
     assert code == 0, err
     assert calls == [expected] and json.loads(out)["stats"]["new_tokens"] == 2
 
 
-@pytest.mark.parametrize("argv, message", [
-    (["--expert-backend", "warp"], "argument --expert-backend: invalid choice: 'warp'"),
-    (["--cpu-threads", "many"], "argument --cpu-threads: invalid int value: 'many'"),
-    (["--cpu-threads", "0"], "--cpu-threads: threads must be between 1 and"),
-    (["--device", "cpu", "--expert-backend", "hybrid"],
-     "--expert-backend hybrid only applies on the GPU; leave it out, since this run is on the CPU: --device cpu"),
-])
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["--expert-backend", "warp"], "argument --expert-backend: invalid choice: 'warp'"),
+        (["--cpu-threads", "many"], "argument --cpu-threads: invalid int value: 'many'"),
+        (["--cpu-threads", "0"], "--cpu-threads: threads must be between 1 and"),
+        (
+            ["--device", "cpu", "--expert-backend", "hybrid"],
+            "--expert-backend hybrid only applies on the GPU; leave it out, since this run is on the CPU: --device cpu",
+        ),
+    ],
+)
 def test_bad_expert_options_are_one_line(argv, message, model_dir, capsys, restored_threads):
     code, out, err = run(["generate", "--model", model_dir, "--prompt", "x", *argv], capsys)
     lines = err.strip().splitlines()
@@ -153,7 +197,8 @@ def test_a_gpu_backend_the_cache_cannot_hold_is_one_line(model_dir, capsys, monk
     code, out, err = run(["chat", "--model", model_dir, "--expert-backend", "gpu"], capsys)
     assert code == 2 and err.splitlines()[-1] == (
         "error: the gpu expert backend keeps every expert in VRAM: 4 layers of slots, but the cache holds 1; "
-        "choose offload, cpu, hybrid or auto (--expert-backend), or a bigger --preset")
+        "choose offload, cpu, hybrid or auto (--expert-backend), or a bigger --preset"
+    )
 
 
 def test_plan_without_a_gpu_says_its_guarantee_is_an_estimate_for_the_reference_card(capsys):
@@ -189,22 +234,28 @@ def test_plan_on_a_usable_gpu_uses_the_reserve_measured_there(capsys, monkeypatc
 
 # hostile inputs: each is one line on stderr and a non-zero exit, never a traceback
 
+
 def _one_error_line(err: str, message: str) -> None:
     lines = err.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("error: ") and message in lines[0], err
 
 
-@pytest.mark.parametrize("argv, message", [
-    (["--prompt", "x", "--seed", "-1"], "seed must be a whole number from 0 to 18446744073709551615, got -1"),
-    (["--prompt", "x", "--seed", str(2**64)], f"seed must be a whole number from 0 to {2**64 - 1}, got {2**64}"),
-    (["--prompt", "x", "--context", "1000000000"],
-     "--context 1000000000 is more than this model's maximum of 4096 tokens (max_position_embeddings in "
-     "config.json); use --context 4096 or less"),
-    (["--prompt", "x", "--cpu-threads", "10000"], "--cpu-threads: threads must be between 1 and"),
-    (["--prompt", "caf\udce9"], "--prompt is not valid UTF-8 text (undecodable bytes at character 3)"),
-    (["--prompt", "x", "--system", "\udcff"], "--system is not valid UTF-8 text"),
-    (["--prompt", "x", "--stop", "\udcff"], "--stop is not valid UTF-8 text"),
-])
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["--prompt", "x", "--seed", "-1"], "seed must be a whole number from 0 to 18446744073709551615, got -1"),
+        (["--prompt", "x", "--seed", str(2**64)], f"seed must be a whole number from 0 to {2**64 - 1}, got {2**64}"),
+        (
+            ["--prompt", "x", "--context", "1000000000"],
+            "--context 1000000000 is more than this model's maximum of 4096 tokens (max_position_embeddings in "
+            "config.json); use --context 4096 or less",
+        ),
+        (["--prompt", "x", "--cpu-threads", "10000"], "--cpu-threads: threads must be between 1 and"),
+        (["--prompt", "caf\udce9"], "--prompt is not valid UTF-8 text (undecodable bytes at character 3)"),
+        (["--prompt", "x", "--system", "\udcff"], "--system is not valid UTF-8 text"),
+        (["--prompt", "x", "--stop", "\udcff"], "--stop is not valid UTF-8 text"),
+    ],
+)
 def test_hostile_generate_arguments_are_one_line(argv, message, model_dir, capsys, restored_threads):
     code, out, err = run(["generate", "--model", model_dir, *argv], capsys)
     assert code == 2
@@ -261,9 +312,26 @@ def test_a_chat_line_with_undecodable_bytes_is_refused(model_dir, capsys, monkey
 
 
 def test_a_reply_prints_on_an_ascii_terminal(model_dir):
-    result = subprocess.run([sys.executable, "-X", "utf8=0", "-m", "engine", "generate", "--model", model_dir,
-                             "--prompt", "Hi", "--max-new-tokens", "3", "--seed", "1"], capture_output=True,
-                            env={**os.environ, "LC_ALL": "C", "PYTHONIOENCODING": "ascii"})
+    result = subprocess.run(
+        [
+            sys.executable,
+            "-X",
+            "utf8=0",
+            "-m",
+            "engine",
+            "generate",
+            "--model",
+            model_dir,
+            "--prompt",
+            "Hi",
+            "--max-new-tokens",
+            "3",
+            "--seed",
+            "1",
+        ],
+        capture_output=True,
+        env={**os.environ, "LC_ALL": "C", "PYTHONIOENCODING": "ascii"},
+    )
     assert result.returncode == 0, result.stderr.decode()
     assert b"Traceback" not in result.stderr and b"[3 tokens" in result.stdout
 
@@ -280,10 +348,12 @@ def nan_model_dir(tiny_checkpoint, tmp_path_factory):
     return str(folder)
 
 
-@pytest.mark.parametrize("sampling", [["--temperature", "0"], ["--temperature", "0.7", "--seed", "1"]],
-                         ids=["greedy", "sampled"])
+@pytest.mark.parametrize(
+    "sampling", [["--temperature", "0"], ["--temperature", "0.7", "--seed", "1"]], ids=["greedy", "sampled"]
+)
 def test_nan_logits_stop_the_reply_with_a_clear_error(nan_model_dir, sampling, capsys):
     code, out, err = run(["generate", "--model", nan_model_dir, "--prompt", "Hi", "--json", *sampling], capsys)
     assert code == 1 and json.loads(out)["reply"] == ""
-    _one_error_line(err, "the model produced NaN/inf logits: its weights are damaged or the format is misread; "
-                         "re-download it")
+    _one_error_line(
+        err, "the model produced NaN/inf logits: its weights are damaged or the format is misread; re-download it"
+    )

@@ -59,8 +59,14 @@ class Bank:
         def weight(rows, cols, name):
             return stored(torch.randn(rows, cols, generator=generator) / cols**0.5, encoding, name)
 
-        self.weights = [(weight(intermediate, hidden, f"{e}.gate"), weight(intermediate, hidden, f"{e}.up"),
-                         weight(hidden, intermediate, f"{e}.down")) for e in range(EXPERTS)]
+        self.weights = [
+            (
+                weight(intermediate, hidden, f"{e}.gate"),
+                weight(intermediate, hidden, f"{e}.up"),
+                weight(hidden, intermediate, f"{e}.down"),
+            )
+            for e in range(EXPERTS)
+        ]
 
     def stored(self, expert):
         return self.weights[expert]
@@ -110,8 +116,13 @@ def test_every_format_matches_dequantise_then_matmul(encoding, tokens):
 def test_unjoined_compressed_tensors_weights_divide_by_their_global_scale():
     """Records laid out from weights as stored (no fuse_rows): NVFP4_CT with its dividing scalar global scale."""
     generator = torch.Generator().manual_seed(3)
-    experts = [{"gate_up": stored(torch.randn(96, 64, generator=generator), "nvfp4_ct", "gate_up"),
-                "down": stored(torch.randn(64, 48, generator=generator), "nvfp4_ct", "down")} for _ in range(EXPERTS)]
+    experts = [
+        {
+            "gate_up": stored(torch.randn(96, 64, generator=generator), "nvfp4_ct", "gate_up"),
+            "down": stored(torch.randn(64, 48, generator=generator), "nvfp4_ct", "down"),
+        }
+        for _ in range(EXPERTS)
+    ]
     layout = RecordLayout.of(experts[0])
     assert layout.matrices["gate_up"].format == "nvfp4_ct"
     records = torch.empty(EXPERTS, layout.record_bytes, dtype=torch.uint8)
@@ -140,8 +151,8 @@ def test_masks_duplicates_and_sizes():
     nothing = kernel.run(records, x, ids, weights, torch.zeros_like(everything))
     assert torch.equal(nothing, torch.zeros_like(x))
     for t in range(9):  # one token a call takes the item loop decode's threads run: the same cases one by one
-        got = kernel.run(records, x[t:t + 1], ids[t:t + 1], weights[t:t + 1], partial[t:t + 1])
-        want = reference(layout, records, x[t:t + 1], ids[t:t + 1], weights[t:t + 1], partial[t:t + 1])
+        got = kernel.run(records, x[t : t + 1], ids[t : t + 1], weights[t : t + 1], partial[t : t + 1])
+        want = reference(layout, records, x[t : t + 1], ids[t : t + 1], weights[t : t + 1], partial[t : t + 1])
         assert torch.equal(got, want) if not partial[t].any() else relative_error(got, want) < EXACT
 
 
@@ -203,8 +214,9 @@ def test_cli_bench_cpu_experts_reports_each_thread_count(monkeypatch, capsys):
     result = json.loads(capsys.readouterr().out)
     assert (result["hidden"], result["intermediate"], result["tokens"]) == (64, 32, 1)
     precisions = ["bf16", "float32"] if cpu_experts.bf16_dot_supported() else ["float32"]
-    assert [(row["threads"], row["activations"]) for row in result["runs"]] == [(t, p) for t in (1, 2)
-                                                                                 for p in precisions]
+    assert [(row["threads"], row["activations"]) for row in result["runs"]] == [
+        (t, p) for t in (1, 2) for p in precisions
+    ]
     for row in result["runs"]:
         assert row["dram_bytes_per_s"] > 0 and row["expert_bytes_per_s"] > 0 and row["tokens_per_s_bound"] > 0
         assert row["ratio"] == pytest.approx(row["expert_bytes_per_s"] / row["dram_bytes_per_s"])
@@ -213,7 +225,8 @@ def test_cli_bench_cpu_experts_reports_each_thread_count(monkeypatch, capsys):
     assert [row["threads"] for row in result["decode_share_runs"]] == [cpu_share.share_threads_for(t) for t in (1, 2)]
     for row in result["decode_share_runs"]:
         assert row["expert_bytes_per_s"] > 0 and row["ratio"] == pytest.approx(
-            row["expert_bytes_per_s"] / row["dram_bytes_per_s"])
+            row["expert_bytes_per_s"] / row["dram_bytes_per_s"]
+        )
     assert main(["bench", "--cpu-experts", "--threads", "1"]) == 0
     out = capsys.readouterr().out
     assert "DRAM GB/s" in out and f"compiled for {result['compiled_for']['cpu']}" in out and "decode's path" in out
@@ -248,8 +261,12 @@ def test_every_finite_code_decodes_exactly(dtype):
     assert relative_error(got, reference(layout, records, x, ids, weights, on_cpu)) < EXACT
 
 
-@pytest.mark.skipif(cpu_experts.numba is None or platform.machine().lower() not in ("x86_64", "amd64")
-                    or "NUMBA_CPU_FEATURES" in os.environ, reason="numba on x86 with its features not set by hand")
+@pytest.mark.skipif(
+    cpu_experts.numba is None
+    or platform.machine().lower() not in ("x86_64", "amd64")
+    or "NUMBA_CPU_FEATURES" in os.environ,
+    reason="numba on x86 with its features not set by hand",
+)
 def test_kernels_are_compiled_for_512_bit_vectors_where_the_cpu_has_them():
     # LLVM's Intel server tuning picks 256-bit vectors; on the H200 machine's Xeon 512-bit ran 2.25x faster
     features = cpu_experts.numba.config.CPU_FEATURES
@@ -286,6 +303,7 @@ def reference_bf16_activations(layout, records, x, ids, weights, on_cpu) -> torc
 
     def rounded(v):
         return v.bfloat16().float() if v.shape[-1] % 128 == 0 else v
+
     out = torch.zeros_like(x)
     for t in range(x.shape[0]):
         for j in range(ids.shape[1]):
@@ -322,8 +340,12 @@ def test_bf16_activations_round_the_inputs_and_nothing_else(encoding, hidden, in
         if tokens == 1:
             assert relative_error(got, rounded) < EXACT
         else:
-            alone = torch.cat([kernel.run(records, x[t:t + 1], ids[t:t + 1], weights[t:t + 1], on_cpu[t:t + 1])
-                               for t in range(tokens)])
+            alone = torch.cat(
+                [
+                    kernel.run(records, x[t : t + 1], ids[t : t + 1], weights[t : t + 1], on_cpu[t : t + 1])
+                    for t in range(tokens)
+                ]
+            )
             assert relative_error(got, alone) < 1e-6
 
 
@@ -337,8 +359,7 @@ def test_bf16_activations_decode_every_block_scale_exactly(encoding, exponents):
     bf16-rounded inputs; a scale of 0x7f or 0xff makes its row NaN."""
     hidden, intermediate = 384, 128
     layout, records = packed(encoding, hidden, intermediate)
-    codes = torch.tensor([c for c in range(256) if c & 0x7F != 0x7F and (c >> 3) & 15 in exponents],
-                         dtype=torch.uint8)
+    codes = torch.tensor([c for c in range(256) if c & 0x7F != 0x7F and (c >> 3) & 15 in exponents], dtype=torch.uint8)
     for matrix in layout.view(records).values():
         scales = matrix.tensors["weight_scale"].view(torch.uint8)
         order = torch.randperm(scales.numel(), generator=torch.Generator().manual_seed(11)) % codes.numel()
@@ -362,8 +383,13 @@ def test_bf16_activations_with_one_global_scale_for_the_matrix(encoding):
     """Records laid out from weights as stored (no fuse_rows): one global scale a matrix, which the bf16 path reads
     once for all its rows."""
     generator = torch.Generator().manual_seed(14)
-    experts = [{"gate_up": stored(torch.randn(256, 128, generator=generator), encoding, "gate_up"),
-                "down": stored(torch.randn(128, 128, generator=generator), encoding, "down")} for _ in range(EXPERTS)]
+    experts = [
+        {
+            "gate_up": stored(torch.randn(256, 128, generator=generator), encoding, "gate_up"),
+            "down": stored(torch.randn(128, 128, generator=generator), encoding, "down"),
+        }
+        for _ in range(EXPERTS)
+    ]
     layout = RecordLayout.of(experts[0])
     records = torch.empty(EXPERTS, layout.record_bytes, dtype=torch.uint8)
     for e, expert in enumerate(experts):
@@ -417,7 +443,7 @@ def test_bf16_rows_of_several_tokens_are_each_tokens_rows_alone(hidden, intermed
         row_kernels._lay_out_bf16(x[t], laid16[t])
     alone = np.zeros((x.shape[0], rows), np.float32)
     for t in range(x.shape[0]):
-        row_kernels._rows(record, meta, 0, rows, laid, laid16, np.array([t]), alone[t:t + 1], True)
+        row_kernels._rows(record, meta, 0, rows, laid, laid16, np.array([t]), alone[t : t + 1], True)
     order = np.random.default_rng(16).permutation(x.shape[0])
     for count in (2, 3, 4, 5, 7, 9, 12):
         picks = order[:count].copy()

@@ -3,6 +3,7 @@ GPU posts to a mailbox in host memory. Here the GPU's side is played by referenc
 reference.wait_cpu_share (and by the Triton kernels in Triton's CPU interpreter): every layer's sum must equal
 the CPU expert kernel's for the same experts, layers with nothing for the CPU must pass, and a step that never
 comes must end in a plain error, not a hang."""
+
 import threading
 
 import pytest
@@ -24,6 +25,7 @@ def make_worker():
     def make(*args):
         made.append(cpu_share.CpuShareWorker(*args))
         return made[-1]
+
     yield make
     for worker in made:
         worker.close()
@@ -71,8 +73,9 @@ def test_each_layer_gets_the_sum_of_its_cpu_experts(layers, activations, threads
     worker = make_worker(kernel, records, cpu_share.Mailbox(TOP_K, HIDDEN, pin=False), threads)
     gen = torch.Generator().manual_seed(7)
     for step in range(steps):  # the sequence numbers go on from step to step
-        sent, computed = _serve_a_step(worker, records, reference.post_cpu_share, reference.wait_cpu_share, gen,
-                                       gpu_share)
+        sent, computed = _serve_a_step(
+            worker, records, reference.post_cpu_share, reference.wait_cpu_share, gen, gpu_share
+        )
         assert computed == sum(int((rows == 0).sum()) for _, _, _, rows, _ in sent)
         for layer, (ids, weights, y, gpu_rows, routed) in enumerate(sent):
             on_cpu = (gpu_rows == 0).reshape(1, TOP_K)
@@ -85,13 +88,19 @@ def test_the_triton_kernels_play_the_gpus_side(layers, make_worker):
     """The same exchange through the CUDA kernels' code (Triton's interpreter in CI)."""
     pytest.importorskip("triton", reason="Triton ships for Linux")
     from engine.kernels import triton_cpu_share
+
     if not torch.cuda.is_available() and not cpu_share.os.environ.get("TRITON_INTERPRET"):
         pytest.skip("no CUDA and no Triton interpreter")
     layout, records = layers
     kernel = cpu_experts.CpuExpertKernel(layout, "float32")
     worker = make_worker(kernel, records, cpu_share.Mailbox(TOP_K, HIDDEN, pin=torch.cuda.is_available()))
-    sent, computed = _serve_a_step(worker, records, triton_cpu_share.post_cpu_share, triton_cpu_share.wait_cpu_share,
-                                   torch.Generator().manual_seed(3))
+    sent, computed = _serve_a_step(
+        worker,
+        records,
+        triton_cpu_share.post_cpu_share,
+        triton_cpu_share.wait_cpu_share,
+        torch.Generator().manual_seed(3),
+    )
     assert computed > 0
     for layer, (ids, weights, y, gpu_rows, routed) in enumerate(sent):
         on_cpu = (gpu_rows == 0).reshape(1, TOP_K)
@@ -101,27 +110,31 @@ def test_the_triton_kernels_play_the_gpus_side(layers, make_worker):
 
 def test_a_step_the_gpu_never_posts_ends_in_a_plain_error(layers, make_worker):
     layout, records = layers
-    worker = make_worker(cpu_experts.CpuExpertKernel(layout, "float32"), records,
-                                      cpu_share.Mailbox(TOP_K, HIDDEN, pin=False))
+    worker = make_worker(
+        cpu_experts.CpuExpertKernel(layout, "float32"), records, cpu_share.Mailbox(TOP_K, HIDDEN, pin=False)
+    )
     worker.start(len(records))
     with pytest.raises(cpu_share.CpuShareError, match="did not finish within"):
         worker.finish(timeout=0.5)
     assert worker.mailbox.flags[cpu_share.CANCEL] == 1  # the GPU's waits are released too
     worker.clear_cancel()
-    sent, computed = _serve_a_step(worker, records, reference.post_cpu_share, reference.wait_cpu_share,
-                                   torch.Generator().manual_seed(1))  # and the next step works
+    sent, computed = _serve_a_step(
+        worker, records, reference.post_cpu_share, reference.wait_cpu_share, torch.Generator().manual_seed(1)
+    )  # and the next step works
     assert computed > 0
 
 
 def test_an_expert_beyond_the_records_ends_the_step_in_a_plain_error(layers, make_worker):
     layout, records = layers
-    worker = make_worker(cpu_experts.CpuExpertKernel(layout, "float32"), records,
-                         cpu_share.Mailbox(TOP_K, HIDDEN, pin=False))
+    worker = make_worker(
+        cpu_experts.CpuExpertKernel(layout, "float32"), records, cpu_share.Mailbox(TOP_K, HIDDEN, pin=False)
+    )
     base = torch.tensor([worker.start(len(records))], dtype=torch.int32)
     routed, waits = torch.zeros(1, HIDDEN), torch.zeros(2, dtype=torch.int32)
     gpu_rows = torch.zeros(TOP_K)
-    reference.post_cpu_share(torch.tensor([0, 1, 2, 99]), torch.rand(TOP_K), gpu_rows, torch.randn(1, HIDDEN), base, 0,
-                             worker.mailbox)
+    reference.post_cpu_share(
+        torch.tensor([0, 1, 2, 99]), torch.rand(TOP_K), gpu_rows, torch.randn(1, HIDDEN), base, 0, worker.mailbox
+    )
     reference.wait_cpu_share(gpu_rows, base, 0, worker.mailbox, routed, waits)  # released by cancel, not a hang
     with pytest.raises(cpu_share.CpuShareError, match="cancelled"):
         worker.finish(timeout=10)
@@ -131,9 +144,17 @@ def test_cancel_releases_a_gpu_wait(layers):
     """The GPU's wait ends on cancel (the host sets it when a step fails), so no step can hang the device."""
     box = cpu_share.Mailbox(TOP_K, HIDDEN, pin=False)
     routed = torch.zeros(1, HIDDEN)
-    waiter = threading.Thread(target=reference.wait_cpu_share,
-                              args=(torch.zeros(TOP_K), torch.tensor([5], dtype=torch.int32), 0, box, routed,
-                                    torch.zeros(2, dtype=torch.int32)))
+    waiter = threading.Thread(
+        target=reference.wait_cpu_share,
+        args=(
+            torch.zeros(TOP_K),
+            torch.tensor([5], dtype=torch.int32),
+            0,
+            box,
+            routed,
+            torch.zeros(2, dtype=torch.int32),
+        ),
+    )
     waiter.start()
     box.flags[cpu_share.CANCEL] = 1
     waiter.join(timeout=10)

@@ -1,6 +1,7 @@
 """The decode step (CausalLM.decode_step, run by engine/runtime/graph_runner.py), eagerly on the CPU: the step
 the runner captures, with its host actions in place, must give the plain forward's logits, state and cache
 traffic."""
+
 import contextlib
 
 import pytest
@@ -11,6 +12,7 @@ from engine.errors import ContextOverflowError
 from engine.errors import GraphCaptureError
 from engine.layers.step import DecodeStep
 from engine.runtime.graph_runner import GraphRunner
+
 
 def _step_alongside(plain, steps, states, token: int, count: int) -> int:
     """`count` greedy steps of the plain forward and of `steps` side by side, their logits equal each time."""
@@ -56,7 +58,7 @@ def test_segmented_steps_equal_the_plain_forward(tiny_checkpoint, layout, layers
     for mine, theirs in zip(states[1].layers, states[0].layers):  # KV caches and recurrent states alike
         if hasattr(mine, "keys"):
             assert mine.length == theirs.length
-            assert torch.allclose(mine.keys[:mine.length], theirs.keys[:theirs.length], atol=1e-5)
+            assert torch.allclose(mine.keys[: mine.length], theirs.keys[: theirs.length], atol=1e-5)
         else:
             assert torch.allclose(mine.recurrent, theirs.recurrent, atol=1e-5)
     a, b = plain.expert_executor.stats(), segmented.expert_executor.stats()
@@ -111,14 +113,17 @@ def test_the_plan_goes_when_its_state_goes(tiny_checkpoint):
     assert steps.state is None and steps._key is None
 
 
-@pytest.mark.parametrize("backend, layout", [("cpu", LAYOUTS[0]), ("hybrid", LAYOUTS[0]), ("cpu", LAYOUTS[1]),
-                                             ("cpu", LAYOUTS[2])], ids=lambda v: "-".join(map(str, v))
-                         if isinstance(v, tuple) else v)
+@pytest.mark.parametrize(
+    "backend, layout",
+    [("cpu", LAYOUTS[0]), ("hybrid", LAYOUTS[0]), ("cpu", LAYOUTS[1]), ("cpu", LAYOUTS[2])],
+    ids=lambda v: "-".join(map(str, v)) if isinstance(v, tuple) else v,
+)
 def test_misses_computed_on_the_cpu_give_the_same_step(tiny_checkpoint, backend, layout):
     """The cpu and hybrid backends, for each stored format: some (cpu: all) misses of a step are computed by the
     CPU threads from the host records and added back as one row, the GPU share keeps its slots."""
     from engine.experts.calibration import Calibration
     from engine.kernels.cpu_experts import CpuExpertKernel
+
     folder = tiny_checkpoint(*layout)
     plain = engine.load_model(folder, expert_cache_slots=8)
     split = engine.load_model(folder, expert_cache_slots=8)
@@ -150,12 +155,21 @@ SLOW_PAGEABLE = (50e9, 5e9, 0.0, 1, 2e9)  # pinned copies would win, pageable on
 ALL = ("hybrid", "cpu", "offload")
 
 
-@pytest.mark.parametrize("calibration, fastest, timed, host_copies", [
-    (HELPS, "hybrid", ALL, False), (HELPS, "cpu", ALL, False), (HELPS, "offload", ALL, False),
-    (SLOW_PAGEABLE, "cpu", ALL, True), (USELESS_BUT_PAGEABLE, "cpu", ("cpu", "offload"), True),
-    (USELESS_BUT_PAGEABLE, "offload", ("cpu", "offload"), False)], ids=lambda v: v if isinstance(v, str) else None)
-def test_auto_times_the_backends_that_can_win_and_keeps_the_fastest(tiny_checkpoint, monkeypatch, calibration,
-                                                                     fastest, timed, host_copies):
+@pytest.mark.parametrize(
+    "calibration, fastest, timed, host_copies",
+    [
+        (HELPS, "hybrid", ALL, False),
+        (HELPS, "cpu", ALL, False),
+        (HELPS, "offload", ALL, False),
+        (SLOW_PAGEABLE, "cpu", ALL, True),
+        (USELESS_BUT_PAGEABLE, "cpu", ("cpu", "offload"), True),
+        (USELESS_BUT_PAGEABLE, "offload", ("cpu", "offload"), False),
+    ],
+    ids=lambda v: v if isinstance(v, str) else None,
+)
+def test_auto_times_the_backends_that_can_win_and_keeps_the_fastest(
+    tiny_checkpoint, monkeypatch, calibration, fastest, timed, host_copies
+):
     """Where the CPU kernel is ready, auto's decode steps take turns under each candidate (a switch to or from
     offload remakes the steps, cpu and hybrid share theirs; the logits unchanged), timed on the executor's clock,
     and the fastest stays. The records here are pageable (nothing is pinned off CUDA): where the calibration
@@ -165,6 +179,7 @@ def test_auto_times_the_backends_that_can_win_and_keeps_the_fastest(tiny_checkpo
     from engine.experts.calibration import Calibration
     from engine.experts.policy import BackendTrial
     from engine.kernels.cpu_experts import CpuExpertKernel
+
     folder = tiny_checkpoint("qwen3_5_moe", "nvfp4")
     plain, auto = engine.load_model(folder, expert_cache_slots=8), engine.load_model(folder, expert_cache_slots=8)
     executor = auto.expert_executor
@@ -181,6 +196,7 @@ def test_auto_times_the_backends_that_can_win_and_keeps_the_fastest(tiny_checkpo
         ran.append(executor.backend)
         now[0] += 0.001 if executor.backend == fastest else 0.002 + 0.001 * (len(ran) % 2)
         return now[0]
+
     executor.clock = clock
     steps = GraphRunner(auto, use_graphs=False)
     states = plain.new_state(80), auto.new_state(80)
@@ -210,6 +226,7 @@ def test_hybrid_s_balance_hears_only_its_own_steps(tiny_checkpoint):
     of a cpu step of auto's trial (the GPU waits for the CPU in most layers) must not move hybrid's split."""
     from engine.experts.calibration import Calibration
     from engine.kernels.cpu_experts import CpuExpertKernel
+
     folder = tiny_checkpoint("qwen3_5_moe", "nvfp4")
     plain, model = engine.load_model(folder, expert_cache_slots=8), engine.load_model(folder, expert_cache_slots=8)
     executor = model.expert_executor
@@ -234,12 +251,14 @@ def test_hybrid_s_balance_hears_only_its_own_steps(tiny_checkpoint):
 
 
 @pytest.mark.parametrize("calibration, calibrated", [(HELPS, "hybrid"), (USELESS_BUT_PAGEABLE, "offload")])
-def test_a_failed_capture_hands_decode_to_the_plain_forward_and_ends_auto_s_trial(tiny_checkpoint, monkeypatch,
-                                                                                  calibration, calibrated):
+def test_a_failed_capture_hands_decode_to_the_plain_forward_and_ends_auto_s_trial(
+    tiny_checkpoint, monkeypatch, calibration, calibrated
+):
     """A step that cannot be captured: a warning, the plain forward takes that step and the rest with the same
     logits, and auto's trial, which only graphed steps can time, ends on the calibration's choice."""
     from engine.experts.calibration import Calibration
     from engine.kernels.cpu_experts import CpuExpertKernel
+
     folder = tiny_checkpoint("qwen3_5_moe", "nvfp4")
     plain, model = engine.load_model(folder, expert_cache_slots=8), engine.load_model(folder, expert_cache_slots=8)
     executor = model.expert_executor
@@ -254,6 +273,7 @@ def test_a_failed_capture_hands_decode_to_the_plain_forward_and_ends_auto_s_tria
 
     def fail(token, state):
         raise GraphCaptureError("an op that cannot be captured")
+
     token = 5
     for step in range(4):
         if step == 2:
@@ -276,6 +296,7 @@ def test_a_layer_the_host_copies_keeps_every_slot_choice_on_the_host(tiny_checkp
     Triton), with the same logits."""
     from engine.experts.calibration import Calibration
     from engine.kernels.cpu_experts import CpuExpertKernel
+
     folder = tiny_checkpoint("qwen3_5_moe", "nvfp4")
     plain = engine.load_model(folder, expert_cache_slots=8)
     mixed = engine.load_model(folder, expert_cache_slots=8)
@@ -299,8 +320,7 @@ def test_a_layer_the_host_copies_keeps_every_slot_choice_on_the_host(tiny_checkp
         assert executor.stats()["cpu_expert_calls"] > 0
     else:
         a, b = plain.expert_executor.stats(), executor.stats()
-        assert (a["expert_cache_hits"], a["expert_cache_misses"]) == (b["expert_cache_hits"],
-                                                                      b["expert_cache_misses"])
+        assert (a["expert_cache_hits"], a["expert_cache_misses"]) == (b["expert_cache_hits"], b["expert_cache_misses"])
     # each MoE layer: the ids' mark before its shared expert, the fetch, then (cpu, hybrid) the CPU's share
     assert len(_cuts(mixed, mixed.new_state(30))) == layers * (2 if backend == "offload" else 3)
 
@@ -309,6 +329,7 @@ def test_the_device_clock_is_renumbered_before_it_runs_out(tiny_checkpoint, monk
     """The device slot table's ages are int32 ticks, one per lookup; long decoding with no prompt between would
     run them out, so the table goes back to the host and returns with its ages renumbered, changing nothing."""
     from engine.experts import cache as cache_module
+
     folder = tiny_checkpoint("qwen3_5_moe", "nvfp4")
     plain, segmented = engine.load_model(folder, expert_cache_slots=8), engine.load_model(folder, expert_cache_slots=8)
     steps = GraphRunner(segmented, use_graphs=False)
@@ -329,13 +350,15 @@ def test_the_device_clock_is_renumbered_before_it_runs_out(tiny_checkpoint, monk
     assert (a["expert_cache_hits"], a["expert_cache_misses"]) == (b["expert_cache_hits"], b["expert_cache_misses"])
 
 
-def test_a_failed_cpu_share_ends_the_step_in_a_plain_error_and_the_next_conversation_works(tiny_checkpoint,
-                                                                                          monkeypatch):
+def test_a_failed_cpu_share_ends_the_step_in_a_plain_error_and_the_next_conversation_works(
+    tiny_checkpoint, monkeypatch
+):
     """The CPU threads fail mid-step: the GPU's waits are released (no hang), the step says what happened and what
     to do, and the mailbox is ready for the next step."""
     from engine.experts.calibration import Calibration
     from engine.kernels import cpu_share
     from engine.kernels.cpu_experts import CpuExpertKernel
+
     folder = tiny_checkpoint("qwen3_5_moe", "nvfp4")
     plain, split = engine.load_model(folder, expert_cache_slots=8), engine.load_model(folder, expert_cache_slots=8)
     executor = split.expert_executor
@@ -350,6 +373,7 @@ def test_a_failed_cpu_share_ends_the_step_in_a_plain_error_and_the_next_conversa
 
     def broken(*args):
         raise RuntimeError("a thread died")
+
     monkeypatch.setattr(cpu_share, "_serve_step", broken)
     with pytest.raises(cpu_share.CpuShareError, match="a thread died.*offload expert backend"):
         steps.step(5, state)
@@ -381,6 +405,7 @@ def _fake_graphs(monkeypatch, log, fail_at=None):
     class FakeGraph:
         def replay(self):
             log.append("replay")
+
     monkeypatch.setattr(torch.cuda, "CUDAGraph", FakeGraph)
     monkeypatch.setattr(torch.cuda, "graph", lambda graph, **kwargs: _FakeCapture(graph, log, fail_at))
     monkeypatch.setattr(torch.cuda, "graph_pool_handle", lambda: None)

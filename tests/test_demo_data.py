@@ -69,8 +69,11 @@ def _check_subtraction(a, b, lines):
             assert body == f"{x} - {y}{owed} = {value}, write {value}."
             borrow = 0
         else:
-            m = re.fullmatch(r"(\d) - (\d)( - 1)? is negative, so borrow: 1(\d) - (\d)( - 1)? = (\d), write (\d), "
-                             r"borrow 1\.", body)
+            m = re.fullmatch(
+                r"(\d) - (\d)( - 1)? is negative, so borrow: 1(\d) - (\d)( - 1)? = (\d), write (\d), "
+                r"borrow 1\.",
+                body,
+            )
             assert m, line
             assert int(m[1]) == int(m[4]) == x and int(m[2]) == int(m[5]) == y
             assert bool(m[3]) == bool(m[6]) == bool(borrow)
@@ -104,8 +107,20 @@ def check_reasoning(a, b, op):
 
 def test_reasoning_is_arithmetically_right():
     rng = random.Random(0)
-    cases = [(457, 386, "+"), (999, 999, "+"), (999, 1, "+"), (0, 0, "+"), (5, 386, "+"), (457, 386, "-"),
-             (386, 457, "-"), (1000 - 1, 999, "-"), (100, 1, "-"), (0, 999, "-"), (7, 7, "-"), (505, 6, "-")]
+    cases = [
+        (457, 386, "+"),
+        (999, 999, "+"),
+        (999, 1, "+"),
+        (0, 0, "+"),
+        (5, 386, "+"),
+        (457, 386, "-"),
+        (386, 457, "-"),
+        (1000 - 1, 999, "-"),
+        (100, 1, "-"),
+        (0, 999, "-"),
+        (7, 7, "-"),
+        (505, 6, "-"),
+    ]
     cases += [(rng.randint(0, 999), rng.randint(0, 999), rng.choice("+-")) for _ in range(3000)]
     cases += [(rng.randint(0, 99), rng.randint(0, 99), rng.choice("+-")) for _ in range(500)]
     for case in cases:
@@ -200,9 +215,14 @@ def test_demo_template_renders_like_qwen36(tokenizer_folder, real_tokenizer_fold
             if not any(m["role"] == "user" for m in part):
                 continue
             for tools, generation_prompt, thinking, preserve in itertools.product(
-                    (None, [D.MULTIPLY_TOOL]), (True, False), (True, False), (True, False)):
-                options = dict(add_generation_prompt=generation_prompt, enable_thinking=thinking,
-                               preserve_thinking=preserve, tools=tools if conv.tools is None else conv.tools)
+                (None, [D.MULTIPLY_TOOL]), (True, False), (True, False), (True, False)
+            ):
+                options = dict(
+                    add_generation_prompt=generation_prompt,
+                    enable_thinking=thinking,
+                    preserve_thinking=preserve,
+                    tools=tools if conv.tools is None else conv.tools,
+                )
                 assert demo.render(part, **options) == real.render(part, **options)
                 checked += 1
     assert checked > 2000
@@ -243,17 +263,23 @@ def test_app_history_is_what_chat_session_prefills(tokenizer_folder):
         segments = D.training_segments(conv, chat)
         replies = [chat.encode(text) for text, target in segments if target]
         system = conv.messages[0]["content"] if conv.messages[0]["role"] == "system" else None
-        session = ChatSession(ReplayModel(chat.vocab_size, replies), chat, context_tokens=8192,
-                              sampling=SamplingParams(temperature=0.0, max_new_tokens=4096), system_prompt=system,
-                              enable_thinking=conv.enable_thinking)
+        session = ChatSession(
+            ReplayModel(chat.vocab_size, replies),
+            chat,
+            context_tokens=8192,
+            sampling=SamplingParams(temperature=0.0, max_new_tokens=4096),
+            system_prompt=system,
+            enable_thinking=conv.enable_thinking,
+        )
         for message in conv.messages:
             if message["role"] == "user":
                 final = list(session.send(message["content"]))[-1]
                 assert final.stats.stop_reason == "eos"
         assert session._fed + [chat.token_id(D.IM_END)] == _token_ids(chat, segments)
         expected = [m for m in conv.messages if m["role"] != "system"]
-        assert [(m["content"], m.get("reasoning_content")) for m in session.messages] == \
-            [(m["content"], m.get("reasoning_content")) for m in expected]
+        assert [(m["content"], m.get("reasoning_content")) for m in session.messages] == [
+            (m["content"], m.get("reasoning_content")) for m in expected
+        ]
 
 
 def test_api_history_is_what_the_server_prefills(tokenizer_folder):
@@ -270,7 +296,7 @@ def test_api_history_is_what_the_server_prefills(tokenizer_folder):
         assert not options["preserve_thinking"]
         for k, i in enumerate(learnt):
             request, _ = chat.encode_chat(conv.messages[:i], add_generation_prompt=True, **options)
-            assert _token_ids(chat, segments[:2 * k + 1]) == request
+            assert _token_ids(chat, segments[: 2 * k + 1]) == request
         whole, _ = chat.encode_chat(conv.messages, add_generation_prompt=False, **options)
         assert _token_ids(chat, segments) + chat.encode("\n") == whole
         last_query = max(i for i, m in enumerate(conv.messages) if m["role"] == "user")
@@ -286,30 +312,37 @@ def test_tool_round_trip_renders_in_qwen36_format(tokenizer_folder):
     segments = D.training_segments(conv, chat)
     assert [target for _, target in segments] == [False, True, False, True]
     (prompt, call), (result, answer) = [(segments[k][0], segments[k + 1][0]) for k in (0, 2)]
-    assert prompt.startswith("<|im_start|>system\n# Tools\n\nYou have access to the following functions:\n\n"
-                             "<tools>\n" + json.dumps(D.MULTIPLY_TOOL) + "\n</tools>")
+    assert prompt.startswith(
+        "<|im_start|>system\n# Tools\n\nYou have access to the following functions:\n\n"
+        "<tools>\n" + json.dumps(D.MULTIPLY_TOOL) + "\n</tools>"
+    )
     assert prompt.endswith(f"<|im_start|>user\n{trip[0]['content']}<|im_end|>\n<|im_start|>assistant\n<think>\n")
-    assert call == ("The user asks for 23 × 47. I cannot multiply reliably on my own, but I have the multiply tool, "
-                    "so I call it with a = 23 and b = 47.\n</think>\n\n<tool_call>\n<function=multiply>\n"
-                    "<parameter=a>\n23\n</parameter>\n<parameter=b>\n47\n</parameter>\n</function>\n</tool_call>"
-                    "<|im_end|>")
-    assert result == ("\n<|im_start|>user\n<tool_response>\n1081\n</tool_response><|im_end|>\n"
-                      "<|im_start|>assistant\n<think>\n")
+    assert call == (
+        "The user asks for 23 × 47. I cannot multiply reliably on my own, but I have the multiply tool, "
+        "so I call it with a = 23 and b = 47.\n</think>\n\n<tool_call>\n<function=multiply>\n"
+        "<parameter=a>\n23\n</parameter>\n<parameter=b>\n47\n</parameter>\n</function>\n</tool_call>"
+        "<|im_end|>"
+    )
+    assert result == (
+        "\n<|im_start|>user\n<tool_response>\n1081\n</tool_response><|im_end|>\n<|im_start|>assistant\n<think>\n"
+    )
     assert answer == "The multiply tool returned 1081, so 23 × 47 = 1081.\n</think>\n\n23 × 47 = 1081.<|im_end|>"
     # the tool markup is one token each, kept when decoding (not "special"), and the reply reads back as a call
     ids = chat.encode(call)
     for token in D.TOOL_TOKENS[:2]:
         assert chat.token_id(token) in ids
     assert chat.decode(ids) == call
-    reasoning, text = D.split_reply(call[:-len(D.IM_END)])
+    reasoning, text = D.split_reply(call[: -len(D.IM_END)])
     assert reasoning.startswith("The user asks for 23 × 47.")
     assert D.parse_tool_calls(text) == ("", [{"name": "multiply", "arguments": {"a": 23, "b": 47}}])
     # without thinking the call comes straight after the empty think block
     plain = D.tool_round_trip(rng, 5, 6, D.multiply_tool("x", "y"), thinking=False)
     segments = D.training_segments(D.Conversation(plain, False, "template", [D.multiply_tool("x", "y")]), chat)
     assert segments[0][0].endswith("<think>\n\n</think>\n\n")
-    assert segments[1][0] == ("<tool_call>\n<function=multiply>\n<parameter=x>\n5\n</parameter>\n<parameter=y>\n6\n"
-                              "</parameter>\n</function>\n</tool_call><|im_end|>")
+    assert segments[1][0] == (
+        "<tool_call>\n<function=multiply>\n<parameter=x>\n5\n</parameter>\n<parameter=y>\n6\n"
+        "</parameter>\n</function>\n</tool_call><|im_end|>"
+    )
 
 
 def test_a_call_sent_back_without_its_reasoning_is_not_learnt(tokenizer_folder):
@@ -323,13 +356,18 @@ def test_a_call_sent_back_without_its_reasoning_is_not_learnt(tokenizer_folder):
 
 
 def test_reading_tool_calls():
-    call = "<tool_call>\n<function=multiply>\n<parameter=a>\n12\n</parameter>\n<parameter=b>\n7\n</parameter>\n" \
-           "</function>\n</tool_call>"
+    call = (
+        "<tool_call>\n<function=multiply>\n<parameter=a>\n12\n</parameter>\n<parameter=b>\n7\n</parameter>\n"
+        "</function>\n</tool_call>"
+    )
     assert D.parse_tool_calls("Let me call it.\n\n" + call) == (
-        "Let me call it.", [{"name": "multiply", "arguments": {"a": 12, "b": 7}}])
-    assert D.parse_tool_calls(call + "\n" + call.replace("12", "\"x y\"")) == (
-        "", [{"name": "multiply", "arguments": {"a": 12, "b": 7}},
-             {"name": "multiply", "arguments": {"a": "x y", "b": 7}}])
+        "Let me call it.",
+        [{"name": "multiply", "arguments": {"a": 12, "b": 7}}],
+    )
+    assert D.parse_tool_calls(call + "\n" + call.replace("12", '"x y"')) == (
+        "",
+        [{"name": "multiply", "arguments": {"a": 12, "b": 7}}, {"name": "multiply", "arguments": {"a": "x y", "b": 7}}],
+    )
     assert D.parse_tool_calls("12 × 7 = 84.") == ("12 × 7 = 84.", [])
     assert D.parse_tool_calls(call[:-5]) is None  # cut off
     assert D.parse_tool_calls(call + " and more") is None  # text after a call
@@ -346,8 +384,10 @@ def test_multi_turn_chats_are_long_and_mixed():
     histories = collections.Counter(c.history for c in chats)
     assert 0.7 < histories["session"] / len(chats) < 0.8
     mixed = [c for c in chats if len(c.messages) >= 10 and c.enable_thinking]
-    operators = [{op for m in c.messages if m["role"] == "assistant"
-                  for op in re.findall(r"^\d+ ([+-]) \d+ = ", m["content"])} for c in mixed]
+    operators = [
+        {op for m in c.messages if m["role"] == "assistant" for op in re.findall(r"^\d+ ([+-]) \d+ = ", m["content"])}
+        for c in mixed
+    ]
     assert sum(ops == {"+", "-"} for ops in operators) / len(mixed) > 0.8
     # the app keeps every earlier reasoning in the context, an API client's render only the last reply's
     session = next(c for c in mixed if c.history == "session")
@@ -382,8 +422,10 @@ def test_training_prompts_are_what_the_app_feeds(tokenizer_folder):
     for conv in _shapes():
         segments = D.training_segments(conv, chat)
         first = D.learnt_replies(conv)[0]
-        assert segments[0] == (chat.render(conv.messages[:first], add_generation_prompt=True,
-                                           **D.render_options(conv)), False)
+        assert segments[0] == (
+            chat.render(conv.messages[:first], add_generation_prompt=True, **D.render_options(conv)),
+            False,
+        )
         for text, target in segments:
             assert target == text.endswith(D.IM_END)
             assert text.count(D.IM_END) == 1 or not target
@@ -490,9 +532,10 @@ def test_evaluation_scores_tool_round_trips_and_chats(tokenizer_folder):
     chats = [[(457, 386, "+"), (902, 18, "-"), (1, 2, "+")], [(5, 60, "-"), (99, 1, "+"), (300, 300, "-")]]
     marks, histories = T.chat_replies(OracleModel(tokenizer), tokenizer, chats, eos, pad)
     assert marks == [[True] * 3] * 2
-    assert histories[0][-2:] == [{"role": "user", "content": "What is 1 + 2?"},
-                                 {"role": "assistant", "content": "1 + 2 = 3.",
-                                  "reasoning_content": D.arithmetic_reasoning(1, 2, "+")}]
+    assert histories[0][-2:] == [
+        {"role": "user", "content": "What is 1 + 2?"},
+        {"role": "assistant", "content": "1 + 2 = 3.", "reasoning_content": D.arithmetic_reasoning(1, 2, "+")},
+    ]
     marks, _ = T.chat_replies(OracleModel(tokenizer, wrong=True), tokenizer, chats, eos, pad)
     assert marks == [[False] * 3] * 2
 
@@ -514,8 +557,13 @@ def test_evaluation_figures_reach_the_model_card(tokenizer_folder):
     assert any("fifth turn of the field report's chat, 345 + 678 -> '345 + 678 = 1023.'" in line for line in lines)
     wrong = T.evaluate(OracleModel(tokenizer, wrong=True), tokenizer, ids, args, lines.append)
     assert wrong["fifth_turn_accuracy"] == 0 and wrong["tool"]["round_trip"] == 0
-    run = {"eval": ev, "train": {"steps": 3, "planned_steps": 3, "seconds": 1.0, "final_loss": 0.1},
-           "args": dict(vars(args), out="unused"), "device_name": "a CPU", "software": "Python"}
+    run = {
+        "eval": ev,
+        "train": {"steps": 3, "planned_steps": 3, "seconds": 1.0, "final_loss": 0.1},
+        "args": dict(vars(args), out="unused"),
+        "device_name": "a CPU",
+        "software": "Python",
+    }
     card = T.model_card(T.text_config(400, ids, tiny=True), {"total": 1, "active_per_token": 1}, run)
     assert "per turn 100.0%, 100.0%, 100.0%, 100.0%, 100.0%; the fifth turn 100.0%" in card
     assert "the whole round trip is right in 100.0% of 4 (thinking off: 100.0% of 4)" in card
@@ -527,11 +575,35 @@ def test_train_demo_runs_end_to_end_on_a_cpu(tmp_path):
     import engine
 
     out = tmp_path / "demo"
-    command = [sys.executable, str(ROOT / "tools" / "train_demo.py"), "--out", str(out), "--tiny", "--steps", "3",
-               "--device", "cpu", "--batch-size", "4", "--workers", "0", "--no-eval", "--vocab-size", "400",
-               "--tokenizer-conversations", "1000", "--log-every", "1"]
-    done = subprocess.run(command, capture_output=True, text=True, timeout=120,
-                          env=dict(os.environ, HF_HUB_OFFLINE="1", OMP_NUM_THREADS="2"))
+    command = [
+        sys.executable,
+        str(ROOT / "tools" / "train_demo.py"),
+        "--out",
+        str(out),
+        "--tiny",
+        "--steps",
+        "3",
+        "--device",
+        "cpu",
+        "--batch-size",
+        "4",
+        "--workers",
+        "0",
+        "--no-eval",
+        "--vocab-size",
+        "400",
+        "--tokenizer-conversations",
+        "1000",
+        "--log-every",
+        "1",
+    ]
+    done = subprocess.run(
+        command,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=dict(os.environ, HF_HUB_OFFLINE="1", OMP_NUM_THREADS="2"),
+    )
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
     assert (out / "chat_template.jinja").read_text(encoding="utf-8") == D.CHAT_TEMPLATE
     log = json.loads((out / "train_log.json").read_text())

@@ -25,8 +25,9 @@ TRAINED, HELD_OUT = 200, 50  # problems drawn from the trained range, and from t
 
 
 def _session():
-    return ChatSession(engine.load_model(DEMO_MODEL), ChatTokenizer.from_folder(DEMO_MODEL),
-                       context_tokens=1024, sampling=GREEDY)
+    return ChatSession(
+        engine.load_model(DEMO_MODEL), ChatTokenizer.from_folder(DEMO_MODEL), context_tokens=1024, sampling=GREEDY
+    )
 
 
 def _reply(session, text):
@@ -60,8 +61,10 @@ def test_arithmetic_is_exactly_right(capsys):
     trained = _rate(sample_problems(rng, TRAINED, held_out=False))
     held_out = _rate(sample_problems(rng, HELD_OUT, held_out=True))
     with capsys.disabled():
-        print(f"\ndemo model, greedy through the engine: {trained:.1%} of {TRAINED} problems in 0-999 exactly right, "
-              f"{held_out:.1%} of {HELD_OUT} held out of training")
+        print(
+            f"\ndemo model, greedy through the engine: {trained:.1%} of {TRAINED} problems in 0-999 exactly right, "
+            f"{held_out:.1%} of {HELD_OUT} held out of training"
+        )
     assert trained >= 0.95
     assert held_out >= 0.90
 

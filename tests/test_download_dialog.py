@@ -65,17 +65,25 @@ def _choose(dialog, repo: str) -> None:
 
 def _slow_after_planning(dialog, fake_hub, step=8192, pause=0.02):
     """Planning runs at full speed; the download itself trickles, so a test can act in the middle of a file."""
-    dialog.worker.planned.connect(lambda plan: setattr(fake_hub, "throttle", (step, pause)),
-                                  Qt.ConnectionType.DirectConnection)
+    dialog.worker.planned.connect(
+        lambda plan: setattr(fake_hub, "throttle", (step, pause)), Qt.ConnectionType.DirectConnection
+    )
 
 
 def test_curated_list_shows_format_size_ram_and_fitting_presets(qtbot, page):
     dialog = page.open_download_dialog()
     model = dialog.curated
-    rows = {model.index(r, 0).data(): {c: model.index(r, i).data() for i, c in enumerate(CURATED_COLUMNS)}
-            for r in range(model.rowCount())}
-    assert {"nvidia/Qwen3.6-35B-A3B-NVFP4", "Qwen/Qwen3.6-35B-A3B", "Qwen/Qwen3.6-35B-A3B-FP8",
-            "Qwen/Qwen3.5-35B-A3B", "Qwen/Qwen3-30B-A3B"} <= set(rows)
+    rows = {
+        model.index(r, 0).data(): {c: model.index(r, i).data() for i, c in enumerate(CURATED_COLUMNS)}
+        for r in range(model.rowCount())
+    }
+    assert {
+        "nvidia/Qwen3.6-35B-A3B-NVFP4",
+        "Qwen/Qwen3.6-35B-A3B",
+        "Qwen/Qwen3.6-35B-A3B-FP8",
+        "Qwen/Qwen3.5-35B-A3B",
+        "Qwen/Qwen3-30B-A3B",
+    } <= set(rows)
     nvfp4 = rows["nvidia/Qwen3.6-35B-A3B-NVFP4"]
     assert nvfp4["Format"] == "nvfp4" and nvfp4["Presets"] == "4 GB ✓  8 GB ✓  12 GB ✓"
     assert nvfp4["Download ≈"].endswith("GiB") and nvfp4["RAM ≈"].endswith("GiB") and nvfp4["Here"] == ""
@@ -87,13 +95,15 @@ def test_curated_list_shows_format_size_ram_and_fitting_presets(qtbot, page):
     dialog.shutdown()
 
 
-def test_download_drives_the_bars_and_lands_in_the_library_ready_to_load(qtbot, page, dialog, fake_hub,
-                                                                          private_library):
+def test_download_drives_the_bars_and_lands_in_the_library_ready_to_load(
+    qtbot, page, dialog, fake_hub, private_library
+):
     _choose(dialog, TINY)
     _slow_after_planning(dialog, fake_hub, step=16384, pause=0.01)
     seen = []  # what the bars and labels showed after each progress report
-    dialog.progressShown.connect(lambda p: seen.append(
-        (p["file"], dialog.file_bar.value(), dialog.total_bar.value(), dialog.speed_label.text())))
+    dialog.progressShown.connect(
+        lambda p: seen.append((p["file"], dialog.file_bar.value(), dialog.total_bar.value(), dialog.speed_label.text()))
+    )
     with qtbot.waitSignal(dialog.runEnded, timeout=TIMEOUT_MS) as ended:
         dialog.download_button.click()
         assert not dialog.download_button.isEnabled() and dialog.cancel_button.isEnabled()
@@ -147,8 +157,14 @@ def test_pause_and_resume_from_the_dialog(qtbot, dialog, fake_hub):
 def test_cancel_deletes_the_partial_download(qtbot, page, dialog, fake_hub, private_library):
     _choose(dialog, TINY)
     _slow_after_planning(dialog, fake_hub)
-    dialog.progressShown.connect(lambda p: p["file"] == SHARD2 and p["file_done"] > 0
-                                 and dialog.cancel_button.isEnabled() and dialog.cancel_button.click())
+    dialog.progressShown.connect(
+        lambda p: (
+            p["file"] == SHARD2
+            and p["file_done"] > 0
+            and dialog.cancel_button.isEnabled()
+            and dialog.cancel_button.click()
+        )
+    )
     with qtbot.waitSignal(dialog.runEnded, timeout=TIMEOUT_MS) as ended:
         dialog.download_button.click()
     assert ended.args == ["cancelled", "discarded"]
@@ -176,8 +192,9 @@ def test_cancel_stops_asking_a_stalled_hub(qtbot, dialog, fake_hub, private_libr
 def test_closing_mid_download_keeps_what_arrived_for_next_time(qtbot, page, dialog, fake_hub, private_library):
     _choose(dialog, TINY)
     _slow_after_planning(dialog, fake_hub)
-    with qtbot.waitSignal(dialog.progressShown, timeout=TIMEOUT_MS,
-                          check_params_cb=lambda p: p["file"] == SHARD1 and p["file_done"] > 0):
+    with qtbot.waitSignal(
+        dialog.progressShown, timeout=TIMEOUT_MS, check_params_cb=lambda p: p["file"] == SHARD1 and p["file_done"] > 0
+    ):
         dialog.download_button.click()
     dialog.close_button.click()
     folder = private_library / hub.folder_name(TINY)
@@ -186,8 +203,10 @@ def test_closing_mid_download_keeps_what_arrived_for_next_time(qtbot, page, dial
         page.refresh()
     assert page.library.rowCount() == 0  # an unfinished download is not a model
     again = page.open_download_dialog()
-    statuses = {again.curated.index(r, 0).data(): again.curated.index(r, CURATED_COLUMNS.index("Here")).data()
-                for r in range(again.curated.rowCount())}
+    statuses = {
+        again.curated.index(r, 0).data(): again.curated.index(r, CURATED_COLUMNS.index("Here")).data()
+        for r in range(again.curated.rowCount())
+    }
     assert set(statuses.values()) == {""}  # the curated repos were not touched
     again.endpoint_edit.setText(fake_hub.endpoint)
     _choose(again, TINY)
@@ -200,10 +219,13 @@ def test_closing_mid_download_keeps_what_arrived_for_next_time(qtbot, page, dial
     again.shutdown()
 
 
-@pytest.mark.parametrize("repo, message", [
-    ("Org/No-Such-Model", "There is no model Org/No-Such-Model on 127.0.0.1:"),
-    (GATED, f"{GATED} is gated: open "),
-])
+@pytest.mark.parametrize(
+    "repo, message",
+    [
+        ("Org/No-Such-Model", "There is no model Org/No-Such-Model on 127.0.0.1:"),
+        (GATED, f"{GATED} is gated: open "),
+    ],
+)
 def test_hub_errors_are_shown_in_plain_words(qtbot, dialog, repo, message):
     _choose(dialog, repo)
     with qtbot.waitSignal(dialog.runEnded, timeout=TIMEOUT_MS) as ended:
@@ -258,12 +280,12 @@ def test_disk_refusal_and_offline_mode(qtbot, dialog, monkeypatch, private_libra
     assert dialog.settings.get("hf_endpoint") == dialog.endpoint_edit.text()
 
 
-def test_closing_the_window_behind_the_dialog_stops_the_download_thread(qtbot, page, dialog, fake_hub,
-                                                                        private_library):
+def test_closing_the_window_behind_the_dialog_stops_the_download_thread(qtbot, page, dialog, fake_hub, private_library):
     _choose(dialog, TINY)
     _slow_after_planning(dialog, fake_hub)
-    with qtbot.waitSignal(dialog.progressShown, timeout=TIMEOUT_MS,
-                          check_params_cb=lambda p: p["file"] == SHARD1 and p["file_done"] > 0):
+    with qtbot.waitSignal(
+        dialog.progressShown, timeout=TIMEOUT_MS, check_params_cb=lambda p: p["file"] == SHARD1 and p["file_done"] > 0
+    ):
         dialog.download_button.click()
     thread = dialog.worker_thread
     page.close()  # the main window closing: the app is about to tear its widgets down
@@ -278,8 +300,7 @@ def _failing_check(qtbot, dialog) -> None:
     assert ended.args[0] == "failed" and dialog.banner.text().startswith("There is no model Org/No-Such-Model")
 
 
-def test_each_closed_dialog_s_worker_and_thread_are_deleted_by_qt_not_by_the_garbage_collector(qtbot, page,
-                                                                                                 fake_hub):
+def test_each_closed_dialog_s_worker_and_thread_are_deleted_by_qt_not_by_the_garbage_collector(qtbot, page, fake_hub):
     """Python's collector runs on whichever thread allocates (a download thread, the engine's): it must never be
     what deletes a worker or its QThread. Closing the dialog ends the thread; then the worker and the QThread are
     deleted on the GUI thread, while this test still holds references to both, and nothing keeps them after."""
@@ -293,8 +314,9 @@ def test_each_closed_dialog_s_worker_and_thread_are_deleted_by_qt_not_by_the_gar
         dialog.close_button.click()
         assert dialog.worker_thread is None and thread.isFinished()
         # deleted on the GUI thread once the thread has ended, the worker first: with no Python reference dropped
-        qtbot.waitUntil(lambda w=worker, t=thread: not Shiboken.isValid(w) and not Shiboken.isValid(t),
-                        timeout=TIMEOUT_MS)
+        qtbot.waitUntil(
+            lambda w=worker, t=thread: not Shiboken.isValid(w) and not Shiboken.isValid(t), timeout=TIMEOUT_MS
+        )
         ended.append((weakref.ref(worker), weakref.ref(thread)))
         del dialog, worker, thread
         gc.collect()
@@ -302,16 +324,18 @@ def test_each_closed_dialog_s_worker_and_thread_are_deleted_by_qt_not_by_the_gar
     assert all(w() is None and t() is None for w, t in ended)  # nothing kept them after they were deleted
 
 
-def test_a_dialog_destroyed_mid_download_stops_its_thread_before_the_worker_goes(qtbot, page, fake_hub,
-                                                                                  private_library):
+def test_a_dialog_destroyed_mid_download_stops_its_thread_before_the_worker_goes(
+    qtbot, page, fake_hub, private_library
+):
     """The dialog deleted without being closed (its parent going), then its wrapper collected: the download
     stops, keeping what arrived, and the worker and its thread live until the thread has ended."""
     dialog = page.open_download_dialog()
     dialog.endpoint_edit.setText(fake_hub.endpoint)
     _choose(dialog, TINY)
     _slow_after_planning(dialog, fake_hub)
-    with qtbot.waitSignal(dialog.progressShown, timeout=TIMEOUT_MS,
-                          check_params_cb=lambda p: p["file"] == SHARD1 and p["file_done"] > 0):
+    with qtbot.waitSignal(
+        dialog.progressShown, timeout=TIMEOUT_MS, check_params_cb=lambda p: p["file"] == SHARD1 and p["file_done"] > 0
+    ):
         dialog.download_button.click()
     thread = weakref.ref(dialog.worker_thread)
     worker = weakref.ref(dialog.worker)
@@ -328,31 +352,45 @@ def test_a_dialog_destroyed_mid_download_stops_its_thread_before_the_worker_goes
 GIB_ = 2**30
 # (RAM, GPU or None) -> what "This PC" says for each curated model: a laptop without a GPU, a desktop with 8 GB
 MACHINES = {
-    "23.5 GiB RAM, no GPU": ((int(23.5 * GIB_), None), {
-        "nvidia/Qwen3.6-35B-A3B-NVFP4": "✓ fits", "Qwen/Qwen3.6-35B-A3B-FP8": "✗ too big",
-        "Qwen/Qwen3.6-35B-A3B": "✗ too big", "Qwen/Qwen3.5-35B-A3B": "✗ too big",
-        "Qwen/Qwen3-30B-A3B": "✗ too big"}),
-    "32 GiB RAM + 8 GB GPU": ((32 * GIB_, {"name": "RTX 4060", "total_bytes": 8 * 10**9, "used_bytes": 0,
-                                           "free_bytes": 8 * 10**9}), {
-        "nvidia/Qwen3.6-35B-A3B-NVFP4": "✓ fits", "Qwen/Qwen3.6-35B-A3B-FP8": "⚠ tight",
-        "Qwen/Qwen3.6-35B-A3B": "✗ too big", "Qwen/Qwen3.5-35B-A3B": "✗ too big",
-        "Qwen/Qwen3-30B-A3B": "✗ too big"}),
+    "23.5 GiB RAM, no GPU": (
+        (int(23.5 * GIB_), None),
+        {
+            "nvidia/Qwen3.6-35B-A3B-NVFP4": "✓ fits",
+            "Qwen/Qwen3.6-35B-A3B-FP8": "✗ too big",
+            "Qwen/Qwen3.6-35B-A3B": "✗ too big",
+            "Qwen/Qwen3.5-35B-A3B": "✗ too big",
+            "Qwen/Qwen3-30B-A3B": "✗ too big",
+        },
+    ),
+    "32 GiB RAM + 8 GB GPU": (
+        (32 * GIB_, {"name": "RTX 4060", "total_bytes": 8 * 10**9, "used_bytes": 0, "free_bytes": 8 * 10**9}),
+        {
+            "nvidia/Qwen3.6-35B-A3B-NVFP4": "✓ fits",
+            "Qwen/Qwen3.6-35B-A3B-FP8": "⚠ tight",
+            "Qwen/Qwen3.6-35B-A3B": "✗ too big",
+            "Qwen/Qwen3.5-35B-A3B": "✗ too big",
+            "Qwen/Qwen3-30B-A3B": "✗ too big",
+        },
+    ),
 }
 
 
 @pytest.mark.parametrize("machine", list(MACHINES))
 def test_the_curated_list_judges_fit_on_this_machine(qtbot, page, monkeypatch, machine):
     (ram_bytes, gpu), expected = MACHINES[machine]
-    monkeypatch.setattr(system_info, "ram", lambda: {"total_bytes": ram_bytes, "used_bytes": 0,
-                                                     "available_bytes": ram_bytes})
+    monkeypatch.setattr(
+        system_info, "ram", lambda: {"total_bytes": ram_bytes, "used_bytes": 0, "available_bytes": ram_bytes}
+    )
     monkeypatch.setattr(system_info, "gpu_memory", lambda: gpu)
     monkeypatch.setattr(system_info, "disk_free", lambda folder: 500 * GIB_)
     dialog = page.open_download_dialog()
     model, here = dialog.curated, CURATED_COLUMNS.index("This PC")
     shown = {model.index(r, 0).data(): model.index(r, here).data() for r in range(model.rowCount())}
     assert shown == expected
-    tips = {model.index(r, 0).data(): model.index(r, here).data(Qt.ItemDataRole.ToolTipRole)
-            for r in range(model.rowCount())}
+    tips = {
+        model.index(r, 0).data(): model.index(r, here).data(Qt.ItemDataRole.ToolTipRole)
+        for r in range(model.rowCount())
+    }
     bf16 = tips["Qwen/Qwen3.6-35B-A3B"]
     said = "23.50 GiB RAM, no GPU" if gpu is None else "32.00 GiB RAM, RTX 4060 with 7.45 GiB"
     assert bf16.startswith("Does not fit this machine") and "64.56 GiB in all" in bf16 and f"has {said}." in bf16
@@ -361,8 +399,10 @@ def test_the_curated_list_judges_fit_on_this_machine(qtbot, page, monkeypatch, m
     else:
         assert "RTX 4060 runs it" in tips["nvidia/Qwen3.6-35B-A3B-NVFP4"]
     # the presets stay, as the second question
-    presets = {model.index(r, 0).data(): model.index(r, CURATED_COLUMNS.index("Presets")).data()
-               for r in range(model.rowCount())}
+    presets = {
+        model.index(r, 0).data(): model.index(r, CURATED_COLUMNS.index("Presets")).data()
+        for r in range(model.rowCount())
+    }
     assert presets["Qwen/Qwen3.6-35B-A3B"] == "4 GB ✗  8 GB ✓  12 GB ✓"
     dialog.curated_view.selectRow(2)
     assert "Does not fit this machine" in dialog.summary_label.text()
@@ -370,8 +410,9 @@ def test_the_curated_list_judges_fit_on_this_machine(qtbot, page, monkeypatch, m
 
 
 def test_a_model_bigger_than_the_free_disk_says_so(qtbot, page, monkeypatch):
-    monkeypatch.setattr(system_info, "ram", lambda: {"total_bytes": 256 * GIB_, "used_bytes": 0,
-                                                     "available_bytes": 256 * GIB_})
+    monkeypatch.setattr(
+        system_info, "ram", lambda: {"total_bytes": 256 * GIB_, "used_bytes": 0, "available_bytes": 256 * GIB_}
+    )
     monkeypatch.setattr(system_info, "gpu_memory", lambda: None)
     monkeypatch.setattr(system_info, "disk_free", lambda folder: 30 * GIB_)
     dialog = page.open_download_dialog()

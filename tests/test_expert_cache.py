@@ -20,8 +20,10 @@ class Bank:
         def full(e, rows, cols):
             return StoredWeight(DENSE, {"weight": torch.full((rows, cols), float(e))}, (rows, cols), f"e{e}")
 
-        self.weights = [(full(e, intermediate, hidden), full(e, intermediate, hidden), full(e, hidden, intermediate))
-                        for e in range(experts)]
+        self.weights = [
+            (full(e, intermediate, hidden), full(e, intermediate, hidden), full(e, hidden, intermediate))
+            for e in range(experts)
+        ]
 
     def stored(self, expert):
         return self.weights[expert]
@@ -48,8 +50,7 @@ def test_records_round_trip_every_tensor():
     for e in range(4):
         gate_up = views["gate_up"].select(e).dequantize()
         assert torch.equal(gate_up, torch.full((4, 3), float(e)))
-    assert report == {"pinned_expert_bytes": 0, "pageable_expert_bytes": 2 * packed[0].nbytes,
-                      "pin_budget_bytes": None}
+    assert report == {"pinned_expert_bytes": 0, "pageable_expert_bytes": 2 * packed[0].nbytes, "pin_budget_bytes": None}
     assert packed[0].layout.record_bytes % 64 == 0
 
 
@@ -131,9 +132,16 @@ def test_no_slots_is_refused():
         cache_for(packed, slots=0)
 
 
-@pytest.mark.parametrize("layout", [("qwen3_5_moe", "nvfp4", False), ("qwen3_5_moe", "bf16", True),
-                                    ("qwen3_moe", "fp8_block", False), ("qwen3_5_moe", "nvfp4_ct", False)],
-                         ids=lambda case: "-".join(map(str, case)))
+@pytest.mark.parametrize(
+    "layout",
+    [
+        ("qwen3_5_moe", "nvfp4", False),
+        ("qwen3_5_moe", "bf16", True),
+        ("qwen3_moe", "fp8_block", False),
+        ("qwen3_5_moe", "nvfp4_ct", False),
+    ],
+    ids=lambda case: "-".join(map(str, case)),
+)
 @pytest.mark.parametrize("layers_of_slots", [0.5, 1, 2])
 def test_cached_path_equals_the_reference(tiny_checkpoint, layout, layers_of_slots):
     """Prefill chunks (whole layers streamed when a block exists, rounds of fetches when not) and decode
@@ -143,8 +151,9 @@ def test_cached_path_equals_the_reference(tiny_checkpoint, layout, layers_of_slo
     reference_model = engine.load_model(folder)
     slots = int(8 * layers_of_slots)  # the tiny models have 8 experts a layer
     model = engine.load_model(folder, expert_cache_slots=slots)
-    assert torch.allclose(model.score(ids), reference_model.score(ids), rtol=0,
-                          atol=1e-5 * float(reference_model.score(ids).abs().max()))
+    assert torch.allclose(
+        model.score(ids), reference_model.score(ids), rtol=0, atol=1e-5 * float(reference_model.score(ids).abs().max())
+    )
     states = reference_model.new_state(100), model.new_state(100)
     for chunk in (ids[:40], ids[40:41], ids[41:42], ids[42:45]):
         expected, got = (m.forward(chunk, s) for m, s in zip((reference_model, model), states))

@@ -1,5 +1,6 @@
 """The offload/cpu/hybrid split of a decode step's misses and of prompt chunks, and the per-machine calibration
 file."""
+
 import json
 
 import pytest
@@ -20,14 +21,17 @@ def test_backends_that_do_not_split():
     assert cpu_share(0, "hybrid", calibration, RECORD) == 0
 
 
-@pytest.mark.parametrize("pcie, cpu, call, misses, expected", [
-    (50e9, 50e9, 0.0, 8, 4),  # equal paths: half each
-    (50e9, 25e9, 0.0, 9, 3),  # the CPU at half the speed takes a third
-    (10e9, 40e9, 0.0, 10, 8),  # a laptop's narrow link: the CPU takes most
-    (50e9, 1e9, 0.0, 8, 0),  # a CPU far slower than one copy takes none
-    (50e9, 50e9, 60e-6, 8, 2),  # a call's own cost: the CPU takes fewer (ties go to the copies)
-    (50e9, 50e9, 200e-6, 8, 0),  # a call costing more than the copies it saves: none
-])
+@pytest.mark.parametrize(
+    "pcie, cpu, call, misses, expected",
+    [
+        (50e9, 50e9, 0.0, 8, 4),  # equal paths: half each
+        (50e9, 25e9, 0.0, 9, 3),  # the CPU at half the speed takes a third
+        (10e9, 40e9, 0.0, 10, 8),  # a laptop's narrow link: the CPU takes most
+        (50e9, 1e9, 0.0, 8, 0),  # a CPU far slower than one copy takes none
+        (50e9, 50e9, 60e-6, 8, 2),  # a call's own cost: the CPU takes fewer (ties go to the copies)
+        (50e9, 50e9, 200e-6, 8, 0),  # a call costing more than the copies it saves: none
+    ],
+)
 def test_hybrid_balances_the_two_finishing_times(pcie, cpu, call, misses, expected):
     calibration = Calibration(pcie, cpu, call, 4)
     m = cpu_share(misses, "hybrid", calibration, RECORD)
@@ -35,6 +39,7 @@ def test_hybrid_balances_the_two_finishing_times(pcie, cpu, call, misses, expect
 
     def finish(k):
         return max((misses - k) * RECORD / pcie, call + k * RECORD / cpu if k else 0.0)
+
     assert all(finish(m) <= finish(other) for other in range(misses + 1))
 
 
@@ -54,10 +59,10 @@ def test_auto_takes_gpu_where_the_cache_holds_every_layer():
     assert resolve("offload", helps, RECORD, all_resident=True) == "offload"  # asked for: as asked
 
 
-
 def test_an_executor_whose_cache_holds_every_layer_runs_auto_as_gpu_untried(tiny_checkpoint):
     import engine
     from engine.kernels.cpu_experts import CpuExpertKernel
+
     folder = tiny_checkpoint("qwen3_5_moe", "nvfp4")
     layers = engine.load_model(folder, expert_cache_slots=8).config.num_hidden_layers
     for slots, backend, trial in ((8 * layers, "gpu", False), (8 * (layers - 1), "hybrid", True)):
@@ -150,7 +155,9 @@ def test_an_implausible_calibration_is_neither_kept_nor_trusted_from_the_file(tm
     assert not busy.plausible() and sane.plausible()
     results = [busy, sane]
     assert machine_calibration.cached_calibration("machine", lambda: results.pop(0)) == busy
-    assert machine_calibration.cached_calibration("machine", lambda: results.pop(0)) == sane  # nothing saved: measured again
+    assert (
+        machine_calibration.cached_calibration("machine", lambda: results.pop(0)) == sane
+    )  # nothing saved: measured again
     assert machine_calibration.cached_calibration("machine", lambda: pytest.fail("measured a third time")) == sane
     machine_calibration.calibration_file().write_text(json.dumps({"machine": busy.to_dict()}), encoding="utf-8")
     assert machine_calibration.cached_calibration("machine", lambda: sane) == sane
@@ -168,6 +175,7 @@ def test_calibration_measures_the_cpu_again_when_the_figures_cannot_be_real():
             return calls * 0.010
         # then 0.2 ms a call, 0.8 ms an expert, 0.1 ms each further token of an expert
         return calls * (0.0002 + per_call * (0.0008 + (tokens - 1) * 0.0001))
+
     calibration = machine_calibration.calibrate_cpu(47e9, 1_769_472, cpu_seconds, 15e9)  # one NVFP4 expert of Qwen3.6
     assert calibration.plausible() and len(measured) == 18
     assert calibration.cpu_bytes_per_s == pytest.approx(1_769_472 / 0.0008)
@@ -185,6 +193,7 @@ def test_misses_of_a_layer_beyond_the_pin_budget_go_more_to_the_cpu():
 
     def finish(k):  # the later of the CPU's call and the unpinned copies of the rest
         return max((8 - k) * RECORD / 15e9, 1e-4 + k * RECORD / 10e9 if k else 0.0)
+
     assert finish(pageable) == pytest.approx(min(finish(k) for k in range(9)))
     dear_calls = Calibration(50e9, 10e9, 3e-4, 8, 15e9)
     assert resolve("auto", dear_calls, RECORD) == "offload"
@@ -219,8 +228,12 @@ def test_prompt_chunks_computed_on_the_cpu_give_the_same_logits(tiny_checkpoint,
     by the CPU expert kernel from the host records, with nothing copied; the logits are the GPU path's."""
     import engine
     from engine.kernels.cpu_experts import CpuExpertKernel
+
     folder = tiny_checkpoint("qwen3_5_moe", "nvfp4")
-    plain, split_model = engine.load_model(folder, expert_cache_slots=8), engine.load_model(folder, expert_cache_slots=8)
+    plain, split_model = (
+        engine.load_model(folder, expert_cache_slots=8),
+        engine.load_model(folder, expert_cache_slots=8),
+    )
     executor = split_model.expert_executor
     executor.cpu_kernel = CpuExpertKernel(executor.cache.layout, "float32")  # on CUDA prepare() makes these
     executor.backend, executor.calibration = "hybrid", Calibration(1e9, cpu_bytes_per_s, 0.0, 1)
@@ -237,6 +250,7 @@ def test_the_calibrations_cpu_calls_never_read_a_record_twice(tiny_checkpoint):
     the calibration's calls walk every layer's records, each (layer, expert) once until all were read."""
     import engine
     from engine.kernels.cpu_experts import CpuExpertKernel
+
     model = engine.load_model(tiny_checkpoint("qwen3_5_moe", "nvfp4"), expert_cache_slots=8)
     executor = model.expert_executor
     executor.cpu_kernel = CpuExpertKernel(executor.cache.layout, "float32")
@@ -247,6 +261,7 @@ def test_the_calibrations_cpu_calls_never_read_a_record_twice(tiny_checkpoint):
         assert x.shape[0] == ids.shape[0] and bool(on_cpu.all())
         read.extend((layer_of[records.data_ptr()], int(e)) for e in ids[0])
         return torch.zeros(x.shape[0], executor.cpu_kernel.hidden)
+
     executor.cpu_kernel.run = run
     experts = next(iter(executor.packed.values())).records.shape[0]
     total = len(executor.packed) * experts
@@ -257,6 +272,7 @@ def test_the_calibrations_cpu_calls_never_read_a_record_twice(tiny_checkpoint):
 
 def test_hybrid_balance_gives_the_cpu_less_when_the_gpu_waits_and_more_when_it_does_not():
     from engine.experts.policy import HybridBalance
+
     notch = HybridBalance.NOTCH
     balance = HybridBalance(0.5)
     assert balance.counts(8) == [0, 1, 1, 2, 2, 3, 3, 4, 4]  # halves rounded up: a lone miss goes to the CPU
@@ -276,6 +292,7 @@ def test_hybrid_balance_gives_the_cpu_less_when_the_gpu_waits_and_more_when_it_d
 
 def test_hybrid_balance_leaves_a_far_start_in_a_few_steps_and_stays_within_bounds():
     from engine.experts.policy import HybridBalance
+
     balance = HybridBalance(0.25)
     steps = 0
     while balance.fraction < 1.0:  # the CPU never kept the GPU waiting: all its misses go to the CPU
@@ -292,6 +309,7 @@ def test_hybrid_balance_leaves_a_far_start_in_a_few_steps_and_stays_within_bound
 
 def test_hybrid_s_policy_balances_from_the_calibration_once_a_step_made_its_split():
     from engine.experts.policy import HybridBalance, policy_for
+
     calibration = Calibration(1e9, 1e9, 0.0, 1)  # half of a token's misses to the CPU
     policy = policy_for("hybrid")
     policy.hear(8, 8)  # no device-split step yet: nothing to move

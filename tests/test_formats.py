@@ -7,8 +7,17 @@ import torch
 from compressed_tensors.compressors.nvfp4.helpers import pack_fp4_to_uint8, unpack_fp4_from_uint8
 
 from engine.checkpoint import quantize
-from engine.checkpoint.formats import (DENSE, FP8_BLOCK, FP8_TENSOR, NVFP4, NVFP4_CT, StoredWeight, check_scales,
-                                       detect_format, unpack_e2m1)
+from engine.checkpoint.formats import (
+    DENSE,
+    FP8_BLOCK,
+    FP8_TENSOR,
+    NVFP4,
+    NVFP4_CT,
+    StoredWeight,
+    check_scales,
+    detect_format,
+    unpack_e2m1,
+)
 
 E2M1_GRID = torch.tensor([0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0])
 
@@ -45,6 +54,7 @@ def _group_expand(scale, group=16):
 
 # (a), (b) E2M1 unpacking
 
+
 def test_unpack_matches_compressed_tensors():
     packed = torch.cat([torch.arange(256, dtype=torch.uint8).reshape(8, 32), _bytes(8, 32)])  # every byte value
     assert _same(unpack_e2m1(packed), _ct_values(packed))
@@ -52,8 +62,17 @@ def test_unpack_matches_compressed_tensors():
     assert _same(unpack_e2m1(stacked), _ct_values(stacked))
 
 
-@pytest.mark.parametrize("byte, values", [(0x21, [0.5, 1.0]), (0xF7, [6.0, -6.0]), (0x98, [-0.0, -0.5]),
-                                          (0x00, [0.0, 0.0]), (0x5C, [-2.0, 3.0]), (0xB3, [1.5, -1.5])])
+@pytest.mark.parametrize(
+    "byte, values",
+    [
+        (0x21, [0.5, 1.0]),
+        (0xF7, [6.0, -6.0]),
+        (0x98, [-0.0, -0.5]),
+        (0x00, [0.0, 0.0]),
+        (0x5C, [-2.0, 3.0]),
+        (0xB3, [1.5, -1.5]),
+    ],
+)
 def test_unpack_hand_computed_bytes(byte, values):
     """The low nibble is element 0; bit 3 of a nibble is the sign."""
     assert _same(unpack_e2m1(torch.tensor([byte], dtype=torch.uint8)), torch.tensor(values))
@@ -61,10 +80,15 @@ def test_unpack_hand_computed_bytes(byte, values):
 
 # (c) full NVFP4 dequantisation
 
+
 def test_nvfp4_modelopt_dequantize():
     out_features, in_features = 24, 64
-    tensors = {"weight": _bytes(out_features, in_features // 2), "weight_scale": _fp8_scales(out_features, 4),
-               "weight_scale_2": torch.tensor(0.0123), "input_scale": torch.tensor(1.0)}
+    tensors = {
+        "weight": _bytes(out_features, in_features // 2),
+        "weight_scale": _fp8_scales(out_features, 4),
+        "weight_scale_2": torch.tensor(0.0123),
+        "input_scale": torch.tensor(1.0),
+    }
     fmt, shape = detect_format("m", tensors)
     assert (fmt, shape) == (NVFP4, (out_features, in_features))
     weight = StoredWeight(fmt, tensors, shape, "m")
@@ -75,8 +99,11 @@ def test_nvfp4_modelopt_dequantize():
 
 def test_nvfp4_compressed_tensors_dequantize():
     out_features, in_features = 24, 64
-    tensors = {"weight_packed": _bytes(out_features, in_features // 2), "weight_scale": _fp8_scales(out_features, 4),
-               "weight_global_scale": torch.tensor([2688.0])}
+    tensors = {
+        "weight_packed": _bytes(out_features, in_features // 2),
+        "weight_scale": _fp8_scales(out_features, 4),
+        "weight_global_scale": torch.tensor([2688.0]),
+    }
     fmt, shape = detect_format("m", tensors)
     assert (fmt, shape) == (NVFP4_CT, (out_features, in_features))
     weight = StoredWeight(fmt, tensors, shape, "m")
@@ -86,6 +113,7 @@ def test_nvfp4_compressed_tensors_dequantize():
 
 
 # (d) our packer against compressed-tensors' packer and NVFP4's accuracy
+
 
 def _nearest_e2m1(x):
     """Round to the E2M1 grid by brute force: the grid value at the least distance (ties: smaller magnitude)."""
@@ -114,8 +142,10 @@ def test_nvfp4_packer_matches_compressed_tensors(pack):
 
 # (e) FP8
 
-@pytest.mark.parametrize("shape, block", [((70, 100), (32, 32)), ((50, 130), (16, 48)), ((128, 256), (128, 128)),
-                                          ((5, 7), (128, 128))])
+
+@pytest.mark.parametrize(
+    "shape, block", [((70, 100), (32, 32)), ((50, 130), (16, 48)), ((128, 256), (128, 128)), ((5, 7), (128, 128))]
+)
 def test_fp8_block_partial_blocks(shape, block):
     out_features, in_features = shape
     weight = (torch.randn(shape, generator=_gen(4)) * 100).to(torch.float8_e4m3fn)
@@ -146,14 +176,29 @@ def test_fp8_per_tensor_and_per_channel(scale_shape):
 
 # (f) refusing what we cannot decode
 
-@pytest.mark.parametrize("tensors, match", [
-    ({"weight": torch.zeros(4, 8, dtype=torch.uint8), "weight_scale": torch.zeros(4, 1, dtype=torch.float8_e4m3fn)},
-     r"m stores weight \(torch\.uint8\), weight_scale \(torch\.float8_e4m3fn\), which is no weight format"),
-    ({"weight": torch.zeros(4, 8, dtype=torch.int8)}, r"m stores weight \(torch\.int8\), which is no weight format"),
-    ({"weight": torch.zeros(4, 8), "weight_scale_inv": torch.ones(1, 1)}, "no weight format MoE Desk knows"),
-    ({"weight_scale": torch.ones(4, 1), "input_scale": torch.ones(())}, r"m has tensors \['weight_scale'\] but no weight"),
-    ({"weight_packed": torch.zeros(4, 8, dtype=torch.uint8), "weight_scale": torch.ones(4, 1)}, "but no weight"),
-])
+
+@pytest.mark.parametrize(
+    "tensors, match",
+    [
+        (
+            {
+                "weight": torch.zeros(4, 8, dtype=torch.uint8),
+                "weight_scale": torch.zeros(4, 1, dtype=torch.float8_e4m3fn),
+            },
+            r"m stores weight \(torch\.uint8\), weight_scale \(torch\.float8_e4m3fn\), which is no weight format",
+        ),
+        (
+            {"weight": torch.zeros(4, 8, dtype=torch.int8)},
+            r"m stores weight \(torch\.int8\), which is no weight format",
+        ),
+        ({"weight": torch.zeros(4, 8), "weight_scale_inv": torch.ones(1, 1)}, "no weight format MoE Desk knows"),
+        (
+            {"weight_scale": torch.ones(4, 1), "input_scale": torch.ones(())},
+            r"m has tensors \['weight_scale'\] but no weight",
+        ),
+        ({"weight_packed": torch.zeros(4, 8, dtype=torch.uint8), "weight_scale": torch.ones(4, 1)}, "but no weight"),
+    ],
+)
 def test_detect_format_rejects_unknown_combinations(tensors, match):
     with pytest.raises(ValueError, match=match):
         detect_format("m", tensors)
@@ -162,21 +207,45 @@ def test_detect_format_rejects_unknown_combinations(tensors, match):
 def test_detect_format_ignores_activation_scales():
     dense = {"weight": torch.zeros(4, 8, dtype=torch.bfloat16)}
     assert detect_format("m", dense) == (DENSE, (4, 8))
-    fp8 = {"weight": torch.zeros(4, 8, dtype=torch.float8_e4m3fn), "weight_scale": torch.ones(()),
-           "input_scale": torch.ones(()), "k_scale": torch.ones(()), "v_scale": torch.ones(())}
+    fp8 = {
+        "weight": torch.zeros(4, 8, dtype=torch.float8_e4m3fn),
+        "weight_scale": torch.ones(()),
+        "input_scale": torch.ones(()),
+        "k_scale": torch.ones(()),
+        "v_scale": torch.ones(()),
+    }
     assert detect_format("m", fp8) == (FP8_TENSOR, (4, 8))
 
 
-@pytest.mark.parametrize("fmt, tensors, block, match", [
-    (NVFP4, {"weight": _bytes(8, 16), "weight_scale": _fp8_scales(8, 1), "weight_scale_2": torch.ones(())}, None,
-     r"NVFP4 weight_scale has shape \[8, 1\], expected \[8, 2\]"),
-    (NVFP4_CT, {"weight_packed": _bytes(8, 16), "weight_scale": _fp8_scales(2, 8),
-                "weight_global_scale": torch.ones(1)}, None, r"weight_scale has shape \[2, 8\], expected \[8, 2\]"),
-    (FP8_BLOCK, {"weight": torch.zeros(70, 100, dtype=torch.float8_e4m3fn), "weight_scale_inv": torch.ones(2, 4)},
-     (32, 32), r"weight_scale_inv has shape \[2, 4\], expected \[3, 4\] for 32x32 blocks"),
-    (FP8_TENSOR, {"weight": torch.zeros(8, 16, dtype=torch.float8_e4m3fn), "weight_scale": torch.ones(16)}, None,
-     r"weight_scale has 16 values, expected 1 \(per tensor\) or 8 \(per output channel\)"),
-])
+@pytest.mark.parametrize(
+    "fmt, tensors, block, match",
+    [
+        (
+            NVFP4,
+            {"weight": _bytes(8, 16), "weight_scale": _fp8_scales(8, 1), "weight_scale_2": torch.ones(())},
+            None,
+            r"NVFP4 weight_scale has shape \[8, 1\], expected \[8, 2\]",
+        ),
+        (
+            NVFP4_CT,
+            {"weight_packed": _bytes(8, 16), "weight_scale": _fp8_scales(2, 8), "weight_global_scale": torch.ones(1)},
+            None,
+            r"weight_scale has shape \[2, 8\], expected \[8, 2\]",
+        ),
+        (
+            FP8_BLOCK,
+            {"weight": torch.zeros(70, 100, dtype=torch.float8_e4m3fn), "weight_scale_inv": torch.ones(2, 4)},
+            (32, 32),
+            r"weight_scale_inv has shape \[2, 4\], expected \[3, 4\] for 32x32 blocks",
+        ),
+        (
+            FP8_TENSOR,
+            {"weight": torch.zeros(8, 16, dtype=torch.float8_e4m3fn), "weight_scale": torch.ones(16)},
+            None,
+            r"weight_scale has 16 values, expected 1 \(per tensor\) or 8 \(per output channel\)",
+        ),
+    ],
+)
 def test_check_scales_rejects_misshaped_scales(fmt, tensors, block, match):
     shape = detect_format("m", tensors)[1]
     weight = StoredWeight(fmt, tensors, shape, "m", block or (128, 128))
@@ -186,6 +255,7 @@ def test_check_scales_rejects_misshaped_scales(fmt, tensors, block, match):
 
 # (g) one expert out of a stack
 
+
 def _stack(fmt, w):
     if fmt == DENSE:
         return {"weight": w.to(torch.bfloat16)}
@@ -193,8 +263,11 @@ def _stack(fmt, w):
         return quantize.fp8_block(w, (16, 32))
     if fmt == FP8_TENSOR + "_channel":
         return {"weight": (w * 40).to(torch.float8_e4m3fn), "weight_scale": torch.rand(w.shape[:-1]) + 0.1}
-    return {FP8_TENSOR: quantize.fp8_per_tensor, NVFP4: quantize.nvfp4_modelopt,
-            NVFP4_CT: quantize.nvfp4_compressed_tensors}[fmt](w)
+    return {
+        FP8_TENSOR: quantize.fp8_per_tensor,
+        NVFP4: quantize.nvfp4_modelopt,
+        NVFP4_CT: quantize.nvfp4_compressed_tensors,
+    }[fmt](w)
 
 
 @pytest.mark.parametrize("fmt", [DENSE, FP8_TENSOR, FP8_TENSOR + "_channel", FP8_BLOCK, NVFP4, NVFP4_CT])

@@ -11,8 +11,16 @@ from engine.checkpoint.formats import NVFP4
 from engine.testing.tiny_checkpoints import write_tiny_checkpoint
 
 # big enough that experts decoded to float32 at load (7x the NVFP4 bytes) could not hide in the slack
-LARGER = dict(hidden_size=512, moe_intermediate_size=512, shared_expert_intermediate_size=512, num_experts=64,
-              linear_num_value_heads=8, linear_value_head_dim=64, linear_key_head_dim=64, head_dim=64)
+LARGER = dict(
+    hidden_size=512,
+    moe_intermediate_size=512,
+    shared_expert_intermediate_size=512,
+    num_experts=64,
+    linear_num_value_heads=8,
+    linear_value_head_dim=64,
+    linear_key_head_dim=64,
+    head_dim=64,
+)
 
 MEASURE = """
 import resource, sys, torch, engine
@@ -42,6 +50,9 @@ def test_resident_memory_is_about_the_file_size(tmp_path):
     folder = write_tiny_checkpoint(tmp_path, "qwen3_5_moe", "nvfp4", text_overrides=LARGER)
     file_mib = sum(p.stat().st_size for p in folder.glob("*.safetensors")) / 2**20
     assert file_mib > 100
-    grown = float(subprocess.run([sys.executable, "-c", MEASURE, str(folder)], capture_output=True, text=True,
-                                 check=True).stdout.split()[-1])
+    grown = float(
+        subprocess.run(
+            [sys.executable, "-c", MEASURE, str(folder)], capture_output=True, text=True, check=True
+        ).stdout.split()[-1]
+    )
     assert grown < 1.3 * file_mib + 64, f"RSS grew {grown:.0f} MiB for a {file_mib:.0f} MiB checkpoint"

@@ -26,8 +26,17 @@ from engine.runtime.planner import footprint_from_checkpoint
 from engine.runtime.tokenizer import ChatTokenizer
 from hub_fixtures import GATED, NO_WEIGHTS, NOT_MOE, QWEN3, SHARD1, SHARD2, TINY, TOKEN
 
-ENGINE_FILES = {"chat_template.jinja", "config.json", "generation_config.json", "hf_quant_config.json",
-                "model.safetensors.index.json", "tokenizer.json", "tokenizer_config.json", SHARD1, SHARD2}
+ENGINE_FILES = {
+    "chat_template.jinja",
+    "config.json",
+    "generation_config.json",
+    "hf_quant_config.json",
+    "model.safetensors.index.json",
+    "tokenizer.json",
+    "tokenizer_config.json",
+    SHARD1,
+    SHARD2,
+}
 
 
 @pytest.fixture
@@ -51,12 +60,17 @@ def _sha256(path) -> str:
 
 # ---- listing and fit ---------------------------------------------------------------------------------
 
+
 def test_plan_lists_only_what_the_engine_needs_with_sizes_and_fit(fake_hub, tmp_path, tiny_checkpoint):
     _, plan = _plan(fake_hub, tmp_path)
     source = tiny_checkpoint("qwen3_5_moe", "nvfp4", shards=2)
     assert {f.path for f in plan.files} == ENGINE_FILES
-    assert set(plan.skipped) == {"README.md", ".gitattributes", "original/consolidated.safetensors",
-                                 "preprocessor_config.json"}
+    assert set(plan.skipped) == {
+        "README.md",
+        ".gitattributes",
+        "original/consolidated.safetensors",
+        "preprocessor_config.json",
+    }
     assert plan.files[-1].path == "config.json"  # placed last: an unfinished folder is never taken for a model
     assert plan.total_bytes == sum((source / name).stat().st_size for name in ENGINE_FILES)
     assert plan.need_bytes == plan.total_bytes and plan.have_bytes == 0 and not plan.complete
@@ -72,8 +86,13 @@ def test_plan_lists_only_what_the_engine_needs_with_sizes_and_fit(fake_hub, tmp_
 
 def test_curated_models_have_a_fit_without_any_network():
     repos = [m.repo_id for m in hub.CURATED_MODELS]
-    assert {"nvidia/Qwen3.6-35B-A3B-NVFP4", "Qwen/Qwen3.6-35B-A3B", "Qwen/Qwen3.6-35B-A3B-FP8",
-            "Qwen/Qwen3.5-35B-A3B", "Qwen/Qwen3-30B-A3B"} <= set(repos)
+    assert {
+        "nvidia/Qwen3.6-35B-A3B-NVFP4",
+        "Qwen/Qwen3.6-35B-A3B",
+        "Qwen/Qwen3.6-35B-A3B-FP8",
+        "Qwen/Qwen3.5-35B-A3B",
+        "Qwen/Qwen3-30B-A3B",
+    } <= set(repos)
     fits = {m.repo_id: hub.curated_fit(m) for m in hub.CURATED_MODELS}
     nvfp4, bf16 = fits["nvidia/Qwen3.6-35B-A3B-NVFP4"], fits["Qwen/Qwen3.6-35B-A3B"]
     assert nvfp4.fits == {"4gb": True, "8gb": True, "12gb": True}
@@ -83,6 +102,7 @@ def test_curated_models_have_a_fit_without_any_network():
 
 
 # ---- downloading -------------------------------------------------------------------------------------
+
 
 def test_full_download_then_load(fake_hub, tmp_path):
     client, plan = _plan(fake_hub, tmp_path)
@@ -180,8 +200,12 @@ def test_pause_holds_and_resume_continues_where_it_stopped(fake_hub, tmp_path, e
 
     def pause_once(p):
         seen.append(p)
-        if p.file == SHARD1 and 0 < p.file_done < p.file_size and not control.paused \
-                and all(q.state != "paused" for q in seen):
+        if (
+            p.file == SHARD1
+            and 0 < p.file_done < p.file_size
+            and not control.paused
+            and all(q.state != "paused" for q in seen)
+        ):
             control.pause()
             threading.Timer(0.2, control.resume).start()
 
@@ -211,6 +235,7 @@ def test_cancel_deletes_the_partial_download(fake_hub, tmp_path, every_piece):
 
 
 # ---- errors in plain words ---------------------------------------------------------------------------
+
 
 def test_unknown_repo_is_404_in_plain_words(fake_hub, tmp_path):
     with pytest.raises(hub.HubError) as error:
@@ -373,6 +398,7 @@ def _closed_port() -> int:
 
 # ---- the CLI -----------------------------------------------------------------------------------------
 
+
 def test_cli_pull_then_chat_ready(fake_hub, tmp_path, capsys):
     target = tmp_path / "qwen3"
     code = main(["pull", QWEN3, "--endpoint", fake_hub.endpoint, "--local-dir", str(target)])
@@ -386,12 +412,15 @@ def test_cli_pull_then_chat_ready(fake_hub, tmp_path, capsys):
     load_model(target)
 
 
-@pytest.mark.parametrize("argv, message", [
-    (["pull", "Org/No-Such-Model"], "error: There is no model Org/No-Such-Model on 127.0.0.1:"),
-    (["pull", GATED], f"error: {GATED} is gated"),
-    (["pull", TINY, "--offline"], "error: Offline mode is on"),
-    (["pull", TINY, "--revision", "v9"], f"error: {TINY} has no revision 'v9'"),
-])
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["pull", "Org/No-Such-Model"], "error: There is no model Org/No-Such-Model on 127.0.0.1:"),
+        (["pull", GATED], f"error: {GATED} is gated"),
+        (["pull", TINY, "--offline"], "error: Offline mode is on"),
+        (["pull", TINY, "--revision", "v9"], f"error: {TINY} has no revision 'v9'"),
+    ],
+)
 def test_cli_pull_errors_are_one_line(argv, message, fake_hub, tmp_path, capsys):
     code = main(argv + ["--endpoint", fake_hub.endpoint, "--local-dir", str(tmp_path / "m")])
     out, err = capsys.readouterr()

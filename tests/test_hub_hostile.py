@@ -46,9 +46,9 @@ def _plan_error(client, repo, tmp_path, **options) -> hub.HubError:
 
 # ---- a header that claims too much -------------------------------------------------------------------
 
+
 @pytest.mark.parametrize("claimed", [safetensors_file.MAX_HEADER_BYTES + 1, 2**30])
-def test_a_shard_claiming_a_huge_header_is_refused_without_fetching_it(claimed, fake_hub, tmp_path,
-                                                                       tiny_checkpoint):
+def test_a_shard_claiming_a_huge_header_is_refused_without_fetching_it(claimed, fake_hub, tmp_path, tiny_checkpoint):
     name = "model-extra.safetensors"
     shard = struct.pack("<Q", claimed) + b'{"' + b"x" * 1000
     _hostile_repo(fake_hub, tiny_checkpoint, {name: shard})
@@ -56,8 +56,10 @@ def test_a_shard_claiming_a_huge_header_is_refused_without_fetching_it(claimed, 
     client, _ = _hub(fake_hub)
     error = _plan_error(client, HOSTILE, tmp_path)
     assert error.kind == "unsupported"
-    assert str(error).startswith(f"{HOSTILE}'s {name} claims a safetensors header of {hub.format_size(claimed)}, "
-                                 f"more than the {hub.format_size(safetensors_file.MAX_HEADER_BYTES)}")
+    assert str(error).startswith(
+        f"{HOSTILE}'s {name} claims a safetensors header of {hub.format_size(claimed)}, "
+        f"more than the {hub.format_size(safetensors_file.MAX_HEADER_BYTES)}"
+    )
     assert "choose another model" in str(error)
     shard_requests = [rng for _, path, rng, _ in fake_hub.requests if path.endswith(name)]
     assert shard_requests == [f"bytes=0-{hub.HEADER_PROBE_BYTES - 1}"]  # the probe, and nothing more
@@ -88,18 +90,22 @@ def test_a_server_ignoring_ranges_gives_the_same_fit(fake_hub, tmp_path, monkeyp
 
 # ---- file names that would leave the folder ----------------------------------------------------------
 
-@pytest.mark.parametrize("name, reason", [
-    ("C:\\evil.safetensors", "Windows does not allow"),
-    ("..\\..\\evil.safetensors", "Windows does not allow"),
-    ("evil\\..\\..\\x.safetensors", "Windows does not allow"),
-    ("\\\\server\\share\\x.safetensors", "Windows does not allow"),
-    ("C:evil.safetensors", "Windows does not allow"),
-    ("model.safetensors:stream.safetensors", "Windows does not allow"),
-    ("CON.safetensors", "is a device name on Windows"),
-    ("nul.safetensors", "is a device name on Windows"),
-    ("COM1.safetensors", "is a device name on Windows"),
-    ("LPT9 .safetensors", "is a device name on Windows"),
-])
+
+@pytest.mark.parametrize(
+    "name, reason",
+    [
+        ("C:\\evil.safetensors", "Windows does not allow"),
+        ("..\\..\\evil.safetensors", "Windows does not allow"),
+        ("evil\\..\\..\\x.safetensors", "Windows does not allow"),
+        ("\\\\server\\share\\x.safetensors", "Windows does not allow"),
+        ("C:evil.safetensors", "Windows does not allow"),
+        ("model.safetensors:stream.safetensors", "Windows does not allow"),
+        ("CON.safetensors", "is a device name on Windows"),
+        ("nul.safetensors", "is a device name on Windows"),
+        ("COM1.safetensors", "is a device name on Windows"),
+        ("LPT9 .safetensors", "is a device name on Windows"),
+    ],
+)
 def test_a_repo_listing_an_unsafe_file_name_is_refused(name, reason, fake_hub, tmp_path, tiny_checkpoint):
     _hostile_repo(fake_hub, tiny_checkpoint, {name: b"\0" * 16})
     client, _ = _hub(fake_hub)
@@ -110,19 +116,55 @@ def test_a_repo_listing_an_unsafe_file_name_is_refused(name, reason, fake_hub, t
     assert not any(method == "GET" and "/resolve/" in path for method, path, _, _ in fake_hub.requests)
 
 
-@pytest.mark.parametrize("name", [
-    "/etc/passwd", "../evil", "a/../../evil", "a//b", "./a", "", "a\0b", "a\nb", "C:\\x", "C:x", "\\\\srv\\s\\x",
-    "x:ads", "dir./x", "x.", "x ", "CON", "con.txt", "Aux.json", "COM¹", "CONIN$", "a" * 256, "a<b", 'a"b', "a|b",
-    "a?b", "a*b",
-])
+@pytest.mark.parametrize(
+    "name",
+    [
+        "/etc/passwd",
+        "../evil",
+        "a/../../evil",
+        "a//b",
+        "./a",
+        "",
+        "a\0b",
+        "a\nb",
+        "C:\\x",
+        "C:x",
+        "\\\\srv\\s\\x",
+        "x:ads",
+        "dir./x",
+        "x.",
+        "x ",
+        "CON",
+        "con.txt",
+        "Aux.json",
+        "COM¹",
+        "CONIN$",
+        "a" * 256,
+        "a<b",
+        'a"b',
+        "a|b",
+        "a?b",
+        "a*b",
+    ],
+)
 def test_unsafe_names_for_either_path_convention(name):
     assert hub.unsafe_name_reason(name) is not None
 
 
-@pytest.mark.parametrize("name", [
-    "config.json", "model-00001-of-00002.safetensors", "sub/dir/file.json", "CONFIG.json.bak", "console.json",
-    "com10.json", "a b.json", ".gitattributes", "é.json",
-])
+@pytest.mark.parametrize(
+    "name",
+    [
+        "config.json",
+        "model-00001-of-00002.safetensors",
+        "sub/dir/file.json",
+        "CONFIG.json.bak",
+        "console.json",
+        "com10.json",
+        "a b.json",
+        ".gitattributes",
+        "é.json",
+    ],
+)
 def test_safe_names_pass(name):
     assert hub.unsafe_name_reason(name) is None
 
@@ -138,13 +180,17 @@ def test_download_refuses_a_plan_with_an_unsafe_name_before_writing(fake_hub, tm
 
 # ---- transient and persistent server errors ----------------------------------------------------------
 
+
 @pytest.mark.parametrize("key", [API, SHARD1])
-@pytest.mark.parametrize("status, retry_after, waited", [
-    (503, None, hub.RETRY_WAIT_S),  # no Retry-After: the first backoff step
-    (503, "2", 2.0),
-    (429, "3600", hub.RETRY_AFTER_MAX_S),  # obeyed only up to the cap
-    (502, "soon", hub.RETRY_WAIT_S),  # not a number nor a date: backoff
-])
+@pytest.mark.parametrize(
+    "status, retry_after, waited",
+    [
+        (503, None, hub.RETRY_WAIT_S),  # no Retry-After: the first backoff step
+        (503, "2", 2.0),
+        (429, "3600", hub.RETRY_AFTER_MAX_S),  # obeyed only up to the cap
+        (502, "soon", hub.RETRY_WAIT_S),  # not a number nor a date: backoff
+    ],
+)
 def test_one_transient_error_while_planning_is_retried(key, status, retry_after, waited, fake_hub, tmp_path):
     fake_hub.faults[key] = Fault(status=status, retry_after=retry_after)
     client, waits = _hub(fake_hub)
@@ -166,10 +212,12 @@ def test_a_persistent_500_while_planning_says_the_server_failed(fake_hub, tmp_pa
     client, waits = _hub(fake_hub)
     error = _plan_error(client, TINY, tmp_path)
     assert error.kind == "server"
-    assert f"answered HTTP 500 (Internal Server Error) for the file list of {TINY}, {hub.REQUEST_TRIES} times " \
-           f"in a row" in str(error)
+    assert (
+        f"answered HTTP 500 (Internal Server Error) for the file list of {TINY}, {hub.REQUEST_TRIES} times "
+        f"in a row" in str(error)
+    )
     assert "Try again later" in str(error) and "endpoint (mirror)" in str(error)
-    assert waits == [hub.RETRY_WAIT_S * 2 ** n for n in range(hub.REQUEST_TRIES - 1)]
+    assert waits == [hub.RETRY_WAIT_S * 2**n for n in range(hub.REQUEST_TRIES - 1)]
 
 
 def test_a_persistent_500_while_downloading_is_not_called_a_lost_connection(fake_hub, tmp_path):
@@ -180,8 +228,10 @@ def test_a_persistent_500_while_downloading_is_not_called_a_lost_connection(fake
         hub.download(client, plan, retry_wait_s=0.0)
     message = str(error.value)
     assert error.value.kind == "server" and "lost" not in message
-    assert message.startswith(f"{client.host} answered HTTP 500 (Internal Server Error) for {SHARD1}, "
-                              f"{hub.MAX_RETRIES + 1} times in a row: the Hub (or the mirror) is failing")
+    assert message.startswith(
+        f"{client.host} answered HTTP 500 (Internal Server Error) for {SHARD1}, "
+        f"{hub.MAX_RETRIES + 1} times in a row: the Hub (or the mirror) is failing"
+    )
     assert "arrived and are kept" in message
 
 
@@ -194,6 +244,7 @@ def test_a_client_error_is_not_retried(fake_hub, tmp_path):
 
 
 # ---- answers that are not the Hub's ------------------------------------------------------------------
+
 
 def _not_the_hub(fake_hub, what: str) -> str:
     return f"The Hub endpoint {fake_hub.endpoint} answered something that is not the Hub's API ({what}): check"
@@ -217,22 +268,32 @@ def test_an_html_page_instead_of_a_file_is_not_saved_as_the_file(fake_hub, tmp_p
     assert not (plan.folder / SHARD2).exists() and not (plan.folder / "config.json").exists()
 
 
-@pytest.mark.parametrize("body, what", [
-    (b"[1, 2]", "JSON that is not a model's file list"),
-    (b'{"siblings": []}', "JSON that is not a model's file list"),
-    (b'{"id": "Org/X", "siblings": 5}', "JSON that is not a model's file list"),
-    (b'{"id": "Org/X", "siblings": ["config.json"]}', "JSON that is not a model's file list"),
-    (b'{"id": "Org/X", "sha": 7, "siblings": []}', "JSON that is not a model's file list"),
-    (b'{"id": "Org/X", "siblings": [{"rfilename": 7}]}', "JSON that is not a model's file list"),
-    (b'{"id": "Org/X", "siblings": [{"rfilename": "model.safetensors", "size": "big"}]}',
-     "JSON that is not a model's file list"),
-    (b'{"id": "Org/X", "siblings": [{"rfilename": "model.safetensors", "size": -1}]}',
-     "JSON that is not a model's file list"),
-    (b'{"id": "Org/X", "siblings": [{"rfilename": "a.safetensors", "lfs": {"size": 1, "sha256": 2, '
-     b'"pointerSize": 3}}]}', "JSON that is not a model's file list"),
-    (b"hello", "an answer that is not JSON"),
-    (b"", "an answer that is not JSON"),
-])
+@pytest.mark.parametrize(
+    "body, what",
+    [
+        (b"[1, 2]", "JSON that is not a model's file list"),
+        (b'{"siblings": []}', "JSON that is not a model's file list"),
+        (b'{"id": "Org/X", "siblings": 5}', "JSON that is not a model's file list"),
+        (b'{"id": "Org/X", "siblings": ["config.json"]}', "JSON that is not a model's file list"),
+        (b'{"id": "Org/X", "sha": 7, "siblings": []}', "JSON that is not a model's file list"),
+        (b'{"id": "Org/X", "siblings": [{"rfilename": 7}]}', "JSON that is not a model's file list"),
+        (
+            b'{"id": "Org/X", "siblings": [{"rfilename": "model.safetensors", "size": "big"}]}',
+            "JSON that is not a model's file list",
+        ),
+        (
+            b'{"id": "Org/X", "siblings": [{"rfilename": "model.safetensors", "size": -1}]}',
+            "JSON that is not a model's file list",
+        ),
+        (
+            b'{"id": "Org/X", "siblings": [{"rfilename": "a.safetensors", "lfs": {"size": 1, "sha256": 2, '
+            b'"pointerSize": 3}}]}',
+            "JSON that is not a model's file list",
+        ),
+        (b"hello", "an answer that is not JSON"),
+        (b"", "an answer that is not JSON"),
+    ],
+)
 def test_wrong_shaped_json_is_one_clear_error(body, what, fake_hub, tmp_path):
     fake_hub.faults[API] = Fault(body=body)
     client, _ = _hub(fake_hub)
@@ -248,6 +309,7 @@ def test_cli_pull_behind_a_captive_portal_is_one_line(fake_hub, tmp_path, capsys
 
 
 # ---- stalled connections -----------------------------------------------------------------------------
+
 
 @pytest.mark.parametrize("key", [API, SHARD1])
 def test_a_stalled_read_while_planning_times_out_in_plain_words(key, fake_hub, tmp_path):
@@ -371,11 +433,15 @@ def test_a_second_ctrl_c_does_not_wait_for_a_stalled_download(fake_hub, tmp_path
 
 # ---- the CLI's usage messages ------------------------------------------------------------------------
 
-@pytest.mark.parametrize("argv, points_at", [
-    (["pull", TINY, "--bogus"], "(see python -m engine pull --help)"),
-    (["pull"], "(see python -m engine pull --help)"),
-    (["bogus"], "(see python -m engine --help)"),
-])
+
+@pytest.mark.parametrize(
+    "argv, points_at",
+    [
+        (["pull", TINY, "--bogus"], "(see python -m engine pull --help)"),
+        (["pull"], "(see python -m engine pull --help)"),
+        (["bogus"], "(see python -m engine --help)"),
+    ],
+)
 def test_usage_errors_point_at_the_right_help(argv, points_at, capsys):
     code = main(argv)
     err = capsys.readouterr().err.strip().splitlines()

@@ -63,8 +63,11 @@ def base_python() -> str:
 
 
 def clean_env(home: Path, **extra: str) -> dict:
-    env = {key: value for key, value in os.environ.items()
-           if not key.startswith(("XDG_", "PIP_", "MOEDESK_", "PYTHON", "VIRTUAL_ENV", "QT_"))}
+    env = {
+        key: value
+        for key, value in os.environ.items()
+        if not key.startswith(("XDG_", "PIP_", "MOEDESK_", "PYTHON", "VIRTUAL_ENV", "QT_"))
+    }
     real_home = Path(os.environ.get("HOME", "~")).expanduser()
     for key, folder in (("RUSTUP_HOME", ".rustup"), ("CARGO_HOME", ".cargo")):  # this machine's shims, not ours
         if key not in env and (real_home / folder).is_dir():
@@ -82,15 +85,18 @@ exit {code}
 """
 
 
-@pytest.mark.parametrize("cuda, cap, code, args, variant, why", [
-    ("12.8", "8.6", 0, [], "cu128", "NVIDIA GeForce RTX 3060, driver for CUDA 12.8"),
-    ("13.0", "12.0", 0, [], "cu128", "driver for CUDA 13.0"),
-    ("12.4", "7.5", 0, [], "cu126", "driver for CUDA 12.4"),
-    ("12.8", "6.1", 0, [], "cpu", "compute capability 6.1; MoE Desk's GPU kernels need 7.5"),
-    ("11.8", "8.6", 0, [], "cpu", "supports CUDA 11.8; PyTorch's GPU builds need CUDA 12"),
-    ("12.8", "8.6", 9, [], "cpu", "no NVIDIA driver answered"),
-    ("12.8", "8.6", 0, ["--cpu"], "cpu", "asked for (--cpu)"),
-])
+@pytest.mark.parametrize(
+    "cuda, cap, code, args, variant, why",
+    [
+        ("12.8", "8.6", 0, [], "cu128", "NVIDIA GeForce RTX 3060, driver for CUDA 12.8"),
+        ("13.0", "12.0", 0, [], "cu128", "driver for CUDA 13.0"),
+        ("12.4", "7.5", 0, [], "cu126", "driver for CUDA 12.4"),
+        ("12.8", "6.1", 0, [], "cpu", "compute capability 6.1; MoE Desk's GPU kernels need 7.5"),
+        ("11.8", "8.6", 0, [], "cpu", "supports CUDA 11.8; PyTorch's GPU builds need CUDA 12"),
+        ("12.8", "8.6", 9, [], "cpu", "no NVIDIA driver answered"),
+        ("12.8", "8.6", 0, ["--cpu"], "cpu", "asked for (--cpu)"),
+    ],
+)
 def test_installer_picks_the_pytorch_build(tmp_path, cuda, cap, code, args, variant, why):
     fake_bin = tmp_path / "bin"
     fake_bin.mkdir()
@@ -100,8 +106,9 @@ def test_installer_picks_the_pytorch_build(tmp_path, cuda, cap, code, args, vari
     env = clean_env(tmp_path / "home")
     env["PATH"] = f"{fake_bin}{os.pathsep}{env['PATH']}"
     (tmp_path / "home").mkdir()
-    result = subprocess.run(["bash", str(LINUX / "install.sh"), "--dry-run", *args], env=env, capture_output=True,
-                            text=True, timeout=60)
+    result = subprocess.run(
+        ["bash", str(LINUX / "install.sh"), "--dry-run", *args], env=env, capture_output=True, text=True, timeout=60
+    )
     assert result.returncode == 0, result.stderr
     assert f"{variant} build from https://download.pytorch.org/whl/{variant}" in result.stdout
     assert why in result.stdout
@@ -112,8 +119,9 @@ def test_installer_takes_the_torch_pin_from_the_environment(tmp_path):
     home = tmp_path / "home"
     home.mkdir()
     env = clean_env(home, MOEDESK_TORCH_SPEC="torch==9.9.9", MOEDESK_TORCH_INDEX_URL="")
-    result = subprocess.run(["bash", str(LINUX / "install.sh"), "--dry-run"], env=env, capture_output=True,
-                            text=True, timeout=60)
+    result = subprocess.run(
+        ["bash", str(LINUX / "install.sh"), "--dry-run"], env=env, capture_output=True, text=True, timeout=60
+    )
     assert result.returncode == 0, result.stderr
     assert "torch==9.9.9" in result.stdout and "pip's configured index" in result.stdout
 
@@ -139,9 +147,15 @@ def test_install_smoke_upgrade_uninstall(tmp_path):
         missing(f"no installer wheelhouse at {WHEELHOUSE}: run python3 tools/installer_wheelhouse.py")
     home = tmp_path / "home"
     home.mkdir()
-    env = clean_env(home, MOEDESK_TORCH_SPEC=TORCH_SPEC, MOEDESK_TORCH_INDEX_URL="", PIP_NO_INDEX="1",
-                    PIP_FIND_LINKS=str(WHEELHOUSE), PIP_CACHE_DIR=str(tmp_path / "pip-cache"),
-                    PIP_DISABLE_PIP_VERSION_CHECK="1")
+    env = clean_env(
+        home,
+        MOEDESK_TORCH_SPEC=TORCH_SPEC,
+        MOEDESK_TORCH_INDEX_URL="",
+        PIP_NO_INDEX="1",
+        PIP_FIND_LINKS=str(WHEELHOUSE),
+        PIP_CACHE_DIR=str(tmp_path / "pip-cache"),
+        PIP_DISABLE_PIP_VERSION_CHECK="1",
+    )
     work = tmp_path / "cwd"  # not the checkout: nothing may import the source tree's app/ by accident
     work.mkdir()
     install = ["bash", str(LINUX / "install.sh")]
@@ -161,9 +175,21 @@ def test_install_smoke_upgrade_uninstall(tmp_path):
     assert (program / "uninstall.sh").is_file()
 
     # the installed app, not the checkout: its own copy of the package and of the demo model
-    site = subprocess.run([str(program / "venv" / "bin" / "python"), "-I", "-W", "ignore", "-c",
-                           "import app, engine.resources as r; print(app.__file__); print(r.DEMO_MODEL)"],
-                          env=env, cwd=work, capture_output=True, text=True, check=True).stdout.split()
+    site = subprocess.run(
+        [
+            str(program / "venv" / "bin" / "python"),
+            "-I",
+            "-W",
+            "ignore",
+            "-c",
+            "import app, engine.resources as r; print(app.__file__); print(r.DEMO_MODEL)",
+        ],
+        env=env,
+        cwd=work,
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.split()
     assert all(str(program) in path for path in site), site
 
     shot = tmp_path / "smoke.png"
@@ -193,14 +219,20 @@ def test_install_smoke_upgrade_uninstall(tmp_path):
     assert left == kept, f"uninstall.sh left these behind: {sorted(left - kept)}"
     assert {".local/share/MoE Desk/MoE Desk/keep-me.txt", ".local/share/MoE Desk/models/my-model/weights.bin"} <= kept
     assert not program.exists() and not launcher.exists() and not desktop.exists()
-    print(f"installer cycle: install {took:.0f} s, smoke test {took_smoke:.0f} s, upgrade {took_upgrade:.0f} s, "
-          f"uninstall {took_uninstall:.0f} s")
+    print(
+        f"installer cycle: install {took:.0f} s, smoke test {took_smoke:.0f} s, upgrade {took_upgrade:.0f} s, "
+        f"uninstall {took_uninstall:.0f} s"
+    )
 
 
 def test_icons_are_up_to_date():
     """resources/icons/*.png and moedesk.ico are what tools/make_icons.py renders from moedesk.svg."""
-    result = subprocess.run([sys.executable, str(ROOT / "tools" / "make_icons.py"), "--check"], capture_output=True,
-                            text=True, env={**os.environ, "QT_QPA_PLATFORM": "offscreen"})
+    result = subprocess.run(
+        [sys.executable, str(ROOT / "tools" / "make_icons.py"), "--check"],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "QT_QPA_PLATFORM": "offscreen"},
+    )
     assert result.returncode == 0, result.stderr
     ico = (ROOT / "resources" / "icons" / "moedesk.ico").read_bytes()
     reserved, kind, count = struct.unpack_from("<HHH", ico)
@@ -209,7 +241,7 @@ def test_icons_are_up_to_date():
     assert sides == [16, 24, 32, 48, 64, 128, 256]
     for i in range(count):  # each entry points at a whole PNG inside the file
         size, offset = struct.unpack_from("<II", ico, 6 + 16 * i + 8)
-        assert ico[offset:offset + 8] == b"\x89PNG\r\n\x1a\n" and offset + size <= len(ico)
+        assert ico[offset : offset + 8] == b"\x89PNG\r\n\x1a\n" and offset + size <= len(ico)
 
 
 def test_wheel_carries_the_resources():
@@ -248,8 +280,19 @@ def test_windows_scripts_promise_what_the_readme_says():
     wsl = (WINDOWS / "wsl-shortcut.ps1").read_text(encoding="utf-8")
     iss = (WINDOWS / "moedesk.iss").read_text(encoding="utf-8")
     readme = (WINDOWS / "README.md").read_text(encoding="utf-8")
-    for needle in ("py.exe", "-3.12", "nvidia-smi", "download.pytorch.org/whl", "triton-windows", "pythonw.exe",
-                   "CreateShortcut", "Programs", "Desktop", "python-embed", "MOEDESK_TORCH_SPEC"):
+    for needle in (
+        "py.exe",
+        "-3.12",
+        "nvidia-smi",
+        "download.pytorch.org/whl",
+        "triton-windows",
+        "pythonw.exe",
+        "CreateShortcut",
+        "Programs",
+        "Desktop",
+        "python-embed",
+        "MOEDESK_TORCH_SPEC",
+    ):
         assert needle in install, needle
     assert "CreateShortcut" in wsl and "wsl" in wsl.lower()
     assert "Remove-Item" in uninstall and "MoE Desk" in uninstall

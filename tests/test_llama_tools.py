@@ -10,8 +10,7 @@ import pytest
 
 from tools import gguf_random, llama_source
 
-Q4_K, F16, F32 = (gguf.GGMLQuantizationType.Q4_K, gguf.GGMLQuantizationType.F16,
-                  gguf.GGMLQuantizationType.F32)
+Q4_K, F16, F32 = (gguf.GGMLQuantizationType.Q4_K, gguf.GGMLQuantizationType.F16, gguf.GGMLQuantizationType.F32)
 
 
 @pytest.fixture(scope="module")
@@ -29,12 +28,25 @@ def field(reader, key):
 
 def test_tiny_gguf_has_the_qwen35moe_metadata(tiny):
     assert field(tiny, "general.architecture") == "qwen35moe"
-    expected = {"block_count": 4, "embedding_length": 256, "attention.head_count": 2,
-                "attention.head_count_kv": 1, "attention.key_length": 64, "expert_count": 8,
-                "expert_used_count": 2, "expert_feed_forward_length": 256,
-                "expert_shared_feed_forward_length": 256, "ssm.conv_kernel": 4, "ssm.inner_size": 4 * 32,
-                "ssm.state_size": 32, "ssm.time_step_rank": 4, "ssm.group_count": 2,
-                "full_attention_interval": 4, "vocab_size": 512, "rope.dimension_count": 16}
+    expected = {
+        "block_count": 4,
+        "embedding_length": 256,
+        "attention.head_count": 2,
+        "attention.head_count_kv": 1,
+        "attention.key_length": 64,
+        "expert_count": 8,
+        "expert_used_count": 2,
+        "expert_feed_forward_length": 256,
+        "expert_shared_feed_forward_length": 256,
+        "ssm.conv_kernel": 4,
+        "ssm.inner_size": 4 * 32,
+        "ssm.state_size": 32,
+        "ssm.time_step_rank": 4,
+        "ssm.group_count": 2,
+        "full_attention_interval": 4,
+        "vocab_size": 512,
+        "rope.dimension_count": 16,
+    }
     assert {key: field(tiny, f"qwen35moe.{key}") for key in expected} == expected
     assert field(tiny, "qwen35moe.rope.dimension_sections") == [3, 3, 2, 0]
     assert field(tiny, "tokenizer.ggml.model") == "none"
@@ -91,8 +103,11 @@ def test_full_shape_matches_the_real_config_and_the_stated_expert_bytes():
     assert sum(n.endswith("attn_q.weight") for n in specs) == 10
     assert sum(n.endswith("ssm_out.weight") for n in specs) == 30
     assert specs["blk.39.ffn_gate_exps.weight"].shape == (256, 512, 2048)
-    expert_bytes = sum(s.shape[1] * s.shape[2] // 256 * 144 for n, s in specs.items()
-                       if n.startswith("blk.0.") and n.endswith("_exps.weight"))
+    expert_bytes = sum(
+        s.shape[1] * s.shape[2] // 256 * 144
+        for n, s in specs.items()
+        if n.startswith("blk.0.") and n.endswith("_exps.weight")
+    )
     assert expert_bytes == 1_769_472
 
 
@@ -107,14 +122,32 @@ def make_sdist(path, names):
 
 
 def test_llama_source_keeps_the_build_and_drops_the_rest(tmp_path):
-    kept = ["CMakeLists.txt", "src/llama-arch.cpp", "ggml/src/ggml.c", "ggml/src/CMakeLists.txt",
-            "ggml/src/ggml-cuda/mmq.cu", "ggml/src/ggml-cpu/ops.cpp", "tools/llama-bench/llama-bench.cpp",
-            "tools/ui/CMakeLists.txt", "scripts/ui-assets.cmake", "vendor/nlohmann/json.hpp"]
-    dropped = ["docs/build.md", "models/ggml-vocab.gguf", "ggml/src/ggml-vulkan/vk.cpp", "tools/ui/src/app.ts",
-               "tests/test-backend-ops.cpp", "scripts/sync.py", "convert_hf_to_gguf.py"]
+    kept = [
+        "CMakeLists.txt",
+        "src/llama-arch.cpp",
+        "ggml/src/ggml.c",
+        "ggml/src/CMakeLists.txt",
+        "ggml/src/ggml-cuda/mmq.cu",
+        "ggml/src/ggml-cpu/ops.cpp",
+        "tools/llama-bench/llama-bench.cpp",
+        "tools/ui/CMakeLists.txt",
+        "scripts/ui-assets.cmake",
+        "vendor/nlohmann/json.hpp",
+    ]
+    dropped = [
+        "docs/build.md",
+        "models/ggml-vocab.gguf",
+        "ggml/src/ggml-vulkan/vk.cpp",
+        "tools/ui/src/app.ts",
+        "tests/test-backend-ops.cpp",
+        "scripts/sync.py",
+        "convert_hf_to_gguf.py",
+    ]
     files = {f"vendor/llama.cpp/{name}": "x" for name in kept + dropped}
-    files["CHANGELOG.md"] = ("## [Unreleased]\n\n## [9.9.9]\n\n- feat: update llama.cpp to ggml-org/llama.cpp@abc1234\n"
-                             "\n## [9.9.8]\n\n- feat: update llama.cpp to ggml-org/llama.cpp@def5678\n")
+    files["CHANGELOG.md"] = (
+        "## [Unreleased]\n\n## [9.9.9]\n\n- feat: update llama.cpp to ggml-org/llama.cpp@abc1234\n"
+        "\n## [9.9.8]\n\n- feat: update llama.cpp to ggml-org/llama.cpp@def5678\n"
+    )
     sdist = tmp_path / "sdist.tar.gz"
     make_sdist(sdist, files)
     out = tmp_path / "src"
@@ -135,10 +168,25 @@ def test_like_nvidia_stores_the_fp8_projections_in_q8_0_and_the_shared_expert_in
     reader = gguf.GGUFReader(path)
     types = {t.name: t.tensor_type for t in reader.tensors}
     q8_0 = gguf.GGMLQuantizationType.Q8_0
-    assert {types[n] for n in ("blk.3.attn_q.weight", "blk.3.attn_output.weight", "blk.0.attn_qkv.weight",
-                               "blk.0.attn_gate.weight", "blk.0.ssm_out.weight")} == {q8_0}
-    assert {types[n] for n in ("output.weight", "blk.0.ffn_gate_shexp.weight", "blk.0.ffn_down_shexp.weight",
-                               "blk.0.ffn_up_exps.weight")} == {Q4_K}
+    assert {
+        types[n]
+        for n in (
+            "blk.3.attn_q.weight",
+            "blk.3.attn_output.weight",
+            "blk.0.attn_qkv.weight",
+            "blk.0.attn_gate.weight",
+            "blk.0.ssm_out.weight",
+        )
+    } == {q8_0}
+    assert {
+        types[n]
+        for n in (
+            "output.weight",
+            "blk.0.ffn_gate_shexp.weight",
+            "blk.0.ffn_down_shexp.weight",
+            "blk.0.ffn_up_exps.weight",
+        )
+    } == {Q4_K}
     assert (types["token_embd.weight"], types["blk.0.ssm_beta.weight"]) == (F16, F16)
     qkv = next(t for t in reader.tensors if t.name == "blk.0.attn_qkv.weight")
     scales = np.asarray(qkv.data).reshape(-1, 34)[:, :2].copy().view(np.float16)

@@ -85,7 +85,7 @@ def test_greedy_tokens_match_transformers(layout, reference_pair):
     assert tokens == transformers_greedy(theirs, prompt, 32)
     # the decode steps' logits, not only their argmax, equal a full forward over the same sequence
     full = transformers_logits(theirs, torch.cat([prompt, torch.tensor(tokens[:-1])]))
-    assert _relative_error(decode_logits, full[len(prompt) - 1:]) <= RELATIVE_TOLERANCE
+    assert _relative_error(decode_logits, full[len(prompt) - 1 :]) <= RELATIVE_TOLERANCE
 
 
 def _randomise(model, seed):
@@ -97,8 +97,10 @@ def _randomise(model, seed):
                 param.copy_(torch.empty(param.shape).uniform_(1, 16, generator=generator).log())
             else:
                 std = 0.1 if param.dim() == 1 else param.shape[-1] ** -0.5
-                param.copy_(torch.randn(param.shape, generator=generator) * std + (1.0 if "norm" in name and
-                            "qwen3_moe" in type(model).__module__ else 0.0))
+                param.copy_(
+                    torch.randn(param.shape, generator=generator) * std
+                    + (1.0 if "norm" in name and "qwen3_moe" in type(model).__module__ else 0.0)
+                )
     return model
 
 

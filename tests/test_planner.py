@@ -11,8 +11,17 @@ from engine.checkpoint import normalise_key
 from engine.checkpoint.formats import IGNORED_ROLES
 from engine.checkpoint.safetensors_file import SafetensorsFile
 from engine.runtime.planner import (
-    DEFAULT_RUNTIME_RESERVE_BYTES, GIB, MIB, PREFILL_CHUNK_MAX, REPLY_RESERVE_TOKENS, PlanError,
-    footprint_from_checkpoint, footprint_from_synthetic, plan_memory, prefill_workspace, preset_budget_bytes,
+    DEFAULT_RUNTIME_RESERVE_BYTES,
+    GIB,
+    MIB,
+    PREFILL_CHUNK_MAX,
+    REPLY_RESERVE_TOKENS,
+    PlanError,
+    footprint_from_checkpoint,
+    footprint_from_synthetic,
+    plan_memory,
+    prefill_workspace,
+    preset_budget_bytes,
     runtime_reserve_bytes,
 )
 from engine.testing.tiny_checkpoints import write_tiny_checkpoint
@@ -23,8 +32,18 @@ TARGET_PROMPT = 32768  # issue 3's aim
 BUDGETS_GIB = (4, 8, 12)
 SWEEP_STEP = 64 * MIB
 HEADER_BYTES = {"BF16": 2, "F32": 4, "U8": 1, "F8_E4M3": 1}  # dtypes the tiny checkpoints store
-BYTE_FIELDS = ("projection_bytes", "shared_mlp_bytes", "small_bytes", "lm_head_bytes", "embedding_bytes",
-               "expert_layer_bytes", "routed_expert_bytes", "moe_layers", "kv_bytes_per_token", "gdn_state_bytes")
+BYTE_FIELDS = (
+    "projection_bytes",
+    "shared_mlp_bytes",
+    "small_bytes",
+    "lm_head_bytes",
+    "embedding_bytes",
+    "expert_layer_bytes",
+    "routed_expert_bytes",
+    "moe_layers",
+    "kv_bytes_per_token",
+    "gdn_state_bytes",
+)
 
 
 @pytest.fixture(scope="module")
@@ -37,6 +56,7 @@ def _gib(n):
 
 
 # ---- footprints ----------------------------------------------------------------------------
+
 
 def test_qwen36_footprint_matches_hand_computed_sizes(qwen36):
     def nvfp4(out, inp):  # codes, fp8 block scales, fp32 global scale
@@ -59,8 +79,9 @@ def test_qwen36_footprint_matches_hand_computed_sizes(qwen36):
     assert qwen36.shared_mlp_bytes == 40 * expert  # one shared expert per layer, the shape of a routed one
     assert qwen36.lm_head_bytes == nvfp4(248320, 2048)  # nvidia's export quantises the head too
     assert qwen36.embedding_bytes == 248320 * 2048 * 2  # bf16, and it stays in host RAM
-    assert qwen36.resident_bytes == (qwen36.projection_bytes + qwen36.shared_mlp_bytes + qwen36.small_bytes
-                                     + qwen36.lm_head_bytes)
+    assert qwen36.resident_bytes == (
+        qwen36.projection_bytes + qwen36.shared_mlp_bytes + qwen36.small_bytes + qwen36.lm_head_bytes
+    )
     assert (qwen36.hidden_size, qwen36.vocab_size, qwen36.max_context) == (2048, 248320, 262144)
 
 
@@ -140,6 +161,7 @@ def test_preset_budgets():
 
 # ---- presets -------------------------------------------------------------------------------
 
+
 @pytest.mark.parametrize("budget_gib", BUDGETS_GIB)
 @pytest.mark.parametrize("preset", ["4gb", "8gb", "12gb"])
 def test_presets_fit_the_budget_or_say_why(qwen36, preset, budget_gib):
@@ -196,8 +218,10 @@ def test_a_bigger_budget_never_gives_less(qwen36, preset):
 def test_workspace_is_bounded_by_the_chunk_not_the_prompt(qwen36):
     short = dict(expert_cache_layers=1, prefill_overlap=False, prefill_chunk_tokens=256, kv_tokens=4096)
     long = dict(short, kv_tokens=32768)
-    assert (plan_memory(qwen36, 8 * GIB, "custom", short).breakdown["prefill_workspace"]
-            == plan_memory(qwen36, 8 * GIB, "custom", long).breakdown["prefill_workspace"])
+    assert (
+        plan_memory(qwen36, 8 * GIB, "custom", short).breakdown["prefill_workspace"]
+        == plan_memory(qwen36, 8 * GIB, "custom", long).breakdown["prefill_workspace"]
+    )
     totals = [prefill_workspace(qwen36.config, chunk)["total"] for chunk in (128, 256, 512, 1024)]
     assert totals == sorted(totals) and totals[-1] < 8 * totals[0]
 
@@ -233,6 +257,7 @@ def test_reserve_of_a_bigger_gpu_is_honoured(qwen36):
 
 # ---- custom plans and errors ---------------------------------------------------------------
 
+
 def test_custom_plan_that_fits(qwen36):
     custom = dict(expert_cache_layers=3, prefill_overlap=True, prefill_chunk_tokens=512, kv_tokens=65536)
     plan = plan_memory(qwen36, 8 * GIB, "custom", custom)
@@ -243,9 +268,14 @@ def test_custom_plan_that_fits(qwen36):
 
 def test_custom_plan_over_budget_gives_the_numbers(qwen36):
     custom = dict(expert_cache_layers=1, prefill_overlap=False, prefill_chunk_tokens=256, kv_tokens=65536)
-    needed = (qwen36.resident_bytes + qwen36.expert_layer_bytes + 65536 * qwen36.kv_bytes_per_token
-              + qwen36.gdn_state_bytes + prefill_workspace(qwen36.config, 256)["total"]
-              + DEFAULT_RUNTIME_RESERVE_BYTES)
+    needed = (
+        qwen36.resident_bytes
+        + qwen36.expert_layer_bytes
+        + 65536 * qwen36.kv_bytes_per_token
+        + qwen36.gdn_state_bytes
+        + prefill_workspace(qwen36.config, 256)["total"]
+        + DEFAULT_RUNTIME_RESERVE_BYTES
+    )
     with pytest.raises(PlanError) as error:
         plan_memory(qwen36, 4 * GIB, "custom", custom)
     message = str(error.value)
@@ -259,24 +289,33 @@ def test_overlap_needs_two_layers(qwen36):
         plan_memory(qwen36, 12 * GIB, "custom", custom)
 
 
-@pytest.mark.parametrize("custom,match", [
-    (dict(expert_cache_layers=1, prefill_overlap=False, prefill_chunk_tokens=256), "missing kv_tokens"),
-    (dict(expert_cache_layers=1, prefill_overlap=False, prefill_chunk_tokens=256, kv_tokens=8192, x=1), "unknown x"),
-    (dict(expert_cache_layers=0, prefill_overlap=False, prefill_chunk_tokens=256, kv_tokens=8192), "from 1 to 40"),
-    (dict(expert_cache_layers=1, prefill_overlap="yes", prefill_chunk_tokens=256, kv_tokens=8192), "true or false"),
-    (dict(expert_cache_layers=1, prefill_overlap=False, prefill_chunk_tokens=256, kv_tokens=10 ** 6), "262,144"),
-])
+@pytest.mark.parametrize(
+    "custom,match",
+    [
+        (dict(expert_cache_layers=1, prefill_overlap=False, prefill_chunk_tokens=256), "missing kv_tokens"),
+        (
+            dict(expert_cache_layers=1, prefill_overlap=False, prefill_chunk_tokens=256, kv_tokens=8192, x=1),
+            "unknown x",
+        ),
+        (dict(expert_cache_layers=0, prefill_overlap=False, prefill_chunk_tokens=256, kv_tokens=8192), "from 1 to 40"),
+        (dict(expert_cache_layers=1, prefill_overlap="yes", prefill_chunk_tokens=256, kv_tokens=8192), "true or false"),
+        (dict(expert_cache_layers=1, prefill_overlap=False, prefill_chunk_tokens=256, kv_tokens=10**6), "262,144"),
+    ],
+)
 def test_custom_values_are_checked(qwen36, custom, match):
     with pytest.raises(PlanError, match=match):
         plan_memory(qwen36, 12 * GIB, "custom", custom)
 
 
-@pytest.mark.parametrize("budget,preset,custom,match", [
-    (4 * GIB, "6gb", None, "unknown preset"),
-    (0, "4gb", None, "positive"),
-    (4 * GIB, "custom", None, "custom preset needs"),
-    (4 * GIB, "4gb", dict(kv_tokens=1), "custom values go with"),
-])
+@pytest.mark.parametrize(
+    "budget,preset,custom,match",
+    [
+        (4 * GIB, "6gb", None, "unknown preset"),
+        (0, "4gb", None, "positive"),
+        (4 * GIB, "custom", None, "custom preset needs"),
+        (4 * GIB, "4gb", dict(kv_tokens=1), "custom values go with"),
+    ],
+)
 def test_bad_requests(qwen36, budget, preset, custom, match):
     with pytest.raises(PlanError, match=match):
         plan_memory(qwen36, budget, preset, custom)
@@ -288,6 +327,7 @@ def test_plan_error_is_a_value_error():
 
 # ---- output --------------------------------------------------------------------------------
 
+
 def test_plan_renders_as_json_summary_and_table(qwen36):
     plan = plan_memory(qwen36, 4 * GIB, "4gb")
     data = json.loads(json.dumps(plan.to_dict()))
@@ -295,8 +335,15 @@ def test_plan_renders_as_json_summary_and_table(qwen36):
     assert data["headroom_bytes"] == 4 * GIB - plan.breakdown["total"]
     assert "\n" not in plan.summary() and f"{plan.max_prompt_tokens:,}" in plan.summary()
     table = plan.format_table()
-    for label in ("resident weights", "expert cache", "KV cache", "GDN state", "prefill workspace", "runtime reserve",
-                  "total"):
+    for label in (
+        "resident weights",
+        "expert cache",
+        "KV cache",
+        "GDN state",
+        "prefill workspace",
+        "runtime reserve",
+        "total",
+    ):
         assert label in table
     assert json.loads(json.dumps(qwen36.to_dict()))["kv_bytes_per_token"] == 20480
 
@@ -305,7 +352,6 @@ def test_checkpoint_without_routed_experts_is_refused(tmp_path):
     from engine.errors import CheckpointError
     from engine.testing.tiny_checkpoints import write_tiny_checkpoint
 
-    folder = write_tiny_checkpoint(tmp_path, "qwen3_moe", "bf16",
-                                   text_overrides={"mlp_only_layers": [0, 1, 2]})
+    folder = write_tiny_checkpoint(tmp_path, "qwen3_moe", "bf16", text_overrides={"mlp_only_layers": [0, 1, 2]})
     with pytest.raises(CheckpointError, match="has no routed-expert weights"):
         footprint_from_checkpoint(folder)

@@ -13,10 +13,18 @@ from engine.runtime.session import ChatSession, chat_prompt
 from engine.runtime.tokenizer import ChatTokenizer
 
 GREEDY = SamplingParams(temperature=0.0, max_new_tokens=8)  # short replies: the tests run on a shared CPU
-CALCULATOR = {"type": "function", "function": {
-    "name": "multiply", "description": "Multiply two whole numbers.",
-    "parameters": {"type": "object", "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}},
-                   "required": ["a", "b"]}}}
+CALCULATOR = {
+    "type": "function",
+    "function": {
+        "name": "multiply",
+        "description": "Multiply two whole numbers.",
+        "parameters": {
+            "type": "object",
+            "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}},
+            "required": ["a", "b"],
+        },
+    },
+}
 
 
 @pytest.fixture(scope="module")
@@ -92,11 +100,14 @@ def test_a_request_from_the_cache_answers_as_a_fresh_one(model, tokenizer):
     session = ChatSession(model, tokenizer, context_tokens=1024, sampling=GREEDY)
     messages = [{"role": "user", "content": "What is 12 + 30?"}]
     _, first, _ = _run(session, messages, cache)
-    messages += [{"role": "assistant", "content": first.answer, "reasoning_content": first.reasoning},
-                 {"role": "user", "content": "What is 45 + 11?"}]
+    messages += [
+        {"role": "assistant", "content": first.answer, "reasoning_content": first.reasoning},
+        {"role": "user", "content": "What is 45 + 11?"},
+    ]
     prompt, cached, prefilled = _run(session, messages, cache)
-    _, fresh, fresh_prefilled = _run(ChatSession(model, tokenizer, context_tokens=1024, sampling=GREEDY), messages,
-                                     None)
+    _, fresh, fresh_prefilled = _run(
+        ChatSession(model, tokenizer, context_tokens=1024, sampling=GREEDY), messages, None
+    )
     assert cached.stats.cached_tokens > 0 and prefilled < fresh_prefilled == len(prompt.ids)
     assert (cached.answer, cached.reasoning) == (fresh.answer, fresh.reasoning)
 
@@ -109,8 +120,10 @@ def test_an_agent_conversation_prefills_only_its_new_tokens(model, tokenizer, ca
     prefills only the rest: the new messages plus the template's re-render of the replies."""
     session = ChatSession(model, tokenizer, context_tokens=4096, sampling=GREEDY)
     cache = PrefixCache(256 * 2**20)
-    messages = [{"role": "system", "content": "You are a careful assistant with a calculator."},
-                {"role": "user", "content": "What is 12 + 30?"}]
+    messages = [
+        {"role": "system", "content": "You are a careful assistant with a calculator."},
+        {"role": "user", "content": "What is 12 + 30?"},
+    ]
     previous, saved = None, []  # the last request's prompt; every request's save points, as token-id prefixes
     rows, total_prompt, total_prefilled = [], 0, 0
     for request in range(20):
@@ -119,7 +132,7 @@ def test_an_agent_conversation_prefills_only_its_new_tokens(model, tokenizer, ca
         assert stats.prompt_tokens == len(prompt.ids)
         assert stats.prefill_tokens == prefilled == len(prompt.ids) - stats.cached_tokens
         if previous is not None:
-            shared = [len(ids) for ids in saved if prompt.ids[:len(ids)] == ids]
+            shared = [len(ids) for ids in saved if prompt.ids[: len(ids)] == ids]
             assert shared, "each request extends the conversation of the ones before"
             assert stats.cached_tokens >= max(shared)
             if request % 5 != 0:  # no new user turn: everything up to the previous request's reply is reused
@@ -129,10 +142,14 @@ def test_an_agent_conversation_prefills_only_its_new_tokens(model, tokenizer, ca
         total_prompt += len(prompt.ids)
         total_prefilled += prefilled
         previous = prompt
-        call = {"type": "function", "id": f"call_{request}",
-                "function": {"name": "multiply", "arguments": {"a": request + 2, "b": 3}}}
-        messages.append({"role": "assistant", "content": final.answer, "reasoning_content": final.reasoning,
-                         "tool_calls": [call]})
+        call = {
+            "type": "function",
+            "id": f"call_{request}",
+            "function": {"name": "multiply", "arguments": {"a": request + 2, "b": 3}},
+        }
+        messages.append(
+            {"role": "assistant", "content": final.answer, "reasoning_content": final.reasoning, "tool_calls": [call]}
+        )
         messages.append({"role": "tool", "tool_call_id": f"call_{request}", "content": str((request + 2) * 3)})
         if request % 5 == 4:
             messages.append({"role": "user", "content": f"What is {request} + 100?"})
@@ -161,11 +178,12 @@ def test_entries_of_one_conversation_share_their_kv_rows(model):
     cache = PrefixCache(64 * 2**20)
     first = cache.store(short, state, logits)
     state.load(first.state)
-    grown = model.forward(longer[len(short):], state)
+    grown = model.forward(longer[len(short) :], state)
     second = cache.store(longer, state, grown, after=first)
     alone = second.state.nbytes + 4 * model.config.vocab_size
-    kv_rows = sum(t.numel() * t.element_size() for layer in first.state.layers if hasattr(layer, "keys")
-                  for t in layer.tensors)
+    kv_rows = sum(
+        t.numel() * t.element_size() for layer in first.state.layers if hasattr(layer, "keys") for t in layer.tensors
+    )
     assert kv_rows > 0 and cache.nbytes == alone + first.state.nbytes - kv_rows + 4 * model.config.vocab_size
     assert cache.store(longer, state, grown, after=first) is second  # held already: not copied again
     other_state, other_logits = _entry_state(model, [9, 10, 11])
@@ -177,7 +195,8 @@ def test_entries_of_one_conversation_share_their_kv_rows(model):
     restored = model.new_state(64)
     restored.load(cache.longest_prefix(longer + [12]).state)
     assert restored.position == len(longer)
-    torch.testing.assert_close(model.forward([12], restored), model.forward(longer + [12], model.new_state(64)),
-                               atol=2e-2, rtol=0)
+    torch.testing.assert_close(
+        model.forward([12], restored), model.forward(longer + [12], model.new_state(64)), atol=2e-2, rtol=0
+    )
     with pytest.raises(ValueError, match="begin its own"):
         cache.store([1, 2, 3, 4, 5], state, grown, after=first)

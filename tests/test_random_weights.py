@@ -58,8 +58,9 @@ def test_no_row_repeats(tensors):
     assert embedding.unique(dim=0).shape[0] == embedding.shape[0]
     router = tensors["model.language_model.layers.0.mlp.gate.weight"]
     assert router.unique(dim=0).shape[0] == E
-    firsts = torch.stack([tensors[f"model.language_model.layers.0.mlp.experts.{e}.gate_proj.weight"][0]
-                          for e in range(E)])
+    firsts = torch.stack(
+        [tensors[f"model.language_model.layers.0.mlp.experts.{e}.gate_proj.weight"][0] for e in range(E)]
+    )
     assert firsts.unique(dim=0).shape[0] == E
     head = tensors["lm_head.weight"]
     assert head.unique(dim=0).shape[0] == head.shape[0]
@@ -72,13 +73,27 @@ def test_same_seed_same_weights_other_seed_other_weights(tensors):
     assert torch.equal(again[name], tensors[name]) and not torch.equal(other[name], tensors[name])
 
 
-@pytest.mark.parametrize("module, fmt, roles", [
-    ("model.language_model.layers.0.self_attn.q_proj", FP8_TENSOR, dict(weight="weight", weight_scale="weight_scale")),
-    ("model.layers.0.mlp.shared_expert.up_proj", FP8_BLOCK, dict(weight="weight", weight_scale_inv="weight_scale_inv")),
-    ("lm_head", NVFP4, dict(weight="weight", weight_scale="weight_scale", weight_scale_2="weight_scale_2")),
-    ("model.layers.1.mlp.experts.0.down_proj", NVFP4_CT,
-     dict(weight_packed="weight_packed", weight_scale="weight_scale", weight_global_scale="weight_global_scale")),
-])
+@pytest.mark.parametrize(
+    "module, fmt, roles",
+    [
+        (
+            "model.language_model.layers.0.self_attn.q_proj",
+            FP8_TENSOR,
+            dict(weight="weight", weight_scale="weight_scale"),
+        ),
+        (
+            "model.layers.0.mlp.shared_expert.up_proj",
+            FP8_BLOCK,
+            dict(weight="weight", weight_scale_inv="weight_scale_inv"),
+        ),
+        ("lm_head", NVFP4, dict(weight="weight", weight_scale="weight_scale", weight_scale_2="weight_scale_2")),
+        (
+            "model.layers.1.mlp.experts.0.down_proj",
+            NVFP4_CT,
+            dict(weight_packed="weight_packed", weight_scale="weight_scale", weight_global_scale="weight_global_scale"),
+        ),
+    ],
+)
 def test_quantised_weights_dequantise_to_unit_variance_over_their_inputs(tensors, module, fmt, roles):
     w = stored(tensors, module, fmt, **roles)
     assert torch.isfinite(w).all()

@@ -18,8 +18,16 @@ from engine.checkpoint import INDEX_FILE
 from engine.checkpoint.formats import NVFP4
 from engine.checkpoint.safetensors_file import DTYPES, SafetensorsFile
 from engine.cli import main
-from engine.runtime.planner import GIB, MIB, PRESETS, PlanError, footprint_from_checkpoint, footprint_from_synthetic, \
-    plan_memory, preset_budget_bytes
+from engine.runtime.planner import (
+    GIB,
+    MIB,
+    PRESETS,
+    PlanError,
+    footprint_from_checkpoint,
+    footprint_from_synthetic,
+    plan_memory,
+    preset_budget_bytes,
+)
 from engine.synthetic import SYNTHETIC_MODELS
 from engine.testing.replica import write_replica
 
@@ -68,8 +76,13 @@ def replica(tmp_path_factory):
 
     def get(name: str) -> Path:
         if name not in made:
-            made[name] = write_replica(root / name, _real_tensors(name), _real(name, "config.json"),
-                                       _real(name, "hf_quant_config.json"), _real(name, "generation_config.json"))
+            made[name] = write_replica(
+                root / name,
+                _real_tensors(name),
+                _real(name, "config.json"),
+                _real(name, "hf_quant_config.json"),
+                _real(name, "generation_config.json"),
+            )
         return made[name]
 
     return get
@@ -88,6 +101,7 @@ def replica_footprint(replica):
 
 
 # ---- (a) the synthetic layouts are the real ones -----------------------------------------------
+
 
 @pytest.mark.parametrize("name", REAL)
 def test_synthetic_layout_is_the_real_checkpoints(name):
@@ -131,6 +145,7 @@ def test_tiny_synthetic_is_the_tiny_nvfp4_checkpoint(tiny_checkpoint):
 
 # ---- the replicas ------------------------------------------------------------------------------
 
+
 def test_replica_headers_are_the_real_headers_over_holes(replica):
     name = "qwen3.6-35b-a3b-nvfp4"
     folder = replica(name)
@@ -141,7 +156,8 @@ def test_replica_headers_are_the_real_headers_over_holes(replica):
     for shard in sorted(set(weight_map.values())):
         header = SafetensorsFile(folder / shard)  # checks every entry's byte range against the file's length
         assert {k: (header.dtype(k), header.shape(k)) for k in header.keys()} == {
-            k: (DTYPES[dtype], tuple(shape)) for k, (dtype, shape, s) in real.items() if s == shard}
+            k: (DTYPES[dtype], tuple(shape)) for k, (dtype, shape, s) in real.items() if s == shard
+        }
         stat = (folder / shard).stat()
         file_bytes += stat.st_size
         assert stat.st_blocks * 512 < 64 * MIB  # a hole: no weight byte was written
@@ -150,6 +166,7 @@ def test_replica_headers_are_the_real_headers_over_holes(replica):
 
 
 # ---- (b) a replica plans exactly as its synthetic model ------------------------------------------
+
 
 @pytest.mark.parametrize("name", REAL)
 def test_replica_footprint_is_the_synthetic_footprint(name, replica_footprint):
@@ -190,6 +207,7 @@ def test_nvidia_4gb_plan_from_the_real_headers(replica_footprint):
 
 
 # ---- (c) a replica loads on the CPU without its weights being read --------------------------------
+
 
 @pytest.mark.parametrize("name", ["qwen3.6-35b-a3b-nvfp4", "qwen3-30b-a3b"])
 def test_replica_loads_on_the_cpu_reading_only_resident_weights(name, replica, replica_footprint):

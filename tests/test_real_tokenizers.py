@@ -57,8 +57,7 @@ def test_qwen3_tokenizer_encodes_the_golden_texts_like_transformers(ours, theirs
 def test_special_tokens_and_generation_defaults(ours):
     qwen36, qwen3 = ours["qwen3.6"], ours["qwen3"]
     assert qwen36.vocab_size == 248_044 + 33 and qwen3.vocab_size == 151_643 + 26
-    assert qwen36.eos_token_ids == {qwen36.token_id("<|im_end|>"), qwen36.token_id("<|endoftext|>")} \
-        == {248046, 248044}
+    assert qwen36.eos_token_ids == {qwen36.token_id("<|im_end|>"), qwen36.token_id("<|endoftext|>")} == {248046, 248044}
     assert qwen3.eos_token_ids == {151645, 151643}
     for tok in (qwen36, qwen3):
         assert (tok.think_start, tok.think_end) == ("<think>", "</think>")
@@ -75,15 +74,32 @@ def test_transformers_reads_the_same_template(real_tokenizer_folder, theirs):
 
 
 TOOLS = [
-    {"type": "function", "function": {
-        "name": "get_weather", "description": "Wetter für <Ort> & 🌦 — current conditions",
-        "parameters": {"type": "object", "required": ["city"], "properties": {
-            "city": {"type": "string", "description": "City name, e.g. \"Paris\""},
-            "unit": {"type": "string", "enum": ["celsius", "fahrenheit"]}}}}},
-    {"type": "function", "function": {
-        "name": "search", "description": "Search the web.",
-        "parameters": {"type": "object", "properties": {"query": {"type": "string"},
-                                                        "limit": {"type": "integer", "minimum": 1}}}}},
+    {
+        "type": "function",
+        "function": {
+            "name": "get_weather",
+            "description": "Wetter für <Ort> & 🌦 — current conditions",
+            "parameters": {
+                "type": "object",
+                "required": ["city"],
+                "properties": {
+                    "city": {"type": "string", "description": 'City name, e.g. "Paris"'},
+                    "unit": {"type": "string", "enum": ["celsius", "fahrenheit"]},
+                },
+            },
+        },
+    },
+    {
+        "type": "function",
+        "function": {
+            "name": "search",
+            "description": "Search the web.",
+            "parameters": {
+                "type": "object",
+                "properties": {"query": {"type": "string"}, "limit": {"type": "integer", "minimum": 1}},
+            },
+        },
+    },
 ]
 
 
@@ -115,17 +131,30 @@ CONVERSATIONS = {
     "tool_calls": [
         {"role": "system", "content": "Use tools when they help."},
         {"role": "user", "content": "Weather in Paris and news about it?"},
-        {"role": "assistant", "content": "Let me check both.", "reasoning_content": "Two tools are needed.",
-         "tool_calls": [_tool_call("get_weather", {"city": "Paris", "unit": "celsius"}),
-                        _tool_call("search", {"query": "Paris news 🗼", "limit": 3, "filters": {"lang": "fr"}})]},
-        {"role": "tool", "content": "{\"temp\": 21, \"sky\": \"sunny\"}"},
+        {
+            "role": "assistant",
+            "content": "Let me check both.",
+            "reasoning_content": "Two tools are needed.",
+            "tool_calls": [
+                _tool_call("get_weather", {"city": "Paris", "unit": "celsius"}),
+                _tool_call("search", {"query": "Paris news 🗼", "limit": 3, "filters": {"lang": "fr"}}),
+            ],
+        },
+        {"role": "tool", "content": '{"temp": 21, "sky": "sunny"}'},
         {"role": "tool", "content": "1. Seine festival\n2. Metro works"},
         {"role": "tool", "content": "(no more results)"},
-        {"role": "assistant", "content": "", "reasoning_content": "One more lookup.",
-         "tool_calls": [_tool_call("search", {"query": "Louvre hours"})]},
+        {
+            "role": "assistant",
+            "content": "",
+            "reasoning_content": "One more lookup.",
+            "tool_calls": [_tool_call("search", {"query": "Louvre hours"})],
+        },
         {"role": "tool", "content": "9:00-18:00"},
-        {"role": "assistant", "content": "It is 21 °C and sunny; the Louvre opens at 9.",
-         "reasoning_content": "Summarise the results."},
+        {
+            "role": "assistant",
+            "content": "It is 21 °C and sunny; the Louvre opens at 9.",
+            "reasoning_content": "Summarise the results.",
+        },
         {"role": "user", "content": "Merci!"},
     ],
     "tool_response_last": [
@@ -137,23 +166,30 @@ CONVERSATIONS = {
 }
 STRING_ARGUMENTS = [
     {"role": "user", "content": "Weather?"},
-    {"role": "assistant", "content": "",
-     "tool_calls": [_tool_call("get_weather", '{"city":"Paris",  "unit": "celsius"}')]},
+    {
+        "role": "assistant",
+        "content": "",
+        "tool_calls": [_tool_call("get_weather", '{"city":"Paris",  "unit": "celsius"}')],
+    },
     {"role": "tool", "content": "sunny"},
 ]
-OPTIONS = [dict(zip(("add_generation_prompt", "enable_thinking", "preserve_thinking"), values))
-           for values in itertools.product((True, False), repeat=3)]
+OPTIONS = [
+    dict(zip(("add_generation_prompt", "enable_thinking", "preserve_thinking"), values))
+    for values in itertools.product((True, False), repeat=3)
+]
 
 
 def _compare(tok, reference, messages, tools=None, **options):
     """Assert our render equals transformers' as text and as token ids; return the text."""
     options.setdefault("add_generation_prompt", True)  # ours opens a reply by default, transformers does not
     text = tok.render(copy.deepcopy(messages), tools=copy.deepcopy(tools), **options)
-    expected = reference.apply_chat_template(copy.deepcopy(messages), tools=copy.deepcopy(tools), tokenize=False,
-                                             **options)
+    expected = reference.apply_chat_template(
+        copy.deepcopy(messages), tools=copy.deepcopy(tools), tokenize=False, **options
+    )
     assert text == expected
-    expected_ids = reference.apply_chat_template(copy.deepcopy(messages), tools=copy.deepcopy(tools),
-                                                 tokenize=True, return_dict=True, **options)["input_ids"]
+    expected_ids = reference.apply_chat_template(
+        copy.deepcopy(messages), tools=copy.deepcopy(tools), tokenize=True, return_dict=True, **options
+    )["input_ids"]
     assert tok.encode(text) == expected_ids
     return text
 
@@ -177,14 +213,15 @@ def test_tool_calls_and_consecutive_tool_responses(ours, theirs, name):
     turns = text.split("<|im_end|>", 1)[1]  # after the system turn, whose instructions show a call
     assert turns.count("<tool_call>") == 3 and turns.count("<tool_response>") == 4
     # the three responses in a row share one user turn
-    assert "<|im_start|>user\n<tool_response>\n{\"temp\": 21" in text
+    assert '<|im_start|>user\n<tool_response>\n{"temp": 21' in text
     assert "Metro works\n</tool_response>\n<tool_response>\n(no more results)\n</tool_response><|im_end|>" in text
     if name == "qwen3.6":
         assert "<function=search>\n<parameter=query>\nParis news 🗼\n</parameter>\n<parameter=limit>\n3\n" in text
         assert '<parameter=filters>\n{"lang": "fr"}\n</parameter>' in text
     else:
-        assert ('{"name": "search", "arguments": {"query": "Paris news 🗼", "limit": 3, "filters": {"lang": "fr"}}}'
-                in text)
+        assert (
+            '{"name": "search", "arguments": {"query": "Paris news 🗼", "limit": 3, "filters": {"lang": "fr"}}}' in text
+        )
 
 
 def test_string_arguments(ours, theirs, name):
@@ -206,7 +243,8 @@ def test_thinking_switch_and_generation_prompt(ours, theirs, name):
     thinking_prompt = "<think>\n" if name == "qwen3.6" else ""  # Qwen3.6 opens the reasoning itself
     assert _compare(ours[name], theirs[name], messages) == head + "<|im_start|>assistant\n" + thinking_prompt
     assert _compare(ours[name], theirs[name], messages, enable_thinking=False) == (
-        head + "<|im_start|>assistant\n<think>\n\n</think>\n\n")
+        head + "<|im_start|>assistant\n<think>\n\n</think>\n\n"
+    )
     assert _compare(ours[name], theirs[name], messages, add_generation_prompt=False) == head
 
 

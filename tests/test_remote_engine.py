@@ -14,8 +14,16 @@ import httpx
 import pytest
 from fake_openai_server import HANG, chunk, free_port
 
-from app.remote_engine import (ConnectionProbe, RemoteClient, RemoteError, api_base, chat_messages, host_label,
-                               probe, request_fields)
+from app.remote_engine import (
+    ConnectionProbe,
+    RemoteClient,
+    RemoteError,
+    api_base,
+    chat_messages,
+    host_label,
+    probe,
+    request_fields,
+)
 from app.remote_store import RemoteEndpoint, RemoteStore
 
 KEY = "sk-secret-key-7f3a"
@@ -56,19 +64,27 @@ def test_addresses_are_read_as_people_type_them():
 def test_the_request_carries_the_chat_its_sampling_and_thinking():
     history = [{"role": "user", "content": "a"}, {"role": "assistant", "content": "b", "reasoning_content": "r"}]
     assert chat_messages(history, "c", "be brief") == [
-        {"role": "system", "content": "be brief"}, {"role": "user", "content": "a"},
-        {"role": "assistant", "content": "b"}, {"role": "user", "content": "c"}]
-    fields = request_fields({"enable_thinking": False,
-                             "sampling": {"temperature": 0.2, "max_new_tokens": 64, "stop": ("END",), "seed": 3}})
-    assert fields == {"chat_template_kwargs": {"enable_thinking": False}, "temperature": 0.2, "max_tokens": 64,
-                      "stop": ["END"], "seed": 3}
+        {"role": "system", "content": "be brief"},
+        {"role": "user", "content": "a"},
+        {"role": "assistant", "content": "b"},
+        {"role": "user", "content": "c"},
+    ]
+    fields = request_fields(
+        {"enable_thinking": False, "sampling": {"temperature": 0.2, "max_new_tokens": 64, "stop": ("END",), "seed": 3}}
+    )
+    assert fields == {
+        "chat_template_kwargs": {"enable_thinking": False},
+        "temperature": 0.2,
+        "max_tokens": 64,
+        "stop": ["END"],
+        "seed": 3,
+    }
 
 
 def test_the_model_list_comes_from_v1_models_with_or_without_v1(server, fake_api):
     fake_api.models = [{"id": "Qwen/Qwen3-30B-A3B", "owned_by": "sglang"}, {"id": "second"}, {"object": "junk"}]
     for url in (server.url, server.url + "/v1", server.url + "/v1/"):
-        assert run(probe(url)) == [{"id": "Qwen/Qwen3-30B-A3B", "owned_by": "sglang"},
-                                   {"id": "second", "owned_by": ""}]
+        assert run(probe(url)) == [{"id": "Qwen/Qwen3-30B-A3B", "owned_by": "sglang"}, {"id": "second", "owned_by": ""}]
 
 
 def test_a_key_is_sent_as_a_bearer_token_and_a_refused_one_is_said(server, fake_api):
@@ -82,11 +98,14 @@ def test_a_key_is_sent_as_a_bearer_token_and_a_refused_one_is_said(server, fake_
     assert "wrong" not in str(caught.value)
 
 
-@pytest.mark.parametrize("url, kind, words", [
-    ("{server}/nothing-here", "not_found", "no OpenAI-compatible API at this URL"),
-    ("http://127.0.0.1:{free}", "refused", "refused the connection"),
-    ("https://{host}", "tls", "secure connection"),  # TLS spoken to a plain-HTTP server
-])
+@pytest.mark.parametrize(
+    "url, kind, words",
+    [
+        ("{server}/nothing-here", "not_found", "no OpenAI-compatible API at this URL"),
+        ("http://127.0.0.1:{free}", "refused", "refused the connection"),
+        ("https://{host}", "tls", "secure connection"),  # TLS spoken to a plain-HTTP server
+    ],
+)
 def test_connection_failures_say_what_happened(server, fake_api, url, kind, words):
     url = url.format(server=server.url, free=free_port(), host=server.url.removeprefix("http://"))
     with pytest.raises(RemoteError) as caught:
@@ -120,10 +139,16 @@ def test_an_oversized_model_list_is_cut_off(server, fake_api):
 
 
 def test_a_stream_keeps_reasoning_apart_and_measures_its_tokens(server, fake_api):
-    fake_api.script = [chunk(reasoning="Let me "), chunk(reasoning="think."), chunk(content="The answer"),
-                   ": keep-alive\n\n", chunk(content=" is 4."), chunk(finish="stop"),
-                   chunk(usage={"prompt_tokens": 12, "completion_tokens": 9,
-                                "prompt_tokens_details": {"cached_tokens": 5}}), "data: [DONE]\n\n"]
+    fake_api.script = [
+        chunk(reasoning="Let me "),
+        chunk(reasoning="think."),
+        chunk(content="The answer"),
+        ": keep-alive\n\n",
+        chunk(content=" is 4."),
+        chunk(finish="stop"),
+        chunk(usage={"prompt_tokens": 12, "completion_tokens": 9, "prompt_tokens_details": {"cached_tokens": 5}}),
+        "data: [DONE]\n\n",
+    ]
 
     async def talk():
         # the stream starts at 0.0; the four deltas arrive at 1.0, 1.5, 2.0 and 3.0
@@ -131,8 +156,12 @@ def test_a_stream_keeps_reasoning_apart_and_measures_its_tokens(server, fake_api
             return await collect(client, fields=request_fields({"enable_thinking": True}))
 
     stream, deltas = run(talk())
-    assert [(d.kind, d.text) for d in deltas] == [("reasoning", "Let me "), ("reasoning", "think."),
-                                                  ("answer", "The answer"), ("answer", " is 4.")]
+    assert [(d.kind, d.text) for d in deltas] == [
+        ("reasoning", "Let me "),
+        ("reasoning", "think."),
+        ("answer", "The answer"),
+        ("answer", " is 4."),
+    ]
     assert [d.tokens for d in deltas] == [1, 2, 3, 4]
     assert deltas[-1].tokens_per_s == pytest.approx(3 / 2.0)  # counted by deltas while streaming
     assert (stream.reasoning, stream.answer) == ("Let me think.", "The answer is 4.")
@@ -147,8 +176,12 @@ def test_a_stream_keeps_reasoning_apart_and_measures_its_tokens(server, fake_api
 
 
 def test_reasoning_under_its_other_name_and_tokens_counted_without_usage(server, fake_api):
-    fake_api.script = [chunk(reasoning="hmm", reasoning_key="reasoning"), chunk(content="ok"),
-                   chunk(finish="length"), "data: [DONE]\n\n"]
+    fake_api.script = [
+        chunk(reasoning="hmm", reasoning_key="reasoning"),
+        chunk(content="ok"),
+        chunk(finish="length"),
+        "data: [DONE]\n\n",
+    ]
 
     async def talk():
         async with RemoteClient(server.url, clock=FakeClock(0.0, 0.5, 1.5)) as client:
@@ -161,12 +194,18 @@ def test_reasoning_under_its_other_name_and_tokens_counted_without_usage(server,
     assert stats["decode_tokens_per_s"] == pytest.approx(1.0) and stats["prompt_tokens"] is None
 
 
-@pytest.mark.parametrize("script, kind, words", [
-    ([chunk(content="ok"), "data: {not json\n\n"], "bad_response", "not JSON"),
-    ([chunk(content="ok")], "bad_response", "ended the stream before the reply"),  # no finish, no [DONE]
-    ([chunk(content="ok"), f"data: {json.dumps({'error': {'message': 'CUDA out of memory'}})}\n\n"], "http",
-     "CUDA out of memory"),
-])
+@pytest.mark.parametrize(
+    "script, kind, words",
+    [
+        ([chunk(content="ok"), "data: {not json\n\n"], "bad_response", "not JSON"),
+        ([chunk(content="ok")], "bad_response", "ended the stream before the reply"),  # no finish, no [DONE]
+        (
+            [chunk(content="ok"), f"data: {json.dumps({'error': {'message': 'CUDA out of memory'}})}\n\n"],
+            "http",
+            "CUDA out of memory",
+        ),
+    ],
+)
 def test_a_broken_stream_keeps_what_came_and_says_why(server, fake_api, script, kind, words):
     fake_api.script = script
 
@@ -197,8 +236,9 @@ def test_an_oversized_stream_is_cut_off(server, fake_api):
 
 def test_an_unknown_model_is_the_server_s_own_words(server, fake_api):
     async def talk():
-        transport = httpx.MockTransport(lambda request: httpx.Response(
-            404, json={"error": {"message": "The model `nope` does not exist."}}))
+        transport = httpx.MockTransport(
+            lambda request: httpx.Response(404, json={"error": {"message": "The model `nope` does not exist."}})
+        )
         async with RemoteClient(server.url, transport=transport) as client:
             return await collect(client)
 
@@ -208,9 +248,16 @@ def test_an_unknown_model_is_the_server_s_own_words(server, fake_api):
 
 
 def test_a_server_that_ignores_stream_answers_whole():
-    completion = {"choices": [{"index": 0, "finish_reason": "stop",
-                               "message": {"role": "assistant", "content": "whole", "reasoning_content": "r"}}],
-                  "usage": {"prompt_tokens": 3, "completion_tokens": 2}}
+    completion = {
+        "choices": [
+            {
+                "index": 0,
+                "finish_reason": "stop",
+                "message": {"role": "assistant", "content": "whole", "reasoning_content": "r"},
+            }
+        ],
+        "usage": {"prompt_tokens": 3, "completion_tokens": 2},
+    }
 
     async def talk():
         transport = httpx.MockTransport(lambda request: httpx.Response(200, json=completion))
@@ -222,11 +269,14 @@ def test_a_server_that_ignores_stream_answers_whole():
     assert stream.stats()["new_tokens"] == 2
 
 
-@pytest.mark.parametrize("failure, kind", [
-    (httpx.ReadTimeout("timed out"), "timeout"),
-    (httpx.ConnectTimeout("timed out"), "timeout"),
-    (httpx.ConnectError("handshake", request=None), "http"),
-])
+@pytest.mark.parametrize(
+    "failure, kind",
+    [
+        (httpx.ReadTimeout("timed out"), "timeout"),
+        (httpx.ConnectTimeout("timed out"), "timeout"),
+        (httpx.ConnectError("handshake", request=None), "http"),
+    ],
+)
 def test_network_failures_are_said_in_words(failure, kind):
     def fail(request):
         raise failure
@@ -239,7 +289,8 @@ def test_network_failures_are_said_in_words(failure, kind):
 def test_a_certificate_failure_is_a_tls_error():
     def fail(request):
         raise httpx.ConnectError("[SSL: CERTIFICATE_VERIFY_FAILED]") from ssl.SSLCertVerificationError(
-            "certificate verify failed: self-signed certificate")
+            "certificate verify failed: self-signed certificate"
+        )
 
     with pytest.raises(RemoteError) as caught:
         run(probe("https://gpu:8000", transport=httpx.MockTransport(fail)))
@@ -323,7 +374,11 @@ def test_a_damaged_store_is_kept_aside_without_quoting_it(tmp_path):
     assert store.endpoints() == [] and len(store.warnings) == 1
     assert "kept as" in store.warnings[0] and KEY not in store.warnings[0]
     assert not path.exists() and len(list(tmp_path.glob("remote-engines.json.damaged-*"))) == 1
-    path.write_text(json.dumps({"engines": [{"id": "a", "name": "n", "base_url": "ftp://x", "model": "m",
-                                             "api_key": KEY}, "junk"]}), encoding="utf-8")
+    path.write_text(
+        json.dumps(
+            {"engines": [{"id": "a", "name": "n", "base_url": "ftp://x", "model": "m", "api_key": KEY}, "junk"]}
+        ),
+        encoding="utf-8",
+    )
     store = RemoteStore(path)
     assert store.endpoints() == [] and "2 entries" in store.warnings[0] and KEY not in store.warnings[0]

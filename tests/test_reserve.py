@@ -9,12 +9,25 @@ import pytest
 import torch
 
 from engine.runtime import placement, reserve, vram
-from engine.runtime.planner import (DECODE_GRAPH_EXEC_BYTES, DEFAULT_RESERVE_SOURCE, DEFAULT_RUNTIME_RESERVE_BYTES,
-                                    GIB, MIB, RESERVE_INSIDE_ALLOCATOR_BYTES, footprint_from_synthetic, plan_memory,
-                                    runtime_reserve_bytes)
+from engine.runtime.planner import (
+    DECODE_GRAPH_EXEC_BYTES,
+    DEFAULT_RESERVE_SOURCE,
+    DEFAULT_RUNTIME_RESERVE_BYTES,
+    GIB,
+    MIB,
+    RESERVE_INSIDE_ALLOCATOR_BYTES,
+    footprint_from_synthetic,
+    plan_memory,
+    runtime_reserve_bytes,
+)
 
-GPU = SimpleNamespace(name="NVIDIA Test 4GB", uuid="5a1e-0001", total_memory=4 * GIB, multi_processor_count=20,
-                      max_threads_per_multi_processor=1536)
+GPU = SimpleNamespace(
+    name="NVIDIA Test 4GB",
+    uuid="5a1e-0001",
+    total_memory=4 * GIB,
+    multi_processor_count=20,
+    max_threads_per_multi_processor=1536,
+)
 FORMULA = runtime_reserve_bytes(20, 1536)
 FORMULA_OUTSIDE = FORMULA - RESERVE_INSIDE_ALLOCATOR_BYTES
 
@@ -71,8 +84,11 @@ def card(monkeypatch, tmp_path):
     reserve.forget_in_process()
     card = FakeCard(monkeypatch)
     measure = reserve.measure_runtime_reserve
-    monkeypatch.setattr(reserve, "measure_runtime_reserve",
-                        lambda device, baseline: measure(device, baseline, card.work, sleep=lambda s: None))
+    monkeypatch.setattr(
+        reserve,
+        "measure_runtime_reserve",
+        lambda device, baseline: measure(device, baseline, card.work, sleep=lambda s: None),
+    )
     yield card
     reserve.forget_in_process()
 
@@ -99,8 +115,10 @@ def test_a_measurement_is_cached_by_gpu_driver_cuda_and_torch(card, monkeypatch)
     first = reserve.runtime_reserve()
     saved = json.loads(reserve.reserve_file().read_text(encoding="utf-8"))
     [key] = saved
-    assert key == f"v{reserve.RESERVE_VERSION}|{GPU.name}|driver 570.10|cuda {torch.version.cuda}|" \
-                  f"torch {torch.__version__}"
+    assert (
+        key == f"v{reserve.RESERVE_VERSION}|{GPU.name}|driver 570.10|cuda {torch.version.cuda}|"
+        f"torch {torch.__version__}"
+    )
     assert saved[key] == {"measured_outside_bytes": 500 * MIB}
 
     card.new_process()  # the file answers, nothing runs
@@ -115,6 +133,7 @@ def test_a_measurement_is_cached_by_gpu_driver_cuda_and_torch(card, monkeypatch)
 
 def test_the_reserve_file_lies_beside_the_calibration(card):
     from engine.paths import calibration_file
+
     assert reserve.reserve_file() == calibration_file().parent / "runtime_reserve.json"
 
 
@@ -124,11 +143,14 @@ def test_one_figure_per_process(card):
     assert reserve.runtime_reserve() is first and card.runs == 1
 
 
-@pytest.mark.parametrize("after_work, drift, words", [
-    (500 * MIB, [0, 40 * MIB, 0], "moved by 40 MiB"),  # another program allocated while the readings were taken
-    (60 * MIB, [], "cannot be this process's alone"),  # less than any context
-    (2 * FORMULA_OUTSIDE + 1 * MIB, [], "cannot be this process's alone"),  # far more than this GPU's formula
-])
+@pytest.mark.parametrize(
+    "after_work, drift, words",
+    [
+        (500 * MIB, [0, 40 * MIB, 0], "moved by 40 MiB"),  # another program allocated while the readings were taken
+        (60 * MIB, [], "cannot be this process's alone"),  # less than any context
+        (2 * FORMULA_OUTSIDE + 1 * MIB, [], "cannot be this process's alone"),  # far more than this GPU's formula
+    ],
+)
 def test_a_reading_that_cannot_be_right_falls_back_to_the_formula_uncached(card, after_work, drift, words):
     card.after_work = after_work
     card.drift = [0] + drift  # the first NVML reading is the baseline, before CUDA
@@ -161,6 +183,7 @@ def test_an_implausible_or_damaged_cache_entry_is_measured_again(card):
 def test_out_of_memory_while_measuring_falls_back(card, monkeypatch):
     def no_memory(device):
         raise torch.cuda.OutOfMemoryError("CUDA out of memory")
+
     monkeypatch.setattr(card, "work", no_memory)
     got = reserve.runtime_reserve()
     assert not got.measured and "no memory free" in got.source
@@ -177,6 +200,7 @@ def test_the_vram_cap_leaves_out_the_measured_outside_part(card, monkeypatch):
 
 
 # ---- plans ---------------------------------------------------------------------------------------------
+
 
 def test_a_plan_says_where_its_reserve_came_from():
     footprint = footprint_from_synthetic("qwen3.6-35b-a3b-nvfp4")
@@ -214,7 +238,8 @@ def test_the_measurement_s_work_runs_a_prompt_and_decode_steps_of_the_tiny_model
     folders, write = [], tiny_checkpoints.write_tiny_checkpoint
     monkeypatch.setattr(placement_module, "gpu_dtype", lambda: torch.float32)
     monkeypatch.setattr(torch.cuda, "synchronize", lambda device=None: None)
-    monkeypatch.setattr(tiny_checkpoints, "write_tiny_checkpoint",
-                        lambda folder, *a: folders.append(folder) or write(folder, *a))
+    monkeypatch.setattr(
+        tiny_checkpoints, "write_tiny_checkpoint", lambda folder, *a: folders.append(folder) or write(folder, *a)
+    )
     reserve.run_tiny_model(torch.device("cpu"))
     assert len(folders) == 1 and not folders[0].exists()

@@ -43,15 +43,16 @@ def test_uniform_routing_hits_an_lru_at_its_share_of_the_experts():
 
 def test_the_locality_model_reproduces_the_published_lru_hit_rates():
     """512 experts, 10 active: an LRU of 64 hits ~67 %, of 128 ~81 %; a static top-32 covers ~10 %."""
-    hits = {slots: lru_hit_rate(ForcedRouting("locality", [0], 512, 10, "cpu", seed=3), 3000, slots)
-            for slots in (64, 128)}
+    hits = {
+        slots: lru_hit_rate(ForcedRouting("locality", [0], 512, 10, "cpu", seed=3), 3000, slots) for slots in (64, 128)
+    }
     assert hits[64] == pytest.approx(0.67, abs=0.04) and hits[128] == pytest.approx(0.81, abs=0.04)
     routing = ForcedRouting("locality", [0], 512, 10, "cpu", seed=4)
     picks = []
     for _ in range(4000):
         routing.advance()
         picks += routing.step_ids[0].tolist()
-    learned, later = torch.tensor(picks[:len(picks) // 2]), torch.tensor(picks[len(picks) // 2:])
+    learned, later = torch.tensor(picks[: len(picks) // 2]), torch.tensor(picks[len(picks) // 2 :])
     hot = torch.bincount(learned, minlength=512).topk(32).indices
     assert torch.isin(later, hot).float().mean() < 0.15
 
@@ -84,8 +85,7 @@ def test_the_model_computes_the_forced_experts(tmp_path):
     from engine import load_model
     from engine.testing.tiny_checkpoints import write_tiny_checkpoint
 
-    model = load_model(write_tiny_checkpoint(tmp_path / "m", "qwen3_5_moe_text", "bf16"), "cpu",
-                       expert_cache_slots=32)
+    model = load_model(write_tiny_checkpoint(tmp_path / "m", "qwen3_5_moe_text", "bf16"), "cpu", expert_cache_slots=32)
     routing = force_routing(model, "fixed", seed=7)
     seen = []
     executor_start = model.expert_executor.start
@@ -93,6 +93,7 @@ def test_the_model_computes_the_forced_experts(tmp_path):
     def spy(bank, layer, x, ids, weights):
         seen.append((layer, ids.clone()))
         return executor_start(bank, layer, x, ids, weights)
+
     model.expert_executor.start = spy
     state = model.new_state(64)
     model.forward(list(range(10)), state)
@@ -100,9 +101,9 @@ def test_the_model_computes_the_forced_experts(tmp_path):
         routing.advance()
         model.forward([5], state)
     moe_layers = [layer.index for layer in model.layers if hasattr(layer.mlp, "route")]
-    prefill, decode = seen[:len(moe_layers)], seen[len(moe_layers):]
+    prefill, decode = seen[: len(moe_layers)], seen[len(moe_layers) :]
     assert all(ids.shape == (10, 2) for _, ids in prefill)
     for layer, ids in decode:
-        assert torch.equal(ids, routing.step_ids[routing.row[layer]:routing.row[layer] + 1])
+        assert torch.equal(ids, routing.step_ids[routing.row[layer] : routing.row[layer] + 1])
     stats = model.expert_executor.stats()
     assert stats["expert_cache_hits"] > 0  # the same experts every step: cached after the first

@@ -40,8 +40,9 @@ def test_top_k_2_draws_only_the_two_best():
     assert set(draws(sampler(top_k=2), logits)) == {1, 3}
 
 
-@pytest.mark.parametrize("top_p, nucleus", [(0.05, {0}), (0.4, {0}), (0.75, {0, 1}), (0.9, {0, 1, 2}),
-                                            (0.99, {0, 1, 2, 3})])
+@pytest.mark.parametrize(
+    "top_p, nucleus", [(0.05, {0}), (0.4, {0}), (0.75, {0, 1}), (0.9, {0, 1, 2}), (0.99, {0, 1, 2, 3})]
+)
 def test_top_p_keeps_the_smallest_set_reaching_top_p(top_p, nucleus):
     logits = log_probs(0.5, 0.3, 0.15, 0.05)
     assert set(draws(sampler(top_p=top_p), logits, 2000)) == nucleus
@@ -142,25 +143,29 @@ def test_sampling_leaves_the_callers_logits_alone():
     logits = torch.tensor([2.0, -1.0, 0.5])
     before = logits.clone()
     sampler(temperature=0.5, top_k=2, top_p=0.9, min_p=0.1, repetition_penalty=1.5, presence_penalty=1.0)(
-        logits, [0, 1], [1])
+        logits, [0, 1], [1]
+    )
     assert torch.equal(logits, before)
 
 
-@pytest.mark.parametrize("setting, value, allowed", [
-    ("temperature", -0.1, ">= 0"),
-    ("temperature", float("nan"), ">= 0"),
-    ("top_k", -1, ">= 0"),
-    ("top_p", 0.0, "in (0, 1]"),
-    ("top_p", 1.5, "in (0, 1]"),
-    ("min_p", 1.0, "in [0, 1)"),
-    ("min_p", -0.1, "in [0, 1)"),
-    ("repetition_penalty", 0.0, "> 0"),
-    ("presence_penalty", 2.5, "in [-2, 2]"),
-    ("presence_penalty", -3.0, "in [-2, 2]"),
-    ("max_new_tokens", 0, ">= 1"),
-    ("stop", ("</s>", ""), "a sequence of non-empty strings"),
-    ("stop", "</s>", "a sequence of non-empty strings"),
-])
+@pytest.mark.parametrize(
+    "setting, value, allowed",
+    [
+        ("temperature", -0.1, ">= 0"),
+        ("temperature", float("nan"), ">= 0"),
+        ("top_k", -1, ">= 0"),
+        ("top_p", 0.0, "in (0, 1]"),
+        ("top_p", 1.5, "in (0, 1]"),
+        ("min_p", 1.0, "in [0, 1)"),
+        ("min_p", -0.1, "in [0, 1)"),
+        ("repetition_penalty", 0.0, "> 0"),
+        ("presence_penalty", 2.5, "in [-2, 2]"),
+        ("presence_penalty", -3.0, "in [-2, 2]"),
+        ("max_new_tokens", 0, ">= 1"),
+        ("stop", ("</s>", ""), "a sequence of non-empty strings"),
+        ("stop", "</s>", "a sequence of non-empty strings"),
+    ],
+)
 def test_validation_names_the_setting_its_range_and_the_value(setting, value, allowed):
     params = SamplingParams(**{setting: value})
     with pytest.raises(ValueError) as raised:
@@ -172,8 +177,9 @@ def test_validation_names_the_setting_its_range_and_the_value(setting, value, al
 
 def test_the_defaults_and_the_edges_of_each_range_are_valid():
     SamplingParams().validate()
-    SamplingParams(temperature=0.0, top_k=0, top_p=1.0, min_p=0.0, presence_penalty=-2.0, max_new_tokens=1,
-                   stop=("</s>",)).validate()
+    SamplingParams(
+        temperature=0.0, top_k=0, top_p=1.0, min_p=0.0, presence_penalty=-2.0, max_new_tokens=1, stop=("</s>",)
+    ).validate()
     SamplingParams(presence_penalty=2.0, repetition_penalty=0.01).validate()
 
 
@@ -195,11 +201,25 @@ def test_from_generation_config_reads_the_known_keys_and_keeps_defaults_for_the_
 
 
 def test_from_generation_config_maps_every_sampling_key():
-    config = {"temperature": 1, "top_k": 40, "top_p": 0.9, "min_p": 0.05, "repetition_penalty": 1.1,
-              "presence_penalty": 1.5, "max_new_tokens": 256}
+    config = {
+        "temperature": 1,
+        "top_k": 40,
+        "top_p": 0.9,
+        "min_p": 0.05,
+        "repetition_penalty": 1.1,
+        "presence_penalty": 1.5,
+        "max_new_tokens": 256,
+    }
     params = SamplingParams.from_generation_config(config)
-    assert params == SamplingParams(temperature=1.0, top_k=40, top_p=0.9, min_p=0.05, repetition_penalty=1.1,
-                                    presence_penalty=1.5, max_new_tokens=256)
+    assert params == SamplingParams(
+        temperature=1.0,
+        top_k=40,
+        top_p=0.9,
+        min_p=0.05,
+        repetition_penalty=1.1,
+        presence_penalty=1.5,
+        max_new_tokens=256,
+    )
     assert isinstance(params.temperature, float)
 
 
@@ -209,6 +229,7 @@ def test_do_sample_false_means_greedy():
 
 
 def test_overrides_win_and_none_overrides_are_ignored():
-    params = SamplingParams.from_generation_config({**QWEN_GENERATION_CONFIG, "do_sample": False},
-                                                   temperature=0.9, top_p=None, seed=3, stop=("</s>",))
+    params = SamplingParams.from_generation_config(
+        {**QWEN_GENERATION_CONFIG, "do_sample": False}, temperature=0.9, top_p=None, seed=3, stop=("</s>",)
+    )
     assert (params.temperature, params.top_p, params.seed, params.stop) == (0.9, 0.95, 3, ("</s>",))

@@ -37,13 +37,16 @@ def _relative_error(got, expected):
 
 
 # fp16 (what Turing cards run) only at the models' head dim: torch's CPU kernel is slow in fp16
-@pytest.mark.parametrize("dtype, head_dim", [(torch.float32, 64), (torch.float32, 256), (torch.bfloat16, 64),
-                                             (torch.bfloat16, 256), (torch.float16, 256)], ids=str)
+@pytest.mark.parametrize(
+    "dtype, head_dim",
+    [(torch.float32, 64), (torch.float32, 256), (torch.bfloat16, 64), (torch.bfloat16, 256), (torch.float16, 256)],
+    ids=str,
+)
 @pytest.mark.parametrize("groups", [1, 2, 8])
 @pytest.mark.parametrize("new, total", LENGTHS)
 def test_matches_reference(new, total, groups, dtype, head_dim):
     q, k, v = _inputs(new, total, KV_HEADS * groups, head_dim, dtype, seed=new * 1000 + total)
-    scale = head_dim ** -0.5
+    scale = head_dim**-0.5
     expected = reference.causal_attention(q, k, v, scale)
     got = causal_attention(q, k, v, scale)
     assert got.shape == expected.shape and got.dtype == dtype
@@ -56,8 +59,8 @@ def test_causal_mask_is_bottom_right_aligned():
     out = causal_attention(q, k, v, 0.125)
     for i in range(5):
         visible = 20 - 5 + i + 1
-        alone = causal_attention(q[i:i + 1], k[:visible], v[:visible], 0.125)  # a decode step at that position
-        assert _relative_error(out[i:i + 1], alone) < 1e-5
+        alone = causal_attention(q[i : i + 1], k[:visible], v[:visible], 0.125)  # a decode step at that position
+        assert _relative_error(out[i : i + 1], alone) < 1e-5
     changed = v.clone()
     changed[-1] += 100.0  # only the last query sees the last key
     moved = causal_attention(q, k, changed, 0.125)
@@ -129,14 +132,20 @@ def test_memory_stays_below_one_score_matrix_per_head():
         "decode": ((1, 16384, 16, 1, 64), ("repeated K/V",)),  # 128 MiB
     }
     shapes = [shape for shape, _ in cases.values()]
-    run = subprocess.run([sys.executable, "-c", MEASURE, json.dumps(shapes)], cwd=Path(__file__).resolve().parents[1],
-                         capture_output=True, text=True, timeout=120)
+    run = subprocess.run(
+        [sys.executable, "-c", MEASURE, json.dumps(shapes)],
+        cwd=Path(__file__).resolve().parents[1],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     if run.returncode and run.stderr.strip().splitlines()[-1].startswith("skip: "):
         pytest.skip(f"the high-water mark cannot be reset here ({run.stderr.strip().splitlines()[-1]})")
     assert run.returncode == 0, run.stderr
     ours, control = json.loads(run.stdout.splitlines()[-1])
-    for (name, ((new, total, heads, kv_heads, dim), targets)), used, used_by_reference in zip(cases.items(), ours,
-                                                                                             control):
+    for (name, ((new, total, heads, kv_heads, dim), targets)), used, used_by_reference in zip(
+        cases.items(), ours, control
+    ):
         # what it may use: its output and one copy of it, a [T, S] mask (bool, and float where torch converts
         # it), torch's block buffers and slack
         allowed = 2 * new * heads * dim * 4 + 5 * new * total + 4 * 2**20

@@ -19,12 +19,22 @@ from engine.server.worker import EngineWorker, QueueFull, Stopped
 from scripted_model import ScriptedModel
 from server_fixtures import API_KEY, live_server
 
-TOOL_REPLY = ("I need to multiply.\n</think>\n\nLet me calculate.\n\n<tool_call>\n<function=multiply>\n<parameter=a>\n"
-              "12\n</parameter>\n<parameter=b>\n3\n</parameter>\n</function>\n</tool_call>")
-MULTIPLY = {"type": "function", "function": {
-    "name": "multiply", "description": "Multiply two whole numbers.",
-    "parameters": {"type": "object", "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}},
-                   "required": ["a", "b"]}}}
+TOOL_REPLY = (
+    "I need to multiply.\n</think>\n\nLet me calculate.\n\n<tool_call>\n<function=multiply>\n<parameter=a>\n"
+    "12\n</parameter>\n<parameter=b>\n3\n</parameter>\n</function>\n</tool_call>"
+)
+MULTIPLY = {
+    "type": "function",
+    "function": {
+        "name": "multiply",
+        "description": "Multiply two whole numbers.",
+        "parameters": {
+            "type": "object",
+            "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}},
+            "required": ["a", "b"],
+        },
+    },
+}
 QUESTION = [{"role": "user", "content": "What is 12 * 3?"}]
 
 
@@ -61,15 +71,18 @@ def test_openai_tool_call_round_trip(tool_server, tokenizer):
     assert call.function.name == "multiply" and json.loads(call.function.arguments) == {"a": 12, "b": 3}
     assert '"name": "multiply"' in _fed_text(tool_server.model, tokenizer, since)  # the tool spec reached the template
 
-    chunks = list(client.chat.completions.create(model="demo", messages=QUESTION, tools=[MULTIPLY], temperature=0,
-                                                 stream=True))
+    chunks = list(
+        client.chat.completions.create(model="demo", messages=QUESTION, tools=[MULTIPLY], temperature=0, stream=True)
+    )
     calls = [tc for c in chunks if c.choices and c.choices[0].delta.tool_calls for tc in c.choices[0].delta.tool_calls]
     assert calls[0].function.name == "multiply" and calls[0].id
     assert json.loads("".join(tc.function.arguments or "" for tc in calls)) == {"a": 12, "b": 3}
     assert chunks[-1].choices[0].finish_reason == "tool_calls"
 
-    history = QUESTION + [choice.message.model_dump(exclude_none=True),
-                          {"role": "tool", "tool_call_id": call.id, "content": "36"}]
+    history = QUESTION + [
+        choice.message.model_dump(exclude_none=True),
+        {"role": "tool", "tool_call_id": call.id, "content": "36"},
+    ]
     since = len(tool_server.model.fed)
     client.chat.completions.create(model="demo", messages=history, tools=[MULTIPLY], temperature=0)
     prompt = _fed_text(tool_server.model, tokenizer, since)
@@ -85,8 +98,13 @@ def test_without_tools_the_markup_is_plain_text(tool_server):
 
 def test_anthropic_tool_use_round_trip(tool_server, tokenizer):
     claude = anthropic.Anthropic(base_url=tool_server.base_url, api_key=API_KEY, max_retries=0)
-    tools = [{"name": "multiply", "description": "Multiply two whole numbers.",
-              "input_schema": MULTIPLY["function"]["parameters"]}]
+    tools = [
+        {
+            "name": "multiply",
+            "description": "Multiply two whole numbers.",
+            "input_schema": MULTIPLY["function"]["parameters"],
+        }
+    ]
     message = claude.messages.create(model="demo", max_tokens=200, messages=QUESTION, tools=tools)
     assert [b.type for b in message.content] == ["thinking", "text", "tool_use"]
     use = message.content[2]
@@ -98,8 +116,10 @@ def test_anthropic_tool_use_round_trip(tool_server, tokenizer):
     assert final.stop_reason == "tool_use"
 
     result = {"type": "tool_result", "tool_use_id": use.id, "content": "36"}
-    history = QUESTION + [{"role": "assistant", "content": [b.model_dump(exclude_none=True) for b in message.content]},
-                          {"role": "user", "content": [result]}]
+    history = QUESTION + [
+        {"role": "assistant", "content": [b.model_dump(exclude_none=True) for b in message.content]},
+        {"role": "user", "content": [result]},
+    ]
     since = len(tool_server.model.fed)
     claude.messages.create(model="demo", max_tokens=200, messages=history, tools=tools)
     prompt = _fed_text(tool_server.model, tokenizer, since)
@@ -109,8 +129,9 @@ def test_anthropic_tool_use_round_trip(tool_server, tokenizer):
 @pytest.fixture
 def slow_server(tokenizer):
     """A model that takes 20 ms a token for 2,000 tokens: requests run long enough to queue and to cancel."""
-    with live_server(scripted(tokenizer, "word " * 2000, delay=0.02), tokenizer, max_queue=1,
-                     prefix_cache_mib=0, context_tokens=4096) as running:
+    with live_server(
+        scripted(tokenizer, "word " * 2000, delay=0.02), tokenizer, max_queue=1, prefix_cache_mib=0, context_tokens=4096
+    ) as running:
         yield running
 
 
@@ -129,8 +150,9 @@ def test_past_the_queue_limit_requests_get_429(slow_server):
             _wait(lambda: worker.busy)
             with http.stream("POST", "/v1/chat/completions", json=body) as waiting:
                 _wait(lambda: worker.queued == 1)
-                refused = httpx.post(f"{slow_server.base_url}/v1/chat/completions", json=body,
-                                     headers={"x-api-key": API_KEY})
+                refused = httpx.post(
+                    f"{slow_server.base_url}/v1/chat/completions", json=body, headers={"x-api-key": API_KEY}
+                )
                 assert refused.status_code == 429
                 assert "--max-queue" in refused.json()["error"]["message"]
                 assert running.status_code == 200 and waiting is not None
@@ -155,8 +177,12 @@ def test_a_client_that_gives_up_on_a_whole_reply_cancels_it(slow_server):
     """Not streaming: the route watches the connection while the reply runs."""
     worker = slow_server.worker
     with pytest.raises(httpx.ReadTimeout):
-        httpx.post(f"{slow_server.base_url}/v1/chat/completions", json={"messages": QUESTION},
-                   headers={"x-api-key": API_KEY}, timeout=httpx.Timeout(60, read=1.0))
+        httpx.post(
+            f"{slow_server.base_url}/v1/chat/completions",
+            json={"messages": QUESTION},
+            headers={"x-api-key": API_KEY},
+            timeout=httpx.Timeout(60, read=1.0),
+        )
     closed_at = worker.clock()  # the client has closed its connection by now
     _wait(lambda: worker.last_cancel is not None)
     assert worker.last_cancel[1] - closed_at < 0.1
@@ -178,6 +204,7 @@ def test_the_apps_turns_share_the_queue_but_not_its_limit_or_its_stats(tokenizer
         turn.append(event)
         if event is None:
             turn_ended.set()
+
     try:
         worker.submit(held, first.append)  # an API request holding the engine
         assert running.wait(10)

@@ -36,8 +36,13 @@ def model(folder):
 def scripted(tokenizer, text=REPLY, delay=0.0, **kwargs):
     script = tokenizer.encode(text) + [min(tokenizer.eos_token_ids)]
     model = ScriptedModel(320, script, delay)
-    return model, ChatSession(model, tokenizer, context_tokens=kwargs.pop("context_tokens", 4096),
-                              sampling=kwargs.pop("sampling", GREEDY), **kwargs)
+    return model, ChatSession(
+        model,
+        tokenizer,
+        context_tokens=kwargs.pop("context_tokens", 4096),
+        sampling=kwargs.pop("sampling", GREEDY),
+        **kwargs,
+    )
 
 
 def split(events):
@@ -56,8 +61,7 @@ def test_reasoning_is_streamed_apart_from_the_answer(tokenizer):
     # characters split over several byte-level tokens arrive whole, never as replacement characters
     assert all("\ufffd" not in e.text for e in events[:-1])
     assert len([e for e in events if isinstance(e, AnswerDelta)]) > 3  # streamed, not one blob
-    assert session.messages[-1] == {"role": "assistant", "content": final.answer,
-                                    "reasoning_content": final.reasoning}
+    assert session.messages[-1] == {"role": "assistant", "content": final.answer, "reasoning_content": final.reasoning}
 
 
 def test_thinking_off_puts_an_empty_think_block_in_the_prompt(tokenizer):
@@ -96,7 +100,9 @@ def test_second_turn_prefills_only_its_new_tokens(tokenizer):
     fed_before = session.prefilled_tokens_total
     second = list(session.send("And then?"))[-1]
     assert second.stats.prefill_tokens == session.prefilled_tokens_total - fed_before
-    expected_suffix = tokenizer.encode("<|im_end|>\n<|im_start|>user\nAnd then?<|im_end|>\n<|im_start|>assistant\n<think>\n")
+    expected_suffix = tokenizer.encode(
+        "<|im_end|>\n<|im_start|>user\nAnd then?<|im_end|>\n<|im_start|>assistant\n<think>\n"
+    )
     assert second.stats.prefill_tokens == len(expected_suffix)
     prompt_forward = next(ids for ids in reversed(model.fed) if len(ids) > 1)
     assert prompt_forward == expected_suffix
@@ -112,8 +118,9 @@ def test_context_overflow_is_refused_before_running(tokenizer):
 
 
 def test_cancel_during_decode_is_prompt(tokenizer):
-    _, session = scripted(tokenizer, text="word " * 200, delay=0.02,
-                          sampling=SamplingParams(temperature=0.0, max_new_tokens=400))
+    _, session = scripted(
+        tokenizer, text="word " * 200, delay=0.02, sampling=SamplingParams(temperature=0.0, max_new_tokens=400)
+    )
     events = session.send("Hi")
     next(events)  # decoding has started
     threading.Timer(0.1, session.cancel).start()
@@ -220,8 +227,9 @@ def test_saved_history_is_prefilled_with_the_next_message(tokenizer):
     session.reset(history)
     final = list(session.send("How are you?"))[-1]
     # the history is rendered with every reply's think block kept, as the live state holds it
-    expected = tokenizer.render(history + [{"role": "user", "content": "How are you?"}], enable_thinking=False,
-                                preserve_thinking=True)
+    expected = tokenizer.render(
+        history + [{"role": "user", "content": "How are you?"}], enable_thinking=False, preserve_thinking=True
+    )
     assert "<think>\n\n</think>\n\nHello!" in expected
     assert tokenizer.decode(model.fed[0]) == expected
     assert final.stats.prefill_tokens == len(tokenizer.encode(expected))
@@ -245,8 +253,9 @@ class FailingModel(ScriptedModel):
 def test_out_of_memory_undoes_the_turn_and_the_session_goes_on(tokenizer, fail_at, phase):
     script = tokenizer.encode("Fine, thanks.") + [min(tokenizer.eos_token_ids)]
     model = FailingModel(320, script)
-    session = ChatSession(model, tokenizer, context_tokens=4096, sampling=GREEDY, enable_thinking=False,
-                          prefill_chunk_tokens=16)
+    session = ChatSession(
+        model, tokenizer, context_tokens=4096, sampling=GREEDY, enable_thinking=False, prefill_chunk_tokens=16
+    )
     list(session.send("Hi"))
     # the next prompt takes two 16-token chunks (calls 1-2), then one call per reply token
     next_prompt, _ = session._prompt_ids([{"role": "user", "content": "How are you?"}])
@@ -293,20 +302,27 @@ def test_state_is_the_render_of_the_history_with_its_reasoning(qwen36, thinking)
     list(session.send("And then?"))
     list(session.send("Last one."))
     history = [{"role": "system", "content": "Be brief."}] + session.messages
-    assert [m.get("reasoning_content") for m in history if m["role"] == "assistant"] == \
-        (["Let me think: 你好 😀"] * 3 if thinking else [None] * 3)
+    assert [m.get("reasoning_content") for m in history if m["role"] == "assistant"] == (
+        ["Let me think: 你好 😀"] * 3 if thinking else [None] * 3
+    )
 
     def rendered(messages, add_generation_prompt, preserve_thinking=True):
-        return qwen36.encode(qwen36.render(messages, add_generation_prompt=add_generation_prompt,
-                                           enable_thinking=thinking, preserve_thinking=preserve_thinking))
+        return qwen36.encode(
+            qwen36.render(
+                messages,
+                add_generation_prompt=add_generation_prompt,
+                enable_thinking=thinking,
+                preserve_thinking=preserve_thinking,
+            )
+        )
 
     # the last reply's <|im_end|> is written by the next turn; the rest of the history is in the state
     assert session._fed + qwen36.encode("<|im_end|>\n") == rendered(history, add_generation_prompt=False)
     assert session.context_used == len(session._fed)
     third_prompt = rendered(history[:-1], add_generation_prompt=True)
-    assert session._fed[:len(third_prompt)] == third_prompt
+    assert session._fed[: len(third_prompt)] == third_prompt
     # the template's default drops the earlier turns' reasoning (and their empty think blocks): not the state
-    assert session._fed[:len(third_prompt)] != rendered(history[:-1], True, preserve_thinking=False)
+    assert session._fed[: len(third_prompt)] != rendered(history[:-1], True, preserve_thinking=False)
 
     # a saved chat loaded into a fresh session is prefilled as the same tokens the live session holds
     reloaded = _real_session(qwen36, reply, system_prompt="Be brief.", enable_thinking=thinking)
@@ -350,9 +366,13 @@ def test_the_overflow_message_gives_the_advice_it_was_given_and_no_other(tokeniz
     assert message.endswith("start a new chat or shorten the prompt; a larger VRAM preset holds more")
 
 
-@pytest.mark.parametrize("cut, rest", [
-    ({"role": "assistant", "content": "", "reasoning_content": "Let me"}, " think.\n</think>\n\nAnswer: ok"),
-    ({"role": "assistant", "content": "Answer:", "reasoning_content": "Let me think."}, " ok")])
+@pytest.mark.parametrize(
+    "cut, rest",
+    [
+        ({"role": "assistant", "content": "", "reasoning_content": "Let me"}, " think.\n</think>\n\nAnswer: ok"),
+        ({"role": "assistant", "content": "Answer:", "reasoning_content": "Let me think."}, " ok"),
+    ],
+)
 def test_continue_from_prefills_the_history_and_the_cut_reply_then_goes_on(tokenizer, cut, rest):
     model, session = scripted(tokenizer, text=rest)  # the model writes the rest of the reply
     history = [{"role": "user", "content": "Hi"}]
@@ -367,7 +387,8 @@ def test_continue_from_prefills_the_history_and_the_cut_reply_then_goes_on(token
         assert prompt.endswith("<|im_start|>assistant\n<think>\nLet me")
         assert (reasoning, answer) == (" think.\n", "Answer: ok")
     assert (final.reasoning, final.answer, final.stats.stop_reason) == ("Let me think.", "Answer: ok", "eos")
-    assert session.messages == history + [{"role": "assistant", "content": "Answer: ok",
-                                           "reasoning_content": "Let me think."}]
+    assert session.messages == history + [
+        {"role": "assistant", "content": "Answer: ok", "reasoning_content": "Let me think."}
+    ]
     with pytest.raises(ValueError):
         session.continue_from([], cut)

@@ -14,33 +14,72 @@ GIB = 2**30
 def llama_test(n_prompt, n_gen, threads, avg_ts, n_depth=0, n_cpu_moe=38):
     """One llama-bench JSON test object, with the fields the summariser reads among the others it prints."""
     avg_ns = int(1e9 * (n_prompt + n_gen) / avg_ts)
-    return {"build_commit": "0c1e57098", "build_number": 0, "backends": "CUDA", "model_type": "qwen35moe 35B.A3B Q4_K",
-            "model_size": 20937965568, "n_batch": 2048, "n_ubatch": 2048, "n_threads": threads,
-            "n_gpu_layers": 99, "n_cpu_moe": n_cpu_moe, "flash_attn": 1, "n_prompt": n_prompt, "n_gen": n_gen,
-            "n_depth": n_depth, "test_time": "2026-12-02T05:00:00Z", "avg_ns": avg_ns, "stddev_ns": 0,
-            "avg_ts": avg_ts, "stddev_ts": 0.0, "samples_ns": [avg_ns], "samples_ts": [avg_ts]}
+    return {
+        "build_commit": "0c1e57098",
+        "build_number": 0,
+        "backends": "CUDA",
+        "model_type": "qwen35moe 35B.A3B Q4_K",
+        "model_size": 20937965568,
+        "n_batch": 2048,
+        "n_ubatch": 2048,
+        "n_threads": threads,
+        "n_gpu_layers": 99,
+        "n_cpu_moe": n_cpu_moe,
+        "flash_attn": 1,
+        "n_prompt": n_prompt,
+        "n_gen": n_gen,
+        "n_depth": n_depth,
+        "test_time": "2026-12-02T05:00:00Z",
+        "avg_ns": avg_ns,
+        "stddev_ns": 0,
+        "avg_ts": avg_ts,
+        "stddev_ts": 0.0,
+        "samples_ns": [avg_ns],
+        "samples_ts": [avg_ts],
+    }
 
 
 def bench_result(decode_by_backend, budget=4 * GIB, peak=int(3.7 * GIB)):
     """An `engine bench --json` result with uniform rows at the three prompts, decode after 4,096."""
+
     def run(prompt, prefill, decodes=None):
-        row = {"prompt_tokens": prompt, "routing": "uniform", "time_to_first_token_s": prompt / prefill,
-               "prefill_tokens_per_s": prefill, "peak_process_bytes": peak}
+        row = {
+            "prompt_tokens": prompt,
+            "routing": "uniform",
+            "time_to_first_token_s": prompt / prefill,
+            "prefill_tokens_per_s": prefill,
+            "peak_process_bytes": peak,
+        }
         if decodes:
             row["decode_by_backend"] = decodes
         return row
-    return {"plan": {"budget_bytes": budget},
-            "runs": [run(4096, 2000.0, decode_by_backend), run(512, 1000.0), run(16384, 1500.0),
-                     {"prompt_tokens": 4096, "routing": "fixed", "time_to_first_token_s": 9.0,
-                      "prefill_tokens_per_s": 9.0, "peak_process_bytes": peak,
-                      "decode_by_backend": {"offload": {"decode_tokens_per_s": 999.0}}}]}
+
+    return {
+        "plan": {"budget_bytes": budget},
+        "runs": [
+            run(4096, 2000.0, decode_by_backend),
+            run(512, 1000.0),
+            run(16384, 1500.0),
+            {
+                "prompt_tokens": 4096,
+                "routing": "fixed",
+                "time_to_first_token_s": 9.0,
+                "prefill_tokens_per_s": 9.0,
+                "peak_process_bytes": peak,
+                "decode_by_backend": {"offload": {"decode_tokens_per_s": 999.0}},
+            },
+        ],
+    }
 
 
 @pytest.fixture
 def results(tmp_path):
     """A results folder as issue22_runs.sh and issue19_runs.sh leave it, for the 4gb preset."""
-    decodes = {"offload": {"decode_tokens_per_s": 60.0}, "hybrid": {"decode_tokens_per_s": 80.0},
-               "auto": {"decode_tokens_per_s": 79.0, "decode_auto_trial": {"chosen": "hybrid"}}}
+    decodes = {
+        "offload": {"decode_tokens_per_s": 60.0},
+        "hybrid": {"decode_tokens_per_s": 80.0},
+        "auto": {"decode_tokens_per_s": 79.0, "decode_auto_trial": {"chosen": "hybrid"}},
+    }
     (tmp_path / "bench_4gb.json").write_text(json.dumps(bench_result(decodes)))
     prefill = [llama_test(p, 0, 16, rate) for p, rate in ((512, 400.0), (4096, 500.0), (16384, 450.0))]
     (tmp_path / "llama_4gb_prefill.json").write_text(json.dumps(prefill, indent=2))
@@ -50,14 +89,18 @@ def results(tmp_path):
     (tmp_path / "llama_laptop_decode.json").write_text(json.dumps([llama_test(0, 128, 8, 30.0, n_depth=4096)]))
     (tmp_path / "llama_4gb_prefill.vram").write_text(f"{int(3.9 * GIB)}\n")
     (tmp_path / "llama_4gb_decode.vram").write_text(f"{int(3.5 * GIB)}\n")
-    (tmp_path / "llama_4gb_fit.json").write_text(json.dumps({"preset": "4gb", "budget_bytes": 4 * GIB,
-                                                              "n_cpu_moe": 38}))
+    (tmp_path / "llama_4gb_fit.json").write_text(
+        json.dumps({"preset": "4gb", "budget_bytes": 4 * GIB, "n_cpu_moe": 38})
+    )
     return tmp_path
 
 
 def test_ours_rows_are_the_fastest_fixed_backend_and_auto_under_the_routing():
-    decodes = {"offload": {"decode_tokens_per_s": 60.0}, "cpu": {"decode_tokens_per_s": 70.0},
-               "auto": {"decode_tokens_per_s": 65.0, "decode_auto_trial": {"chosen": "cpu"}}}
+    decodes = {
+        "offload": {"decode_tokens_per_s": 60.0},
+        "cpu": {"decode_tokens_per_s": 70.0},
+        "auto": {"decode_tokens_per_s": 65.0, "decode_auto_trial": {"chosen": "cpu"}},
+    }
     best, auto = side_by_side.ours_rows(bench_result(decodes), "uniform")
     assert (best.engine, best.decode) == ("MoE Desk, best backend (cpu)", 70.0)
     assert (auto.engine, auto.decode) == ("MoE Desk, auto (chose cpu)", 65.0)
@@ -80,7 +123,7 @@ def test_llama_row_takes_its_thread_count_its_peak_and_ttft_from_avg_ns(results)
 def test_a_cut_short_llama_bench_keeps_its_finished_tests(tmp_path):
     finished = json.dumps([llama_test(512, 0, 16, 400.0), llama_test(4096, 0, 16, 500.0)], indent=2)
     path = tmp_path / "cut.json"
-    path.write_text(finished[:finished.rfind("]")].rstrip() + ",\n  {\n    \"build_commit\": \"0c1e")
+    path.write_text(finished[: finished.rfind("]")].rstrip() + ',\n  {\n    "build_commit": "0c1e')
     assert [r["n_prompt"] for r in side_by_side.load_llama_bench(path)] == [512, 4096]
     path.write_text("")
     assert side_by_side.load_llama_bench(path) == []
@@ -126,17 +169,21 @@ def test_peak_is_above_the_idle_gpu_and_needs_samples():
 
 
 def test_buffers_sums_the_gpu_buffers_only():
-    log = ("load_tensors:        CUDA0 model buffer size =  1500.00 MiB\n"
-           "load_tensors:          CPU model buffer size = 17000.00 MiB\n"
-           "llama_kv_cache:      CUDA0 KV buffer size =   330.00 MiB\n"
-           "sched_reserve:      CUDA0 compute buffer size =   700.50 MiB\n"
-           "sched_reserve:  CUDA_Host compute buffer size =    70.50 MiB\n")
+    log = (
+        "load_tensors:        CUDA0 model buffer size =  1500.00 MiB\n"
+        "load_tensors:          CPU model buffer size = 17000.00 MiB\n"
+        "llama_kv_cache:      CUDA0 KV buffer size =   330.00 MiB\n"
+        "sched_reserve:      CUDA0 compute buffer size =   700.50 MiB\n"
+        "sched_reserve:  CUDA_Host compute buffer size =    70.50 MiB\n"
+    )
     assert llama_vram.buffers(log) == {"model": 1500.0, "KV": 330.0, "compute": 700.5}
 
 
 def test_the_laptop_rows_compare_the_held_link_with_llama_cpp_at_8_threads(results):
-    decodes = {"cpu": {"decode_tokens_per_s": 36.0},
-               "auto": {"decode_tokens_per_s": 37.0, "decode_auto_trial": {"chosen": "cpu"}}}
+    decodes = {
+        "cpu": {"decode_tokens_per_s": 36.0},
+        "auto": {"decode_tokens_per_s": 37.0, "decode_auto_trial": {"chosen": "cpu"}},
+    }
     (results / "bench_laptop_pageable.json").write_text(json.dumps(bench_result(decodes)))
     labels = [label for label, _, _ in side_by_side.sections(results, "uniform")]
     assert labels == ["4gb", "4gb laptop, 6.5 GB/s, 8 threads, pageable"]

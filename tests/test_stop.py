@@ -19,7 +19,13 @@ def test_a_stop_string_split_over_two_deltas_is_never_shown():
 def test_a_stop_string_split_over_many_deltas_is_never_shown():
     matcher = StopMatcher(["<|stop|>"])
     assert stream(matcher, ["Hi", " <", "|st", "op", "|", ">!"]) == [
-        ("Hi", False), (" ", False), ("", False), ("", False), ("", False), ("", True)]
+        ("Hi", False),
+        (" ", False),
+        ("", False),
+        ("", False),
+        ("", False),
+        ("", True),
+    ]
 
 
 def test_text_before_the_stop_in_the_same_delta_is_shown():

@@ -27,14 +27,14 @@ def garbled_pages(path):
     history(path)
     data = bytearray(path.read_bytes())
     for offset in range(4096 + 100, len(data), 4096):  # past the header: every page's contents
-        data[offset:offset + 200] = b"\xa5" * 200
+        data[offset : offset + 200] = b"\xa5" * 200
     path.write_bytes(bytes(data))
 
 
 def truncated(path):
     history(path)
     data = path.read_bytes()
-    path.write_bytes(data[:len(data) // 3])
+    path.write_bytes(data[: len(data) // 3])
 
 
 def wal_checkpointed(path):
@@ -97,6 +97,7 @@ def test_a_read_only_file_is_found_at_start_and_can_be_read_without_saving(tmp_p
         if str(target) == str(path):
             return connect(f"file:{path.as_posix()}?mode=ro", uri=True)
         return connect(target, *args, **kwargs)
+
     monkeypatch.setattr(storage.sqlite3, "connect", read_only)
     with pytest.raises(StoreError) as caught:
         ConversationStore(path)
@@ -118,6 +119,7 @@ def test_two_writers_never_share_a_position(tmp_path):
         for i in range(40):
             store.add_message(cid, "user", f"{n}-{i}")
         store.close()
+
     writers = [threading.Thread(target=write, args=(n,)) for n in range(2)]
     for w in writers:
         w.start()
@@ -128,9 +130,14 @@ def test_two_writers_never_share_a_position(tmp_path):
     assert sorted(positions) == list(range(80))
 
 
-@pytest.mark.parametrize("kind, button, answer", [("damaged", "Keep it aside and start a new history", "aside"),
-                                                  ("damaged", "Quit", "quit"),
-                                                  ("read_only", "Continue without saving", "memory")])
+@pytest.mark.parametrize(
+    "kind, button, answer",
+    [
+        ("damaged", "Keep it aside and start a new history", "aside"),
+        ("damaged", "Quit", "quit"),
+        ("read_only", "Continue without saving", "memory"),
+    ],
+)
 def test_the_start_dialog_offers_what_the_file_allows(qtbot, tmp_path, kind, button, answer):
     from PySide6.QtCore import QTimer
     from PySide6.QtWidgets import QApplication, QMessageBox
@@ -144,6 +151,7 @@ def test_the_start_dialog_offers_what_the_file_allows(qtbot, tmp_path, kind, but
         seen["text"] = box.text() + box.informativeText()
         seen["buttons"] = [b.text() for b in box.buttons()]
         next(b for b in box.buttons() if b.text() == button).click()
+
     QTimer.singleShot(100, click)
     assert ask_about_store(StoreError(kind, tmp_path / "c.sqlite3", "file is not a database")) == answer
     assert str(tmp_path / "c.sqlite3") in seen["text"] and "Quit" in seen["buttons"]

@@ -24,12 +24,15 @@ def with_template(tmp_path, template: str) -> ChatTokenizer:
     return ChatTokenizer.from_folder(tmp_path)
 
 
-@pytest.mark.parametrize("template, message", [
-    (FOREVER, "does not finish: it ran for more than 0.3 s"),
-    ("{{ 'x' * 1000000000 }}", "does not finish: a repetition of more than"),
-    ("{{ 2 ** 1000000000 }}", "does not finish: a power of more than"),
-    ("{% macro f(n) %}{{ f(n + 1) }}{% endmacro %}{{ f(0) }}", "fails to render (RecursionError"),
-])
+@pytest.mark.parametrize(
+    "template, message",
+    [
+        (FOREVER, "does not finish: it ran for more than 0.3 s"),
+        ("{{ 'x' * 1000000000 }}", "does not finish: a repetition of more than"),
+        ("{{ 2 ** 1000000000 }}", "does not finish: a power of more than"),
+        ("{% macro f(n) %}{{ f(n + 1) }}{% endmacro %}{{ f(0) }}", "fails to render (RecursionError"),
+    ],
+)
 def test_a_runaway_template_is_refused_in_time(tmp_path, monkeypatch, template, message):
     monkeypatch.setattr(tokenizer_module, "RENDER_SECONDS", 0.3)
     tokenizer = with_template(tmp_path, template)

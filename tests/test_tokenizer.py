@@ -51,11 +51,18 @@ def model_copy(folder, tmp_path):
 
 
 def test_writer_writes_the_tokenizer_files_and_returns_the_special_ids(folder, special_ids, tok):
-    assert sorted(p.name for p in folder.iterdir()) == ["chat_template.jinja", "tokenizer.json",
-                                                        "tokenizer_config.json"]
-    assert special_ids == {"eos": tok.token_id("<|im_end|>"), "im_start": tok.token_id("<|im_start|>"),
-                   "endoftext": tok.token_id("<|endoftext|>"), "think_start": tok.token_id("<think>"),
-                   "think_end": tok.token_id("</think>")}
+    assert sorted(p.name for p in folder.iterdir()) == [
+        "chat_template.jinja",
+        "tokenizer.json",
+        "tokenizer_config.json",
+    ]
+    assert special_ids == {
+        "eos": tok.token_id("<|im_end|>"),
+        "im_start": tok.token_id("<|im_start|>"),
+        "endoftext": tok.token_id("<|endoftext|>"),
+        "think_start": tok.token_id("<think>"),
+        "think_end": tok.token_id("</think>"),
+    }
     assert len(set(special_ids.values())) == 5 and all(0 <= i < 320 for i in special_ids.values())
     assert tok.vocab_size == 320
     assert (tok.think_start, tok.think_end) == ("<think>", "</think>")
@@ -77,8 +84,13 @@ def test_special_tokens_in_text_become_their_ids(tok, special_ids):
     ids = special_ids
     encoded = tok.encode("<|im_start|>user\nhi<|im_end|><think>x</think><|endoftext|>")
     assert encoded[0] == ids["im_start"]  # and no BOS before it
-    assert [i for i in encoded if i in ids.values()] == [ids["im_start"], ids["eos"], ids["think_start"],
-                                                          ids["think_end"], ids["endoftext"]]
+    assert [i for i in encoded if i in ids.values()] == [
+        ids["im_start"],
+        ids["eos"],
+        ids["think_start"],
+        ids["think_end"],
+        ids["endoftext"],
+    ]
     assert tok.decode(encoded) == "<|im_start|>user\nhi<|im_end|><think>x</think><|endoftext|>"
     assert tok.decode(encoded, skip_special_tokens=True) == "user\nhix"
     assert tok.token_id("<|im_end|>") == ids["eos"] and tok.token_id("no such token") is None
@@ -86,8 +98,9 @@ def test_special_tokens_in_text_become_their_ids(tok, special_ids):
 
 def test_render_system_and_user(tok):
     messages = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi!"}]
-    assert tok.render(messages) == ("<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\nHi!<|im_end|>\n"
-                                    "<|im_start|>assistant\n<think>\n")
+    assert tok.render(messages) == (
+        "<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\nHi!<|im_end|>\n<|im_start|>assistant\n<think>\n"
+    )
 
 
 def test_render_drops_the_reasoning_of_earlier_turns(tok):
@@ -101,22 +114,27 @@ def test_render_drops_the_reasoning_of_earlier_turns(tok):
     assert tok.render(messages, add_generation_prompt=False) == (
         "<|im_start|>user\n2+2?<|im_end|>\n<|im_start|>assistant\n4<|im_end|>\n"
         "<|im_start|>user\nAnd 3+3?<|im_end|>\n<|im_start|>assistant\n6<|im_end|>\n"
-        "<|im_start|>user\nThanks<|im_end|>\n")
+        "<|im_start|>user\nThanks<|im_end|>\n"
+    )
 
 
 def test_render_keeps_the_reasoning_of_the_reply_in_progress(tok):
     # After the last user query (a tool-calling turn), the assistant's reasoning stays in the prompt.
     messages = [
         {"role": "user", "content": "Weather?"},
-        {"role": "assistant", "content": "<think>Need the tool.</think>Checking.",
-         "tool_calls": [{"function": {"name": "weather", "arguments": {"city": "Paris"}}}]},
+        {
+            "role": "assistant",
+            "content": "<think>Need the tool.</think>Checking.",
+            "tool_calls": [{"function": {"name": "weather", "arguments": {"city": "Paris"}}}],
+        },
         {"role": "tool", "content": "sunny"},
     ]
     assert tok.render(messages, enable_thinking=False) == (
         "<|im_start|>user\nWeather?<|im_end|>\n<|im_start|>assistant\n<think>\nNeed the tool.\n</think>\n\n"
         "Checking.\n\n<tool_call>\n<function=weather>\n<parameter=city>\nParis\n</parameter>\n</function>\n"
         "</tool_call><|im_end|>\n<|im_start|>user\n<tool_response>\nsunny\n</tool_response><|im_end|>\n"
-        "<|im_start|>assistant\n<think>\n\n</think>\n\n")
+        "<|im_start|>assistant\n<think>\n\n</think>\n\n"
+    )
 
 
 def test_render_generation_prompt_follows_enable_thinking(tok):
@@ -130,33 +148,48 @@ def test_render_generation_prompt_follows_enable_thinking(tok):
 def test_render_puts_tools_in_the_system_turn_without_escaping(tok):
     tools = [{"type": "function", "function": {"name": "lookup", "description": "Wörter <suchen> & finden"}}]
     text = tok.render([{"role": "system", "content": "Sys"}, {"role": "user", "content": "q"}], tools=tools)
-    assert text.startswith("<|im_start|>system\n# Tools\n\nYou have access to the following functions:\n\n<tools>\n"
-                           '{"type": "function", "function": {"name": "lookup", "description": '
-                           '"Wörter <suchen> & finden"}}\n</tools>')
+    assert text.startswith(
+        "<|im_start|>system\n# Tools\n\nYou have access to the following functions:\n\n<tools>\n"
+        '{"type": "function", "function": {"name": "lookup", "description": '
+        '"Wörter <suchen> & finden"}}\n</tools>'
+    )
     assert "</IMPORTANT>\n\nSys<|im_end|>\n<|im_start|>user\nq<|im_end|>\n" in text
 
 
 @pytest.mark.parametrize("enable_thinking", [True, False])
 def test_render_matches_transformers(folder, tok, enable_thinking):
     reference = PreTrainedTokenizerFast(tokenizer_file=str(folder / "tokenizer.json"), chat_template=CHAT_TEMPLATE)
-    tools = [{"type": "function", "function": {"name": "weather", "description": "Wetter für <Ort> & 🌦",
-                                               "parameters": {"type": "object",
-                                                              "properties": {"city": {"type": "string"}}}}}]
+    tools = [
+        {
+            "type": "function",
+            "function": {
+                "name": "weather",
+                "description": "Wetter für <Ort> & 🌦",
+                "parameters": {"type": "object", "properties": {"city": {"type": "string"}}},
+            },
+        }
+    ]
     messages = [
         {"role": "system", "content": "You are helpful. 你好"},
         {"role": "user", "content": "Hi 😀"},
         {"role": "assistant", "content": "<think>\ngreet\n</think>\n\nHello!"},
         {"role": "user", "content": [{"type": "text", "text": "Weather in "}, {"type": "text", "text": "Paris?"}]},
-        {"role": "assistant", "content": "", "reasoning_content": "use the tool",
-         "tool_calls": [{"type": "function", "function": {"name": "weather",
-                                                          "arguments": {"city": "Paris", "days": [1, 2]}}}]},
+        {
+            "role": "assistant",
+            "content": "",
+            "reasoning_content": "use the tool",
+            "tool_calls": [
+                {"type": "function", "function": {"name": "weather", "arguments": {"city": "Paris", "days": [1, 2]}}}
+            ],
+        },
         {"role": "tool", "content": "sunny"},
         {"role": "tool", "content": "22 °C"},
     ]
     for kwargs in ({}, {"tools": tools}):
         ours = tok.render(messages, enable_thinking=enable_thinking, **kwargs)
-        theirs = reference.apply_chat_template(messages, tokenize=False, add_generation_prompt=True,
-                                               enable_thinking=enable_thinking, **kwargs)
+        theirs = reference.apply_chat_template(
+            messages, tokenize=False, add_generation_prompt=True, enable_thinking=enable_thinking, **kwargs
+        )
         assert ours == theirs
 
 
@@ -296,11 +329,15 @@ def test_a_tokenizer_built_in_memory_works_like_its_folder(folder):
     from tokenizers import Tokenizer
 
     on_disk = ChatTokenizer.from_folder(folder)
-    in_memory = ChatTokenizer.from_parts(Tokenizer.from_file(str(folder / "tokenizer.json")), CHAT_TEMPLATE,
-                                         "<|im_end|>")
-    messages = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi <|im_end|>"},
-                {"role": "assistant", "content": "Hello", "reasoning_content": "greet"},
-                {"role": "user", "content": TEXTS["mixed"]}]
+    in_memory = ChatTokenizer.from_parts(
+        Tokenizer.from_file(str(folder / "tokenizer.json")), CHAT_TEMPLATE, "<|im_end|>"
+    )
+    messages = [
+        {"role": "system", "content": "Be brief."},
+        {"role": "user", "content": "Hi <|im_end|>"},
+        {"role": "assistant", "content": "Hello", "reasoning_content": "greet"},
+        {"role": "user", "content": TEXTS["mixed"]},
+    ]
     for options in ({}, {"enable_thinking": False}, {"preserve_thinking": True}):
         assert in_memory.render(messages, **options) == on_disk.render(messages, **options)
         assert in_memory.encode_chat(messages, **options) == on_disk.encode_chat(messages, **options)

@@ -12,22 +12,53 @@ from pathlib import Path
 import pytest
 
 from engine.runtime.tokenizer import ChatTokenizer, IncrementalDetokenizer
-from engine.runtime.tool_calls import (CALL_OPEN, TextDelta, ToolCallArgumentsDelta, ToolCallFinished, ToolCallParser,
-                                       ToolCallStarted, ToolCallWarning, call_opening, tool_call_style)
+from engine.runtime.tool_calls import (
+    CALL_OPEN,
+    TextDelta,
+    ToolCallArgumentsDelta,
+    ToolCallFinished,
+    ToolCallParser,
+    ToolCallStarted,
+    ToolCallWarning,
+    call_opening,
+    tool_call_style,
+)
 
 REAL_TOKENIZERS = Path(__file__).parent / "fixtures" / "real-tokenizers"
 
 TOOLS = [
-    {"type": "function", "function": {
-        "name": "get_weather", "description": "Current weather",
-        "parameters": {"type": "object", "required": ["city"], "properties": {
-            "city": {"type": "string"}, "days": {"type": "integer"}, "unit": {"type": "string"}}}}},
-    {"type": "function", "function": {
-        "name": "search", "description": "Search the web.",
-        "parameters": {"type": "object", "properties": {
-            "query": {"type": "string"}, "limit": {"type": "integer"}, "exact": {"type": "boolean"},
-            "ratio": {"type": "number"}, "filters": {"type": "object"}, "sites": {"type": "array"},
-            "before": {"type": ["integer", "null"]}, "note": {"anyOf": [{"type": "string"}, {"type": "null"}]}}}}},
+    {
+        "type": "function",
+        "function": {
+            "name": "get_weather",
+            "description": "Current weather",
+            "parameters": {
+                "type": "object",
+                "required": ["city"],
+                "properties": {"city": {"type": "string"}, "days": {"type": "integer"}, "unit": {"type": "string"}},
+            },
+        },
+    },
+    {
+        "type": "function",
+        "function": {
+            "name": "search",
+            "description": "Search the web.",
+            "parameters": {
+                "type": "object",
+                "properties": {
+                    "query": {"type": "string"},
+                    "limit": {"type": "integer"},
+                    "exact": {"type": "boolean"},
+                    "ratio": {"type": "number"},
+                    "filters": {"type": "object"},
+                    "sites": {"type": "array"},
+                    "before": {"type": ["integer", "null"]},
+                    "note": {"anyOf": [{"type": "string"}, {"type": "null"}]},
+                },
+            },
+        },
+    },
 ]
 
 
@@ -44,38 +75,56 @@ def json_call(name, arguments):
 
 XML_SAMPLES = {
     "one_call": xml_call("get_weather", ("city", "Paris")),
-    "parallel_calls": "I'll check both cities.\n\n" + xml_call("get_weather", ("city", "Paris"), ("days", "3"))
-                      + "\n" + xml_call("get_weather", ("city", "Berlin"), ("unit", "celsius")),
+    "parallel_calls": "I'll check both cities.\n\n"
+    + xml_call("get_weather", ("city", "Paris"), ("days", "3"))
+    + "\n"
+    + xml_call("get_weather", ("city", "Berlin"), ("unit", "celsius")),
     "after_reasoning": "Based on what you asked, I need the forecast first.\n\n"
-                       + xml_call("get_weather", ("city", "Lyon"), ("days", "2")),
-    "nested": xml_call("search", ("query", "museums"), ("filters", '{"lang": "fr", "open": {"days": ["mon", "tue"]}}'),
-                       ("sites", '["louvre.fr", {"host": "orsay.fr", "weight": 0.5}]'), ("exact", "true"),
-                       ("ratio", "0.25"), ("limit", "10"), ("before", "null")),
+    + xml_call("get_weather", ("city", "Lyon"), ("days", "2")),
+    "nested": xml_call(
+        "search",
+        ("query", "museums"),
+        ("filters", '{"lang": "fr", "open": {"days": ["mon", "tue"]}}'),
+        ("sites", '["louvre.fr", {"host": "orsay.fr", "weight": 0.5}]'),
+        ("exact", "true"),
+        ("ratio", "0.25"),
+        ("limit", "10"),
+        ("before", "null"),
+    ),
     "unicode": "Je regarde 🌦…\n\n" + xml_call("get_weather", ("city", "Zürich — 東京 🗼"), ("unit", "°C")),
-    "multiline_value": xml_call("search", ("query", "line one\nline two\n\n  indented <b>tag</b> & \"quotes\" \\")),
+    "multiline_value": xml_call("search", ("query", 'line one\nline two\n\n  indented <b>tag</b> & "quotes" \\')),
     "no_parameters": xml_call("search"),
     "text_with_angles": "if a < b and b <c then <b>bold</b>, <tool>, <tool_cal, </tool_call> stay text <",
     "text_after_call": xml_call("get_weather", ("city", "Oslo")) + "\n\nThat is all.\n",
     "truncated": "Checking.\n\n<tool_call>\n<function=get_weather>\n<parameter=city>\nPar",
     "missing_function_close": "<tool_call>\n<function=get_weather>\n<parameter=city>\nParis\n</parameter>\n</tool_call>"
-                              "\nafter",
+    "\nafter",
     "text_between_parameters": "<tool_call>\n<function=get_weather>\nuh\n<parameter=city>\nParis\n</parameter>\n"
-                               "</function>\n</tool_call>",
+    "</function>\n</tool_call>",
     "no_function": "Mention of <tool_call> in prose, then </tool_call> more.",
     "malformed_then_good": "<tool_call>\n<function=>\n</function>\n</tool_call>\n" + xml_call("search", ("query", "x")),
 }
 
 JSON_SAMPLES = {
     "one_call": json_call("get_weather", {"city": "Paris"}),
-    "parallel_calls": "I'll check both cities.\n" + json_call("get_weather", {"city": "Paris", "days": 3}) + "\n"
-                      + json_call("get_weather", {"city": "Berlin"}),
+    "parallel_calls": "I'll check both cities.\n"
+    + json_call("get_weather", {"city": "Paris", "days": 3})
+    + "\n"
+    + json_call("get_weather", {"city": "Berlin"}),
     "after_reasoning": "Based on what you asked, I need the forecast first.\n"
-                       + json_call("get_weather", {"city": "Lyon"}),
-    "nested": json_call("search", {"query": "museums", "filters": {"lang": "fr", "open": {"days": ["mon", "tue"]}},
-                                   "sites": [{"host": "orsay.fr", "weight": 0.5}, None, True], "limit": 10}),
+    + json_call("get_weather", {"city": "Lyon"}),
+    "nested": json_call(
+        "search",
+        {
+            "query": "museums",
+            "filters": {"lang": "fr", "open": {"days": ["mon", "tue"]}},
+            "sites": [{"host": "orsay.fr", "weight": 0.5}, None, True],
+            "limit": 10,
+        },
+    ),
     "unicode": "Je regarde 🌦…\n" + json_call("get_weather", {"city": "Zürich — 東京 🗼", "unit": "°C"}),
     "escapes_in_strings": '<tool_call>\n{"name": "search", "arguments": {"query": "a \\"}\\" ] { [ \\\\", '
-                          '"u": "\\u00e9\\ud83d\\uddfc"}}\n</tool_call>',
+    '"u": "\\u00e9\\ud83d\\uddfc"}}\n</tool_call>',
     "compact_json": '<tool_call>{"name":"search","arguments":{"query":"x","limit":2}}</tool_call>',
     "arguments_first": '<tool_call>\n{"arguments": {"query": "x"}, "name": "search"}\n</tool_call>',
     "arguments_as_string": '<tool_call>\n{"name": "search", "arguments": "{\\"query\\": \\"x\\"}"}\n</tool_call>',
@@ -111,8 +160,11 @@ def joined(events):
         last = merged[-1] if merged else None
         if isinstance(event, TextDelta) and isinstance(last, TextDelta):
             merged[-1] = TextDelta(last.text + event.text)
-        elif isinstance(event, ToolCallArgumentsDelta) and isinstance(last, ToolCallArgumentsDelta) \
-                and last.index == event.index:
+        elif (
+            isinstance(event, ToolCallArgumentsDelta)
+            and isinstance(last, ToolCallArgumentsDelta)
+            and last.index == event.index
+        ):
             merged[-1] = ToolCallArgumentsDelta(event.index, last.delta + event.delta)
         else:
             merged.append(event)
@@ -157,6 +209,7 @@ def check_protocol(events):
 
 # ---- the template's style ----
 
+
 def test_style_of_the_real_templates():
     qwen36 = (REAL_TOKENIZERS / "qwen3.6" / "chat_template.jinja").read_text(encoding="utf-8")
     qwen3 = json.loads((REAL_TOKENIZERS / "qwen3" / "tokenizer_config.json").read_text(encoding="utf-8"))
@@ -164,8 +217,15 @@ def test_style_of_the_real_templates():
     assert tool_call_style(qwen3["chat_template"]) == "qwen_json"
 
 
-@pytest.mark.parametrize("source", [None, "", "{% for m in messages %}{{ m.content }}{% endfor %}",
-                                    "{{- '<tool_call>' }}{{ tool_call.name }}{{ '</tool_call>' }}"])
+@pytest.mark.parametrize(
+    "source",
+    [
+        None,
+        "",
+        "{% for m in messages %}{{ m.content }}{% endfor %}",
+        "{{- '<tool_call>' }}{{ tool_call.name }}{{ '</tool_call>' }}",
+    ],
+)
 def test_templates_without_a_known_tool_call_format_have_no_style(source):
     assert tool_call_style(source) is None
 
@@ -177,19 +237,26 @@ def test_an_unknown_style_is_refused_with_the_known_ones():
 
 # ---- the samples' outcomes ----
 
+
 def test_one_xml_call():
     events = joined(parse("qwen_xml", [XML_SAMPLES["one_call"]]))
     call_id = events[0].call_id
     assert re.fullmatch("call_[0-9a-f]{24}", call_id)
-    assert events == [ToolCallStarted(0, call_id, "get_weather"), ToolCallArgumentsDelta(0, '{"city": "Paris"}'),
-                      ToolCallFinished(0, call_id, "get_weather", {"city": "Paris"})]
+    assert events == [
+        ToolCallStarted(0, call_id, "get_weather"),
+        ToolCallArgumentsDelta(0, '{"city": "Paris"}'),
+        ToolCallFinished(0, call_id, "get_weather", {"city": "Paris"}),
+    ]
 
 
 def test_one_json_call():
     events = joined(parse("qwen_json", [JSON_SAMPLES["one_call"]]))
     call_id = events[0].call_id
-    assert events == [ToolCallStarted(0, call_id, "get_weather"), ToolCallArgumentsDelta(0, '{"city": "Paris"}'),
-                      ToolCallFinished(0, call_id, "get_weather", {"city": "Paris"})]
+    assert events == [
+        ToolCallStarted(0, call_id, "get_weather"),
+        ToolCallArgumentsDelta(0, '{"city": "Paris"}'),
+        ToolCallFinished(0, call_id, "get_weather", {"city": "Paris"}),
+    ]
 
 
 @pytest.mark.parametrize("style", ["qwen_xml", "qwen_json"])
@@ -197,9 +264,10 @@ def test_parallel_calls_after_text(style):
     events = parse(style, [sample(style, "parallel_calls")])
     check_protocol(events)
     assert text_of(events) == "I'll check both cities."  # the newlines only separate the calls
-    assert calls_of(events) == [("get_weather", {"city": "Paris", "days": 3}),
-                                ("get_weather", {"city": "Berlin", "unit": "celsius"} if style == "qwen_xml"
-                                 else {"city": "Berlin"})]
+    assert calls_of(events) == [
+        ("get_weather", {"city": "Paris", "days": 3}),
+        ("get_weather", {"city": "Berlin", "unit": "celsius"} if style == "qwen_xml" else {"city": "Berlin"}),
+    ]
     assert [e.index for e in events if isinstance(e, ToolCallStarted)] == [0, 1]
     assert not warnings_of(events)
 
@@ -215,17 +283,31 @@ def test_a_call_after_the_answers_opening_text(style):
 def test_nested_xml_values_take_their_declared_types():
     events = parse("qwen_xml", [XML_SAMPLES["nested"]])
     check_protocol(events)
-    assert calls_of(events) == [("search", {
-        "query": "museums", "filters": {"lang": "fr", "open": {"days": ["mon", "tue"]}},
-        "sites": ["louvre.fr", {"host": "orsay.fr", "weight": 0.5}], "exact": True, "ratio": 0.25, "limit": 10,
-        "before": None})]
+    assert calls_of(events) == [
+        (
+            "search",
+            {
+                "query": "museums",
+                "filters": {"lang": "fr", "open": {"days": ["mon", "tue"]}},
+                "sites": ["louvre.fr", {"host": "orsay.fr", "weight": 0.5}],
+                "exact": True,
+                "ratio": 0.25,
+                "limit": 10,
+                "before": None,
+            },
+        )
+    ]
 
 
 def test_nested_json_arguments_stream_as_written():
     events = parse("qwen_json", [JSON_SAMPLES["nested"]])
     check_protocol(events)
-    arguments = {"query": "museums", "filters": {"lang": "fr", "open": {"days": ["mon", "tue"]}},
-                 "sites": [{"host": "orsay.fr", "weight": 0.5}, None, True], "limit": 10}
+    arguments = {
+        "query": "museums",
+        "filters": {"lang": "fr", "open": {"days": ["mon", "tue"]}},
+        "sites": [{"host": "orsay.fr", "weight": 0.5}, None, True],
+        "limit": 10,
+    }
     assert calls_of(events) == [("search", arguments)]
     assert joined(events)[1] == ToolCallArgumentsDelta(0, json.dumps(arguments, ensure_ascii=False))
 
@@ -259,7 +341,7 @@ def test_an_xml_call_without_parameters_has_empty_arguments():
 def test_text_with_angle_brackets_that_are_not_calls_passes_unchanged(style):
     text = sample(style, "text_with_angles")
     events = parse(style, [text])
-    assert events == [TextDelta(text[:text.rindex(" <")]), TextDelta(" <")]  # the last "<" waits for finish()
+    assert events == [TextDelta(text[: text.rindex(" <")]), TextDelta(" <")]  # the last "<" waits for finish()
 
 
 def test_text_is_held_back_only_while_it_may_begin_a_call():
@@ -284,7 +366,7 @@ def test_text_after_a_call_passes_without_the_separating_whitespace(style):
 def test_arguments_stream_before_the_call_ends(style):
     answer = sample(style, "one_call")
     parser = ToolCallParser(style, seed=1)
-    events = parser.feed(answer[:answer.index("Paris") + 3])
+    events = parser.feed(answer[: answer.index("Paris") + 3])
     assert [type(e) for e in joined(events)] == [ToolCallStarted, ToolCallArgumentsDelta]
     assert joined(events)[1].delta == '{"city": "Par'
     assert not any(isinstance(e, ToolCallFinished) for e in events)
@@ -297,22 +379,25 @@ def test_a_call_cut_off_by_the_end_of_generation_comes_back_as_text(style):
     check_protocol(events)
     [warning] = warnings_of(events)
     assert warning.index == 0 and "ended inside it" in warning.message and "get_weather" in warning.message
-    assert warning.raw_text == answer[answer.index("<tool_call>"):]
+    assert warning.raw_text == answer[answer.index("<tool_call>") :]
     assert text_of(events) == answer
     assert not calls_of(events)
 
 
-@pytest.mark.parametrize("style, key, reason, started", [
-    ("qwen_xml", "missing_function_close", "</function> is missing", True),
-    ("qwen_xml", "text_between_parameters", "'uh", True),
-    ("qwen_xml", "no_function", "stands where <function=", False),
-    ("qwen_json", "bad_json", "does not parse", True),
-    ("qwen_json", "missing_outer_brace", "does not parse", True),
-    ("qwen_json", "arguments_not_object", "not a JSON object", True),
-    ("qwen_json", "no_name", '"name" string', False),
-    ("qwen_json", "bad_name", "does not parse", False),
-    ("qwen_json", "no_function", "does not parse", False),
-])
+@pytest.mark.parametrize(
+    "style, key, reason, started",
+    [
+        ("qwen_xml", "missing_function_close", "</function> is missing", True),
+        ("qwen_xml", "text_between_parameters", "'uh", True),
+        ("qwen_xml", "no_function", "stands where <function=", False),
+        ("qwen_json", "bad_json", "does not parse", True),
+        ("qwen_json", "missing_outer_brace", "does not parse", True),
+        ("qwen_json", "arguments_not_object", "not a JSON object", True),
+        ("qwen_json", "no_name", '"name" string', False),
+        ("qwen_json", "bad_name", "does not parse", False),
+        ("qwen_json", "no_function", "does not parse", False),
+    ],
+)
 def test_a_malformed_call_comes_back_as_text_with_a_warning(style, key, reason, started):
     answer = sample(style, key)
     events = parse(style, [answer])
@@ -320,8 +405,11 @@ def test_a_malformed_call_comes_back_as_text_with_a_warning(style, key, reason, 
     [warning] = warnings_of(events)
     assert reason in warning.message and "passed on as text" in warning.message
     assert (warning.index == 0) if started else (warning.index is None)
-    assert warning.raw_text in answer and warning.raw_text.startswith("<tool_call>") \
+    assert (
+        warning.raw_text in answer
+        and warning.raw_text.startswith("<tool_call>")
         and warning.raw_text.endswith("</tool_call>")
+    )
     assert text_of(events) == answer
     assert not calls_of(events)
 
@@ -342,9 +430,14 @@ def test_a_good_call_after_a_malformed_one_is_still_read():
     assert [e.index for e in events if isinstance(e, ToolCallStarted)] == [0]
 
 
-@pytest.mark.parametrize("key, arguments", [("compact_json", {"query": "x", "limit": 2}),
-                                            ("arguments_first", {"query": "x"}),
-                                            ("arguments_as_string", {"query": "x"})])
+@pytest.mark.parametrize(
+    "key, arguments",
+    [
+        ("compact_json", {"query": "x", "limit": 2}),
+        ("arguments_first", {"query": "x"}),
+        ("arguments_as_string", {"query": "x"}),
+    ],
+)
 def test_json_calls_in_other_layouts_are_read_whole(key, arguments):
     events = parse("qwen_json", [JSON_SAMPLES[key]])
     check_protocol(events)
@@ -353,17 +446,39 @@ def test_json_calls_in_other_layouts_are_read_whole(key, arguments):
 
 # ---- types of qwen_xml values ----
 
-@pytest.mark.parametrize("key, text, value", [
-    ("limit", "3", 3), ("limit", " 4 ", 4), ("limit", "5.0", 5), ("limit", "three", "three"), ("limit", "2.5", "2.5"),
-    ("limit", "true", "true"), ("ratio", "1e3", 1000.0), ("ratio", "7", 7), ("ratio", "NaN", "NaN"),
-    ("exact", "True", True), ("exact", "false", False), ("exact", "yes", "yes"),
-    ("filters", '{"a": [1]}', {"a": [1]}), ("filters", "[1]", "[1]"), ("filters", "{bad", "{bad"),
-    ("sites", "[]", []), ("sites", '{"a": 1}', '{"a": 1}'), ("sites", "[" * 100_000, "[" * 100_000),
-    ("sites", "[" * 100_000 + "]" * 100_000, "[" * 100_000 + "]" * 100_000),
-    ("before", "null", None), ("before", "12", 12), ("before", "soon", "soon"),
-    ("note", "null", None), ("note", "3", "3"), ("query", "42", "42"), ("query", "null", "null"),
-    ("undeclared", "7", "7"),
-])
+
+@pytest.mark.parametrize(
+    "key, text, value",
+    [
+        ("limit", "3", 3),
+        ("limit", " 4 ", 4),
+        ("limit", "5.0", 5),
+        ("limit", "three", "three"),
+        ("limit", "2.5", "2.5"),
+        ("limit", "true", "true"),
+        ("ratio", "1e3", 1000.0),
+        ("ratio", "7", 7),
+        ("ratio", "NaN", "NaN"),
+        ("exact", "True", True),
+        ("exact", "false", False),
+        ("exact", "yes", "yes"),
+        ("filters", '{"a": [1]}', {"a": [1]}),
+        ("filters", "[1]", "[1]"),
+        ("filters", "{bad", "{bad"),
+        ("sites", "[]", []),
+        ("sites", '{"a": 1}', '{"a": 1}'),
+        ("sites", "[" * 100_000, "[" * 100_000),
+        ("sites", "[" * 100_000 + "]" * 100_000, "[" * 100_000 + "]" * 100_000),
+        ("before", "null", None),
+        ("before", "12", 12),
+        ("before", "soon", "soon"),
+        ("note", "null", None),
+        ("note", "3", "3"),
+        ("query", "42", "42"),
+        ("query", "null", "null"),
+        ("undeclared", "7", "7"),
+    ],
+)
 def test_xml_values_take_the_declared_type_or_stay_strings(key, text, value):
     events = parse("qwen_xml", [xml_call("search", (key, text))])
     check_protocol(events)
@@ -377,13 +492,19 @@ def test_without_tools_every_xml_value_is_a_string():
 
 
 def test_tool_specs_that_are_not_specs_are_ignored():
-    junk = [None, "search", {"function": "x"}, {"function": {"name": 3}},
-            {"name": "search", "parameters": {"properties": {"limit": {"type": "integer"}, "exact": "boolean"}}}]
+    junk = [
+        None,
+        "search",
+        {"function": "x"},
+        {"function": {"name": 3}},
+        {"name": "search", "parameters": {"properties": {"limit": {"type": "integer"}, "exact": "boolean"}}},
+    ]
     events = parse("qwen_xml", [xml_call("search", ("limit", "2"), ("exact", "true"))], tools=junk)
     assert calls_of(events) == [("search", {"limit": 2, "exact": "true"})]
 
 
 # ---- call ids ----
+
 
 def test_call_ids_are_unique_and_repeat_with_the_seed():
     answer = "\n".join(xml_call("search", ("query", str(n))) for n in range(50))
@@ -391,12 +512,15 @@ def test_call_ids_are_unique_and_repeat_with_the_seed():
     assert len(ids) == len(set(ids)) == 50
     assert ids == [e.call_id for e in parse("qwen_xml", [answer], seed=3) if isinstance(e, ToolCallStarted)]
     assert ids[0] != next(e.call_id for e in parse("qwen_xml", [answer], seed=4) if isinstance(e, ToolCallStarted))
-    unseeded = [next(e.call_id for e in parse("qwen_xml", [answer], seed=None) if isinstance(e, ToolCallStarted))
-                for _ in range(2)]
+    unseeded = [
+        next(e.call_id for e in parse("qwen_xml", [answer], seed=None) if isinstance(e, ToolCallStarted))
+        for _ in range(2)
+    ]
     assert unseeded[0] != unseeded[1]
 
 
 # ---- every split point ----
+
 
 @pytest.mark.parametrize("style, key", SAMPLES, ids=[f"{s}-{k}" for s, k in SAMPLES])
 def test_the_events_do_not_depend_on_how_the_text_is_split(style, key):
@@ -417,8 +541,17 @@ def test_the_events_do_not_depend_on_how_the_text_is_split(style, key):
 
 ROUND_TRIP_CALLS = [
     ("get_weather", {"city": "Paris", "days": 3}),
-    ("search", {"query": "Paris news 🗼 <b>\nsecond line", "limit": 5, "exact": False, "ratio": 0.5,
-                "filters": {"lang": "fr", "nested": {"list": [1, "two", None]}}, "sites": ["a.fr", "b.fr"]}),
+    (
+        "search",
+        {
+            "query": "Paris news 🗼 <b>\nsecond line",
+            "limit": 5,
+            "exact": False,
+            "ratio": 0.5,
+            "filters": {"lang": "fr", "nested": {"list": [1, "two", None]}},
+            "sites": ["a.fr", "b.fr"],
+        },
+    ),
     ("get_weather", {"city": "Zürich"}),
 ]
 
@@ -441,13 +574,21 @@ def real_tokenizer(real_tokenizer_folder):
 def test_calls_rendered_by_the_real_template_parse_back(real_tokenizer_folder, real_tokenizer, name, style, content):
     folder = real_tokenizer_folder(name)
     tokenizer = real_tokenizer(name)
-    template = (folder / "chat_template.jinja").read_text(encoding="utf-8") if name == "qwen3.6" \
+    template = (
+        (folder / "chat_template.jinja").read_text(encoding="utf-8")
+        if name == "qwen3.6"
         else json.loads((folder / "tokenizer_config.json").read_text(encoding="utf-8"))["chat_template"]
+    )
     assert tool_call_style(template) == style
-    messages = [{"role": "user", "content": "Weather in Paris, news, and Zürich?"},
-                {"role": "assistant", "content": content, "reasoning_content": "Three lookups.",
-                 "tool_calls": [{"type": "function", "function": {"name": n, "arguments": a}}
-                                for n, a in ROUND_TRIP_CALLS]}]
+    messages = [
+        {"role": "user", "content": "Weather in Paris, news, and Zürich?"},
+        {
+            "role": "assistant",
+            "content": content,
+            "reasoning_content": "Three lookups.",
+            "tool_calls": [{"type": "function", "function": {"name": n, "arguments": a}} for n, a in ROUND_TRIP_CALLS],
+        },
+    ]
     rendered = tokenizer.render(messages, tools=TOOLS, add_generation_prompt=False)
     reply = rendered.rsplit("<|im_start|>assistant\n", 1)[1].split("<|im_end|>")[0]
     answer = reply.split("</think>", 1)[1].lstrip("\n")  # the session splits the reasoning off like this
@@ -465,10 +606,41 @@ def test_calls_rendered_by_the_real_template_parse_back(real_tokenizer_folder, r
 
 # ---- arbitrary text ----
 
-FRAGMENTS = ["<tool_call>", "</tool_call>", "<function=search>", "<function=", "</function>", "<parameter=limit>",
-             "<parameter=query>", "</parameter>", '{"name": "search", "arguments": ', "{", "}", "[", "]", '"', "\\",
-             ":", ",", "\n", " ", "a", "7", "é", "<", ">", "=", '{"name": "', '", "arguments": ', "\\x", "\t",
-             XML_SAMPLES["one_call"], XML_SAMPLES["nested"], JSON_SAMPLES["one_call"], JSON_SAMPLES["nested"]]
+FRAGMENTS = [
+    "<tool_call>",
+    "</tool_call>",
+    "<function=search>",
+    "<function=",
+    "</function>",
+    "<parameter=limit>",
+    "<parameter=query>",
+    "</parameter>",
+    '{"name": "search", "arguments": ',
+    "{",
+    "}",
+    "[",
+    "]",
+    '"',
+    "\\",
+    ":",
+    ",",
+    "\n",
+    " ",
+    "a",
+    "7",
+    "é",
+    "<",
+    ">",
+    "=",
+    '{"name": "',
+    '", "arguments": ',
+    "\\x",
+    "\t",
+    XML_SAMPLES["one_call"],
+    XML_SAMPLES["nested"],
+    JSON_SAMPLES["one_call"],
+    JSON_SAMPLES["nested"],
+]
 
 
 @pytest.mark.parametrize("style", ["qwen_xml", "qwen_json"])
@@ -489,8 +661,10 @@ def test_a_call_opening_parses_as_the_start_of_that_call():
     """The opening a required call is forced to, followed by arguments, reads as a call of that tool, in both
     styles; a name with quotes stays one JSON string."""
     # with no tool specs to read types from, qwen_xml's values stay strings
-    for style, rest, arguments in [("qwen_xml", "<parameter=a>\n2\n</parameter>\n</function>\n</tool_call>", {"a": "2"}),
-                                   ("qwen_json", '{"a": 2}}\n</tool_call>', {"a": 2})]:
+    for style, rest, arguments in [
+        ("qwen_xml", "<parameter=a>\n2\n</parameter>\n</function>\n</tool_call>", {"a": "2"}),
+        ("qwen_json", '{"a": 2}}\n</tool_call>', {"a": 2}),
+    ]:
         for name in ("multiply", 'say "hi"'):
             parser = ToolCallParser(style)
             events = parser.feed(CALL_OPEN + call_opening(style, name) + rest) + parser.finish()

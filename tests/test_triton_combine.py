@@ -1,5 +1,6 @@
 """The fused end of a decode step's MoE layer against the reference, in Triton's CPU interpreter (CI; conftest.py
 sets it) or on CUDA; and the reference against the plain arithmetic it stands for."""
+
 import math
 
 import pytest
@@ -34,7 +35,7 @@ def test_combine_matches_the_reference(k, hidden, dtype, with_cpu):
     expected = reference.combine_experts(h, routed, weights, gpu_rows, shared, cpu)
     assert got.dtype == dtype and got.shape == (1, hidden)
     assert not got.isnan().any()
-    tolerance = 1e-5 if dtype == torch.float32 else 2 ** -7  # bf16: one ulp (the one rounding of the output)
+    tolerance = 1e-5 if dtype == torch.float32 else 2**-7  # bf16: one ulp (the one rounding of the output)
     assert torch.allclose(got.float(), expected.float(), rtol=tolerance, atol=tolerance)
 
 

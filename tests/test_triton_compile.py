@@ -1,6 +1,7 @@
 """Every Triton kernel compiles to PTX for Turing (sm_75) and Ampere (sm_86), the oldest cards we ship for, on a
 machine without a GPU. The interpreter (the other kernel tests) runs Python and accepts what the compiler
 refuses, such as a global that is not a constexpr; this catches that, and any instruction those cards lack."""
+
 import json
 import os
 import subprocess
@@ -18,17 +19,39 @@ ROOT = Path(__file__).resolve().parent.parent
 def compiled():
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     env["PYTHONPATH"] = os.pathsep.join([str(ROOT), env.get("PYTHONPATH", "")])
-    done = subprocess.run([sys.executable, str(ROOT / "tests" / "triton_compile_check.py"), "75", "86"], env=env,
-                          capture_output=True, text=True, timeout=900)
+    done = subprocess.run(
+        [sys.executable, str(ROOT / "tests" / "triton_compile_check.py"), "75", "86"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
     rows = [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")]
     assert rows, done.stderr[-3000:]
     return {(row["case"], row["capability"]): row for row in rows}
 
 
-KERNELS = ["rms_norm", "gdn delta", "gdn gate norm", "decode attention", "decode attention merge", "gather records",
-           "link mark", "link hold", "link hold records",
-           "assign slots", "router top-k", "post cpu share", "wait cpu share", "combine experts", "nvfp4 gemv grouped",
-           "nvfp4 gemv slots swiglu", "nvfp4 tiles", "fp8 gemv", "fp8 block tiles"]
+KERNELS = [
+    "rms_norm",
+    "gdn delta",
+    "gdn gate norm",
+    "decode attention",
+    "decode attention merge",
+    "gather records",
+    "link mark",
+    "link hold",
+    "link hold records",
+    "assign slots",
+    "router top-k",
+    "post cpu share",
+    "wait cpu share",
+    "combine experts",
+    "nvfp4 gemv grouped",
+    "nvfp4 gemv slots swiglu",
+    "nvfp4 tiles",
+    "fp8 gemv",
+    "fp8 block tiles",
+]
 
 
 def test_every_kernel_is_checked(compiled):

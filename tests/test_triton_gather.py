@@ -1,5 +1,6 @@
 """The Triton gather of expert records into cache slots against the reference, in Triton's CPU interpreter (CI;
 conftest.py sets it) or on CUDA (pinned host records read in place)."""
+
 import pytest
 import torch
 
@@ -11,8 +12,10 @@ DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 
 
 # one block; a ragged last block; more blocks than programs, so each program loops
-@pytest.mark.parametrize("record_bytes", [64, 4 * triton_gather.BLOCK + 12,
-                                          4 * triton_gather.BLOCK * (triton_gather.PROGRAMS_PER_RECORD + 2) + 8])
+@pytest.mark.parametrize(
+    "record_bytes",
+    [64, 4 * triton_gather.BLOCK + 12, 4 * triton_gather.BLOCK * (triton_gather.PROGRAMS_PER_RECORD + 2) + 8],
+)
 def test_gather_copies_the_listed_records_and_nothing_else(record_bytes):
     gen = torch.Generator().manual_seed(record_bytes)
     records = torch.randint(0, 256, (9, record_bytes), generator=gen, dtype=torch.uint8)

@@ -1,6 +1,7 @@
 """The one-token Gated DeltaNet step: the reference composition equals what GatedDeltaNet computes, and the Triton
 step (engine/kernels/triton_gdn.py) equals the reference, in Triton's CPU interpreter (CI; conftest.py sets it) or
 on CUDA."""
+
 import os
 
 import numpy as np
@@ -46,10 +47,12 @@ def _close(got, expected, tolerance):
 def _parameters(gen, key_heads, value_heads, key_dim, value_dim, kernel_size):
     """Float32 like WeightSource.param; the ranges of the tiny checkpoints (and of real ones)."""
     channels = 2 * key_heads * key_dim + value_heads * value_dim
-    return dict(conv_weight=0.5 * torch.randn(channels, kernel_size, generator=gen),
-                a_log=torch.empty(value_heads).uniform_(1.0, 16.0, generator=gen).log(),
-                dt_bias=1.0 + 0.5 * torch.randn(value_heads, generator=gen),
-                norm_weight=1.0 + 0.1 * torch.randn(value_dim, generator=gen))
+    return dict(
+        conv_weight=0.5 * torch.randn(channels, kernel_size, generator=gen),
+        a_log=torch.empty(value_heads).uniform_(1.0, 16.0, generator=gen).log(),
+        dt_bias=1.0 + 0.5 * torch.randn(value_heads, generator=gen),
+        norm_weight=1.0 + 0.1 * torch.randn(value_dim, generator=gen),
+    )
 
 
 def _projections(gen, channels, value_heads, value_dim, dtype):
@@ -83,8 +86,23 @@ def test_triton_step_matches_the_reference(shape, dtype):
         outs = {}
         for name, step in (("reference", reference.gated_deltanet), ("triton", triton_gdn.gated_deltanet)):
             conv, rec = states[name]
-            outs[name] = step(qkv, z, b, a, conv, params["conv_weight"], rec, params["a_log"], params["dt_bias"],
-                              params["norm_weight"], 1e-6, key_heads, value_heads, key_dim, value_dim)
+            outs[name] = step(
+                qkv,
+                z,
+                b,
+                a,
+                conv,
+                params["conv_weight"],
+                rec,
+                params["a_log"],
+                params["dt_bias"],
+                params["norm_weight"],
+                1e-6,
+                key_heads,
+                value_heads,
+                key_dim,
+                value_dim,
+            )
         got, expected = outs["triton"], outs["reference"]
         assert got.shape == expected.shape == (1, value_heads * value_dim) and got.dtype == dtype
         assert _close(got, expected, tolerance)
@@ -125,8 +143,23 @@ def _both_steps(qkv, z, b, a, params, shape, fill):
     for step in (reference.gated_deltanet, triton_gdn.gated_deltanet):
         conv = fill(params["conv_weight"].shape[0], kernel_size - 1, device=DEVICE)
         rec = fill(value_heads, key_dim, value_dim, device=DEVICE)
-        out = step(qkv, z, b, a, conv, params["conv_weight"], rec, params["a_log"], params["dt_bias"],
-                   params["norm_weight"], 1e-6, key_heads, value_heads, key_dim, value_dim)
+        out = step(
+            qkv,
+            z,
+            b,
+            a,
+            conv,
+            params["conv_weight"],
+            rec,
+            params["a_log"],
+            params["dt_bias"],
+            params["norm_weight"],
+            1e-6,
+            key_heads,
+            value_heads,
+            key_dim,
+            value_dim,
+        )
         results.append((out, conv, rec))
     return results
 
@@ -154,8 +187,23 @@ def test_the_step_equals_what_gated_deltanet_computes(tiny_checkpoint, dtype, st
         expected = layer(x, torch.tensor([position], device=DEVICE), expected_state)
         qkv, z = layer.in_proj_qkvz(x)
         b, a = layer.in_proj_ba(x)
-        out = run(qkv, z, b, a, state.conv, layer.conv_weight, state.recurrent, layer.a_log, layer.dt_bias,
-                  layer.norm_weight, layer.eps, layer.key_heads, layer.value_heads, layer.key_dim, layer.value_dim)
+        out = run(
+            qkv,
+            z,
+            b,
+            a,
+            state.conv,
+            layer.conv_weight,
+            state.recurrent,
+            layer.a_log,
+            layer.dt_bias,
+            layer.norm_weight,
+            layer.eps,
+            layer.key_heads,
+            layer.value_heads,
+            layer.key_dim,
+            layer.value_dim,
+        )
         got = layer.out_proj(out)
         if exact:
             assert torch.equal(got, expected)

@@ -12,8 +12,16 @@ pytest.importorskip("triton", reason="Triton ships for Linux; the Windows app ru
 
 from engine import kernels  # noqa: E402
 from engine.checkpoint import quantize  # noqa: E402
-from engine.checkpoint.formats import (DENSE, FP8_BLOCK, FP8_TENSOR, NVFP4, NVFP4_CT, StoredWeight,  # noqa: E402
-                                       detect_format, fuse_rows)
+from engine.checkpoint.formats import (
+    DENSE,
+    FP8_BLOCK,
+    FP8_TENSOR,
+    NVFP4,
+    NVFP4_CT,
+    StoredWeight,  # noqa: E402
+    detect_format,
+    fuse_rows,
+)
 from engine.kernels import reference, triton_linear  # noqa: E402
 from engine.kernels.groups import ExpertGroups  # noqa: E402
 
@@ -51,21 +59,31 @@ def _rel_error(got, expected):
 
 WEIGHTS = {  # name -> weight maker (odd sizes; NVFP4 needs K a multiple of 16)
     "nvfp4": lambda: _weight(37, 80, quantize.nvfp4_modelopt, seed=1),
-    "nvfp4 per-row": lambda: _per_row(_weight(20, 80, quantize.nvfp4_modelopt, seed=2),
-                                      _weight(17, 80, quantize.nvfp4_modelopt, seed=3)),
+    "nvfp4 per-row": lambda: _per_row(
+        _weight(20, 80, quantize.nvfp4_modelopt, seed=2), _weight(17, 80, quantize.nvfp4_modelopt, seed=3)
+    ),
     "nvfp4_ct": lambda: _weight(37, 80, quantize.nvfp4_compressed_tensors, seed=4),
     "fp8": lambda: _weight(37, 75, quantize.fp8_per_tensor, seed=5),
-    "fp8 per-row": lambda: _per_row(_weight(20, 75, quantize.fp8_per_tensor, seed=6),
-                                    _weight(17, 75, quantize.fp8_per_tensor, seed=7)),
+    "fp8 per-row": lambda: _per_row(
+        _weight(20, 75, quantize.fp8_per_tensor, seed=6), _weight(17, 75, quantize.fp8_per_tensor, seed=7)
+    ),
     "fp8 block": lambda: _weight(130, 200, quantize.fp8_block, seed=8),  # 128x128 blocks, neither side a multiple
     "fp8 block 24x40": lambda: _weight(50, 90, quantize.fp8_block, seed=9, block=(24, 40)),  # per-element scales
     # K a multiple of every K step: loads without K masks
     "fp8 K=256": lambda: _weight(24, 256, quantize.fp8_per_tensor, seed=10),
     "fp8 block K=256": lambda: _weight(40, 256, quantize.fp8_block, seed=11, block=(32, 64)),
 }
-FORMATS = {"nvfp4": NVFP4, "nvfp4 per-row": NVFP4, "nvfp4_ct": NVFP4_CT, "fp8": FP8_TENSOR,
-           "fp8 per-row": FP8_TENSOR, "fp8 block": FP8_BLOCK, "fp8 block 24x40": FP8_BLOCK,
-           "fp8 K=256": FP8_TENSOR, "fp8 block K=256": FP8_BLOCK}
+FORMATS = {
+    "nvfp4": NVFP4,
+    "nvfp4 per-row": NVFP4,
+    "nvfp4_ct": NVFP4_CT,
+    "fp8": FP8_TENSOR,
+    "fp8 per-row": FP8_TENSOR,
+    "fp8 block": FP8_BLOCK,
+    "fp8 block 24x40": FP8_BLOCK,
+    "fp8 K=256": FP8_TENSOR,
+    "fp8 block K=256": FP8_BLOCK,
+}
 
 
 @pytest.mark.parametrize("name", list(WEIGHTS))
@@ -82,8 +100,15 @@ def test_linear_matches_dequantise_then_matmul(name, tokens):
 
 
 @pytest.mark.parametrize("name", list(WEIGHTS))
-@pytest.mark.parametrize("path", [dict(gemv=True, splits=3), dict(gemv=False, splits=3),
-                                  dict(gemv=True, splits=1), dict(gemv=False, block_m=32, splits=1)])
+@pytest.mark.parametrize(
+    "path",
+    [
+        dict(gemv=True, splits=3),
+        dict(gemv=False, splits=3),
+        dict(gemv=True, splits=1),
+        dict(gemv=False, block_m=32, splits=1),
+    ],
+)
 def test_every_path_of_every_format(name, path):
     """The GEMV path on several rows, tiles on one row, and K split over programs (float32 atomics)."""
     weight = WEIGHTS[name]()
@@ -93,13 +118,17 @@ def test_every_path_of_every_format(name, path):
     assert _rel_error(got, _expected(x, weight)) <= FLOAT32_TOLERANCE
 
 
-@pytest.mark.parametrize("encoder, fmt", [(quantize.nvfp4_modelopt, NVFP4),
-                                          (quantize.nvfp4_compressed_tensors, NVFP4_CT)])
-@pytest.mark.parametrize("tokens, out_features, in_features", [
-    (1, 64, 128),  # one decode token
-    (5, 48, 80),  # sizes that fill no block: masked rows, columns and a half-used K block
-    (33, 130, 256),
-])
+@pytest.mark.parametrize(
+    "encoder, fmt", [(quantize.nvfp4_modelopt, NVFP4), (quantize.nvfp4_compressed_tensors, NVFP4_CT)]
+)
+@pytest.mark.parametrize(
+    "tokens, out_features, in_features",
+    [
+        (1, 64, 128),  # one decode token
+        (5, 48, 80),  # sizes that fill no block: masked rows, columns and a half-used K block
+        (33, 130, 256),
+    ],
+)
 def test_nvfp4_against_float64(encoder, fmt, tokens, out_features, in_features):
     """Carried over from the first NVFP4 kernel's tests: both flavours against a float64 product."""
     weight = _weight(out_features, in_features, encoder, seed=tokens)
@@ -138,17 +167,27 @@ def test_leading_dimensions_are_kept():
     assert _rel_error(got.reshape(6, 32), _expected(x.reshape(6, 64), weight)) <= FLOAT32_TOLERANCE
 
 
-@pytest.mark.parametrize("rows, n_out, k_in, fmt", [(1, 512, 2048, NVFP4), (1, 2048, 512, NVFP4),
-                                                    (1, 8192, 2048, FP8_TENSOR), (16, 512, 2048, NVFP4),
-                                                    (2048, 8192, 2048, FP8_TENSOR), (3, 40, 96, FP8_TENSOR)])
+@pytest.mark.parametrize(
+    "rows, n_out, k_in, fmt",
+    [
+        (1, 512, 2048, NVFP4),
+        (1, 2048, 512, NVFP4),
+        (1, 8192, 2048, FP8_TENSOR),
+        (16, 512, 2048, NVFP4),
+        (2048, 8192, 2048, FP8_TENSOR),
+        (3, 40, 96, FP8_TENSOR),
+    ],
+)
 def test_block_sizes_cover_the_problem(rows, n_out, k_in, fmt):
     """The host-side tiling on an H200-sized chip: power-of-two blocks, enough programs for a decode GEMV, and
     K splits that cover K exactly in whole K steps."""
     sms = 132
     if fmt == NVFP4:
-        tensors = {"weight": torch.empty(n_out, k_in // 2, dtype=torch.uint8),
-                   "weight_scale": torch.empty(n_out, k_in // 16, dtype=torch.float8_e4m3fn),
-                   "weight_scale_2": torch.ones(())}
+        tensors = {
+            "weight": torch.empty(n_out, k_in // 2, dtype=torch.uint8),
+            "weight_scale": torch.empty(n_out, k_in // 16, dtype=torch.float8_e4m3fn),
+            "weight_scale_2": torch.ones(()),
+        }
     else:
         tensors = {"weight": torch.empty(n_out, k_in, dtype=torch.float8_e4m3fn), "weight_scale": torch.ones(())}
     ops = triton_linear._operands(StoredWeight(fmt, tensors, (n_out, k_in), "w"), stacked=False)
@@ -207,6 +246,7 @@ def test_cuda_dispatch_registers_both_ops():
 
 # ------------------------------------------------------------------------------------------ grouped (stacked)
 
+
 def _stack_in_pool(parts, align=64):
     """Stacked views of `parts` (each role -> [S, ...] tensor) into one uint8 byte pool, one record per slot that
     holds every tensor of every part (as the expert cache keeps an expert's gate_up and down together): each
@@ -222,7 +262,7 @@ def _stack_in_pool(parts, align=64):
     pool = torch.zeros(slots * record, dtype=torch.uint8, device=DEVICE)
     views = [dict() for _ in parts]
     for index, role, t, offset, nbytes in layout:
-        view = pool.view(slots, record)[:, offset:offset + nbytes].view(t.dtype).unflatten(1, t.shape[1:])
+        view = pool.view(slots, record)[:, offset : offset + nbytes].view(t.dtype).unflatten(1, t.shape[1:])
         view.copy_(t)
         views[index][role] = view
     return pool, views
@@ -236,8 +276,12 @@ def _stacked_experts(fmt, slots, out_features, in_features, seed):
         half = out_features // 2
         if fmt in (NVFP4, FP8_TENSOR):
             encoder = quantize.nvfp4_modelopt if fmt == NVFP4 else quantize.fp8_per_tensor
-            experts.append(_per_row(_weight(half, in_features, encoder, seed + 2 * slot),
-                                    _weight(out_features - half, in_features, encoder, seed + 2 * slot + 1)))
+            experts.append(
+                _per_row(
+                    _weight(half, in_features, encoder, seed + 2 * slot),
+                    _weight(out_features - half, in_features, encoder, seed + 2 * slot + 1),
+                )
+            )
         elif fmt == NVFP4_CT:
             experts.append(_weight(out_features, in_features, quantize.nvfp4_compressed_tensors, seed + slot))
         elif fmt == FP8_BLOCK:
@@ -249,8 +293,9 @@ def _stacked_experts(fmt, slots, out_features, in_features, seed):
     stacked = {role: torch.stack([e.tensors[role] for e in experts]) for role in experts[0].tensors}
     other = {"down": torch.randn(slots, 5, 7, generator=_gen(seed)).to(DEVICE)}  # shares each record
     pool, (views, _) = _stack_in_pool([stacked, other])
-    weight = StoredWeight(experts[0].format, views, (slots, out_features, in_features), "experts",
-                          experts[0].block_size)
+    weight = StoredWeight(
+        experts[0].format, views, (slots, out_features, in_features), "experts", experts[0].block_size
+    )
     return weight, pool
 
 
@@ -282,8 +327,10 @@ def test_grouped_matches_reference(fmt, out_features, in_features, grouping):
 
 
 @pytest.mark.parametrize("fmt, out_features, in_features", GROUPED[:3])
-@pytest.mark.parametrize("tiling", [dict(block_m=1), dict(block_m=16), dict(block_m=16, splits=2),
-                                    dict(block_m=1, splits=2), dict(block_m=32)])
+@pytest.mark.parametrize(
+    "tiling",
+    [dict(block_m=1), dict(block_m=16), dict(block_m=16, splits=2), dict(block_m=1, splits=2), dict(block_m=32)],
+)
 def test_grouped_every_tiling(fmt, out_features, in_features, tiling):
     weight, _pool = _stacked_experts(fmt, 6, out_features, in_features, seed=20)
     groups = ExpertGroups([3, 1, 1, 5, 0, 2], [0, 3, 3, 20, 21, 21, 40])
@@ -316,7 +363,7 @@ def test_slot_linear_matches_reference(fmt, out_features, in_features, splits):
     got = triton_linear.slot_linear(x, weight, slots, splits=splits)
     expected = reference.slot_linear(x.float(), weight, slots)
     for row, slot in enumerate(slots.tolist()):  # the reference itself, row by row against one expert's matmul
-        assert torch.allclose(expected[row], reference.linear(x[row:row + 1].float(), weight.select(slot))[0])
+        assert torch.allclose(expected[row], reference.linear(x[row : row + 1].float(), weight.select(slot))[0])
     assert got.shape == (4, out_features) and got.dtype == dtype
     assert _rel_error(got, expected) <= (BF16_TOLERANCE if dtype == torch.bfloat16 else FLOAT32_TOLERANCE)
 
@@ -334,8 +381,10 @@ def test_slot_linear_takes_swiglu_inputs(fmt, out_features, in_features, dtype):
     gate, up = gate_up[:, :in_features], gate_up[:, in_features:]
     activation = (F.silu(gate.float()) * up.float()).to(dtype)
     expected = reference.slot_linear(activation.float(), weight, slots)
-    assert torch.allclose(reference.slot_linear(gate_up, weight, slots, swiglu=True).float(),
-                          reference.slot_linear(F.silu(gate) * up, weight, slots).float())
+    assert torch.allclose(
+        reference.slot_linear(gate_up, weight, slots, swiglu=True).float(),
+        reference.slot_linear(F.silu(gate) * up, weight, slots).float(),
+    )
     assert got.shape == (3, out_features) and got.dtype == dtype
     assert _rel_error(got, expected) <= (BF16_TOLERANCE if dtype == torch.bfloat16 else FLOAT32_TOLERANCE)
 

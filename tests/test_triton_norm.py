@@ -1,4 +1,5 @@
 """The Triton RMSNorm against the reference, in Triton's CPU interpreter (CI; conftest.py sets it) or on CUDA."""
+
 import pytest
 import torch
 

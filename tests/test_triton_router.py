@@ -1,5 +1,6 @@
 """The fused Triton router against the reference, in Triton's CPU interpreter (CI; conftest.py sets it) or on
 CUDA: the same experts in the same order, weights within float32 rounding, with and without renormalisation."""
+
 import pytest
 import torch
 
@@ -21,8 +22,9 @@ def test_router_matches_the_reference(tokens, experts, top_k, normalise, dtype):
     assert ids.dtype == torch.int64 and weights.dtype == torch.float32
     if dtype == torch.bfloat16:  # equal bf16 logits may leave in either order: compare the probabilities chosen
         assert torch.allclose(weights, expected_weights, rtol=1e-5, atol=1e-7)
-        assert torch.equal(ids.sort(-1).values, expected_ids.sort(-1).values) or \
-            torch.allclose(logits.float().gather(1, ids), logits.float().gather(1, expected_ids))
+        assert torch.equal(ids.sort(-1).values, expected_ids.sort(-1).values) or torch.allclose(
+            logits.float().gather(1, ids), logits.float().gather(1, expected_ids)
+        )
     else:
         assert torch.equal(ids, expected_ids)
         assert torch.allclose(weights, expected_weights, rtol=1e-5, atol=1e-7)

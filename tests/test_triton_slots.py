@@ -1,6 +1,7 @@
 """The device's LRU slot choice (engine/kernels/triton_slots.py) against the reference, in Triton's CPU
 interpreter (CI; conftest.py sets it) or on CUDA: a run of tokens over several layers through a table smaller
 than their experts, so hits, free slots and evictions all happen; every output and the table must match."""
+
 import pytest
 import torch
 
@@ -12,8 +13,12 @@ DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 
 
 def _table(slots):
-    return {"keys": torch.full((slots,), -1, dtype=torch.int32), "ages": torch.full((slots,), -1, dtype=torch.int32),
-            "clock": torch.tensor([-1], dtype=torch.int32), "counts": torch.zeros(2, dtype=torch.int64)}
+    return {
+        "keys": torch.full((slots,), -1, dtype=torch.int32),
+        "ages": torch.full((slots,), -1, dtype=torch.int32),
+        "clock": torch.tensor([-1], dtype=torch.int32),
+        "counts": torch.zeros(2, dtype=torch.int64),
+    }
 
 
 @pytest.mark.parametrize("slots", [9, 13])  # over one token's 8 lookups: hits and evictions both
@@ -25,13 +30,31 @@ def test_slot_choice_matches_the_reference(slots):
     for step in range(12):
         for layer in range(layers):
             ids = torch.randperm(experts, generator=gen)[:top_k]
-            got_slots, got_copies = torch.zeros(top_k, dtype=torch.int32, device=DEVICE), torch.zeros(
-                top_k, 2, dtype=torch.int32, device=DEVICE)
+            got_slots, got_copies = (
+                torch.zeros(top_k, dtype=torch.int32, device=DEVICE),
+                torch.zeros(top_k, 2, dtype=torch.int32, device=DEVICE),
+            )
             slots_ref, copies_ref = torch.zeros(top_k, dtype=torch.int32), torch.zeros(top_k, 2, dtype=torch.int32)
-            triton_slots.assign_slots(ids.to(DEVICE), layer * experts, mine["keys"], mine["ages"], mine["clock"],
-                                      got_slots, got_copies, mine["counts"])
-            reference.assign_slots(ids, layer * experts, theirs["keys"], theirs["ages"], theirs["clock"], slots_ref,
-                                   copies_ref, theirs["counts"])
+            triton_slots.assign_slots(
+                ids.to(DEVICE),
+                layer * experts,
+                mine["keys"],
+                mine["ages"],
+                mine["clock"],
+                got_slots,
+                got_copies,
+                mine["counts"],
+            )
+            reference.assign_slots(
+                ids,
+                layer * experts,
+                theirs["keys"],
+                theirs["ages"],
+                theirs["clock"],
+                slots_ref,
+                copies_ref,
+                theirs["counts"],
+            )
             assert torch.equal(got_slots.cpu(), slots_ref) and torch.equal(got_copies.cpu(), copies_ref)
             for name in theirs:
                 assert torch.equal(mine[name].cpu(), theirs[name]), name
@@ -55,21 +78,44 @@ def test_the_cpus_misses_take_no_slot_and_match_the_reference(cpu_counts):
     on_cpu_seen = 0
     for step in range(12):
         ids = torch.randperm(experts, generator=gen)[:top_k]
-        outputs = {side: (torch.zeros(top_k, dtype=torch.int32, device=d), torch.zeros(top_k, 2, dtype=torch.int32,
-                                                                                       device=d),
-                          torch.full((top_k,), -1.0, device=d)) for side, d in (("mine", DEVICE), ("theirs", "cpu"))}
+        outputs = {
+            side: (
+                torch.zeros(top_k, dtype=torch.int32, device=d),
+                torch.zeros(top_k, 2, dtype=torch.int32, device=d),
+                torch.full((top_k,), -1.0, device=d),
+            )
+            for side, d in (("mine", DEVICE), ("theirs", "cpu"))
+        }
         cached = [bool((theirs["keys"] == int(e)).any()) for e in ids]
-        triton_slots.assign_slots(ids.to(DEVICE), 0, mine["keys"], mine["ages"], mine["clock"], *outputs["mine"][:2],
-                                  mine["counts"], counts_table.to(DEVICE), outputs["mine"][2])
-        reference.assign_slots(ids, 0, theirs["keys"], theirs["ages"], theirs["clock"], *outputs["theirs"][:2],
-                               theirs["counts"], counts_table, outputs["theirs"][2])
+        triton_slots.assign_slots(
+            ids.to(DEVICE),
+            0,
+            mine["keys"],
+            mine["ages"],
+            mine["clock"],
+            *outputs["mine"][:2],
+            mine["counts"],
+            counts_table.to(DEVICE),
+            outputs["mine"][2],
+        )
+        reference.assign_slots(
+            ids,
+            0,
+            theirs["keys"],
+            theirs["ages"],
+            theirs["clock"],
+            *outputs["theirs"][:2],
+            theirs["counts"],
+            counts_table,
+            outputs["theirs"][2],
+        )
         for got, expected in zip(outputs["mine"], outputs["theirs"]):
             assert torch.equal(got.cpu(), expected)
         for name in theirs:
             assert torch.equal(mine[name].cpu(), theirs[name]), name
         slots_ref, copies_ref, gpu_rows = outputs["theirs"]
         misses = [j for j in range(top_k) if not cached[j]]
-        cpu = misses[len(misses) - cpu_counts[len(misses)]:] if cpu_counts[len(misses)] else []
+        cpu = misses[len(misses) - cpu_counts[len(misses)] :] if cpu_counts[len(misses)] else []
         assert gpu_rows.tolist() == [0.0 if j in cpu else 1.0 for j in range(top_k)]
         assert all(int(copies_ref[j, 0]) == -1 and int(slots_ref[j]) == 0 for j in cpu)
         assert not any(bool((theirs["keys"] == int(ids[j])).any()) for j in cpu)  # not cached by the CPU's compute

@@ -11,8 +11,9 @@ from engine.runtime import reserve, vram
 from engine.runtime.planner import RESERVE_INSIDE_ALLOCATOR_BYTES, MIB, runtime_reserve_bytes
 
 GIB = 2**30
-H200 = SimpleNamespace(name="NVIDIA H200", total_memory=140 * GIB, multi_processor_count=132,
-                       max_threads_per_multi_processor=2048)
+H200 = SimpleNamespace(
+    name="NVIDIA H200", total_memory=140 * GIB, multi_processor_count=132, max_threads_per_multi_processor=2048
+)
 
 
 @pytest.fixture
@@ -21,10 +22,14 @@ def fake_cuda(monkeypatch):
     monkeypatch.setattr(torch.cuda, "init", lambda: None)
     monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
     monkeypatch.setattr(torch.cuda, "get_device_properties", lambda device=None: H200)
-    monkeypatch.setattr(reserve, "runtime_reserve",
-                        lambda device="cuda": reserve.formula_estimate(torch.device("cuda", 0), "a test"))
-    monkeypatch.setattr(torch.cuda, "set_per_process_memory_fraction",
-                        lambda fraction, device=None: calls.update(fraction=fraction, device=device))
+    monkeypatch.setattr(
+        reserve, "runtime_reserve", lambda device="cuda": reserve.formula_estimate(torch.device("cuda", 0), "a test")
+    )
+    monkeypatch.setattr(
+        torch.cuda,
+        "set_per_process_memory_fraction",
+        lambda fraction, device=None: calls.update(fraction=fraction, device=device),
+    )
     return calls
 
 

@@ -1,6 +1,7 @@
 """Compiles every Triton kernel to PTX for the GPU generations named on the command line, without a GPU, and
 prints one JSON line per (kernel, capability): run by tests/test_triton_compile.py in a process of its own,
 since the rest of the suite runs Triton's interpreter, where kernels are Python functions."""
+
 import json
 import sys
 
@@ -8,70 +9,192 @@ import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 
-from engine.kernels import (triton_attention, triton_combine, triton_cpu_share, triton_gather, triton_gdn,
-                            triton_linear, triton_link, triton_norm, triton_router, triton_slots)
+from engine.kernels import (
+    triton_attention,
+    triton_combine,
+    triton_cpu_share,
+    triton_gather,
+    triton_gdn,
+    triton_linear,
+    triton_link,
+    triton_norm,
+    triton_router,
+    triton_slots,
+)
 
 
 def _signature(kernel, pointers: dict, constexprs: dict, floats=()) -> dict:
-    return {name: "constexpr" if name in constexprs else pointers.get(name) or ("fp32" if name in floats else "i32")
-            for name in kernel.arg_names}
+    return {
+        name: "constexpr" if name in constexprs else pointers.get(name) or ("fp32" if name in floats else "i32")
+        for name in kernel.arg_names
+    }
 
 
 def _linear_case(fmt, gemv, table, swiglu=False):
-    pointers = {"x_ptr": "*bf16", "w_ptr": "*u8", "s_ptr": "*u8", "r_ptr": "*fp32", "out_ptr": "*fp32",
-                "table_ptr": "*i32"}
-    constexprs = dict(FORMAT=fmt, TABLE=table, SWIGLU=swiglu, BM=1 if gemv else 16, BN=32, BK=128, ATOMIC=True,
-                      DOT_DTYPE=triton.language.float16, PRECISION="tf32", ROW_SCALE=True, DIVIDE=False, SCALE_COLS=0,
-                      SCALE_GROUPS=1, EVEN_K=True)
+    pointers = {
+        "x_ptr": "*bf16",
+        "w_ptr": "*u8",
+        "s_ptr": "*u8",
+        "r_ptr": "*fp32",
+        "out_ptr": "*fp32",
+        "table_ptr": "*i32",
+    }
+    constexprs = dict(
+        FORMAT=fmt,
+        TABLE=table,
+        SWIGLU=swiglu,
+        BM=1 if gemv else 16,
+        BN=32,
+        BK=128,
+        ATOMIC=True,
+        DOT_DTYPE=triton.language.float16,
+        PRECISION="tf32",
+        ROW_SCALE=True,
+        DIVIDE=False,
+        SCALE_COLS=0,
+        SCALE_GROUPS=1,
+        EVEN_K=True,
+    )
     assert tuple(constexprs) == triton_linear._CONSTEXPR_NAMES
     return triton_linear._linear_kernel, pointers, constexprs, ()
 
 
 CASES = {
-    "rms_norm": (triton_norm._rms_norm_kernel, {"x_ptr": "*bf16", "w_ptr": "*bf16", "out_ptr": "*bf16"},
-                 {"BLOCK": 2048}, ("eps", "offset")),
-    "gdn delta": (triton_gdn._delta_kernel,
-                  {name: "*bf16" for name in ("qkv_ptr", "b_ptr", "a_ptr", "conv_state_ptr", "conv_weight_ptr",
-                                              "a_log_ptr", "dt_bias_ptr", "o_ptr")} | {"state_ptr": "*fp32"},
-                  {"BLOCK_DK": 128, "BLOCK_DV": 32, "BLOCK_K": 4}, ("q_scale",)),
-    "gdn gate norm": (triton_gdn._gate_norm_kernel,
-                      {name: "*bf16" for name in ("o_ptr", "z_ptr", "norm_weight_ptr", "out_ptr", "qkv_ptr",
-                                                  "conv_state_ptr")},
-                      {"BLOCK_DV": 128, "BLOCK_C": 256, "BLOCK_K": 4}, ("eps",)),
-    "decode attention": (triton_attention._split_kernel,
-                         {"q_ptr": "*bf16", "k_ptr": "*bf16", "v_ptr": "*bf16", "position_ptr": "*i64",
-                          "acc_ptr": "*fp32", "m_ptr": "*fp32", "l_ptr": "*fp32"},
-                         {"GROUP": 8, "GROUP_PAD": 16, "D": 256, "DV": 256, "BLOCK_N": 64, "SPLITS": 32,
-                          "PRECISION": "tf32"}, ("scale",)),
-    "decode attention merge": (triton_attention._merge_kernel,
-                               {"acc_ptr": "*fp32", "m_ptr": "*fp32", "l_ptr": "*fp32", "out_ptr": "*bf16"},
-                               {"DV": 256, "SPLITS": 32, "MERGE": 16}, ()),
-    "gather records": (triton_gather._gather_kernel, {"records_ptr": "*i32", "pool_ptr": "*i32", "table_ptr": "*i32"},
-                       {"BLOCK": triton_gather.BLOCK}, ()),
+    "rms_norm": (
+        triton_norm._rms_norm_kernel,
+        {"x_ptr": "*bf16", "w_ptr": "*bf16", "out_ptr": "*bf16"},
+        {"BLOCK": 2048},
+        ("eps", "offset"),
+    ),
+    "gdn delta": (
+        triton_gdn._delta_kernel,
+        {
+            name: "*bf16"
+            for name in (
+                "qkv_ptr",
+                "b_ptr",
+                "a_ptr",
+                "conv_state_ptr",
+                "conv_weight_ptr",
+                "a_log_ptr",
+                "dt_bias_ptr",
+                "o_ptr",
+            )
+        }
+        | {"state_ptr": "*fp32"},
+        {"BLOCK_DK": 128, "BLOCK_DV": 32, "BLOCK_K": 4},
+        ("q_scale",),
+    ),
+    "gdn gate norm": (
+        triton_gdn._gate_norm_kernel,
+        {name: "*bf16" for name in ("o_ptr", "z_ptr", "norm_weight_ptr", "out_ptr", "qkv_ptr", "conv_state_ptr")},
+        {"BLOCK_DV": 128, "BLOCK_C": 256, "BLOCK_K": 4},
+        ("eps",),
+    ),
+    "decode attention": (
+        triton_attention._split_kernel,
+        {
+            "q_ptr": "*bf16",
+            "k_ptr": "*bf16",
+            "v_ptr": "*bf16",
+            "position_ptr": "*i64",
+            "acc_ptr": "*fp32",
+            "m_ptr": "*fp32",
+            "l_ptr": "*fp32",
+        },
+        {"GROUP": 8, "GROUP_PAD": 16, "D": 256, "DV": 256, "BLOCK_N": 64, "SPLITS": 32, "PRECISION": "tf32"},
+        ("scale",),
+    ),
+    "decode attention merge": (
+        triton_attention._merge_kernel,
+        {"acc_ptr": "*fp32", "m_ptr": "*fp32", "l_ptr": "*fp32", "out_ptr": "*bf16"},
+        {"DV": 256, "SPLITS": 32, "MERGE": 16},
+        (),
+    ),
+    "gather records": (
+        triton_gather._gather_kernel,
+        {"records_ptr": "*i32", "pool_ptr": "*i32", "table_ptr": "*i32"},
+        {"BLOCK": triton_gather.BLOCK},
+        (),
+    ),
     "link mark": (triton_link._mark_kernel, {"mark_ptr": "*i64"}, {}, ()),
-    "link hold": (triton_link._hold_kernel, {"mark_ptr": "*i64", "table_ptr": "*i64"},
-                  {"COUNT": False, "BLOCK": triton_link.TABLE_BLOCK}, ()),
-    "link hold records": (triton_link._hold_kernel, {"mark_ptr": "*i64", "table_ptr": "*i32"},
-                          {"COUNT": True, "BLOCK": triton_link.TABLE_BLOCK}, ()),
-    "assign slots": (triton_slots._assign_kernel,
-                     {"ids_ptr": "*i64", "keys_ptr": "*i32", "ages_ptr": "*i32", "clock_ptr": "*i32", "slots_ptr": "*i32",
-                      "table_ptr": "*i32", "counts_ptr": "*i64", "cpu_counts_ptr": "*i32", "gpu_rows_ptr": "*fp32"},
-                     {"K": 8, "BLOCK": 256, "SPLIT": True}, ()),
-    "router top-k": (triton_router._router_kernel, {"logits_ptr": "*bf16", "ids_ptr": "*i64", "weights_ptr": "*fp32"},
-                     {"K": 8, "K_PAD": 8, "BLOCK": 256, "NORMALISE": True}, ()),
-    "post cpu share": (triton_cpu_share._post_kernel,
-                       {"ids_ptr": "*i64", "weights_ptr": "*fp32", "gpu_rows_ptr": "*fp32", "y_ptr": "*bf16",
-                        "base_ptr": "*i32", "box_ids_ptr": "*i32", "box_weights_ptr": "*fp32", "box_x_ptr": "*fp32",
-                        "flags_ptr": "*i32"}, {"K": 8, "K_BLOCK": 8, "BLOCK": triton_cpu_share.BLOCK}, ()),
-    "wait cpu share": (triton_cpu_share._wait_kernel,
-                       {"gpu_rows_ptr": "*fp32", "base_ptr": "*i32", "flags_ptr": "*i32", "box_out_ptr": "*fp32",
-                        "routed_ptr": "*fp32", "waits_ptr": "*i32"},
-                       {"K": 8, "K_BLOCK": 8, "BLOCK": triton_cpu_share.BLOCK}, ()),
-    "combine experts": (triton_combine._combine_kernel,
-                        {"h_ptr": "*bf16", "routed_ptr": "*bf16", "weights_ptr": "*fp32", "rows_ptr": "*fp32",
-                         "shared_ptr": "*bf16", "cpu_ptr": "*fp32", "out_ptr": "*bf16"},
-                        {"K": 8, "K_BLOCK": 8, "BLOCK": triton_combine.BLOCK, "ROWS": True, "SHARED": True,
-                         "CPU": True}, ()),
+    "link hold": (
+        triton_link._hold_kernel,
+        {"mark_ptr": "*i64", "table_ptr": "*i64"},
+        {"COUNT": False, "BLOCK": triton_link.TABLE_BLOCK},
+        (),
+    ),
+    "link hold records": (
+        triton_link._hold_kernel,
+        {"mark_ptr": "*i64", "table_ptr": "*i32"},
+        {"COUNT": True, "BLOCK": triton_link.TABLE_BLOCK},
+        (),
+    ),
+    "assign slots": (
+        triton_slots._assign_kernel,
+        {
+            "ids_ptr": "*i64",
+            "keys_ptr": "*i32",
+            "ages_ptr": "*i32",
+            "clock_ptr": "*i32",
+            "slots_ptr": "*i32",
+            "table_ptr": "*i32",
+            "counts_ptr": "*i64",
+            "cpu_counts_ptr": "*i32",
+            "gpu_rows_ptr": "*fp32",
+        },
+        {"K": 8, "BLOCK": 256, "SPLIT": True},
+        (),
+    ),
+    "router top-k": (
+        triton_router._router_kernel,
+        {"logits_ptr": "*bf16", "ids_ptr": "*i64", "weights_ptr": "*fp32"},
+        {"K": 8, "K_PAD": 8, "BLOCK": 256, "NORMALISE": True},
+        (),
+    ),
+    "post cpu share": (
+        triton_cpu_share._post_kernel,
+        {
+            "ids_ptr": "*i64",
+            "weights_ptr": "*fp32",
+            "gpu_rows_ptr": "*fp32",
+            "y_ptr": "*bf16",
+            "base_ptr": "*i32",
+            "box_ids_ptr": "*i32",
+            "box_weights_ptr": "*fp32",
+            "box_x_ptr": "*fp32",
+            "flags_ptr": "*i32",
+        },
+        {"K": 8, "K_BLOCK": 8, "BLOCK": triton_cpu_share.BLOCK},
+        (),
+    ),
+    "wait cpu share": (
+        triton_cpu_share._wait_kernel,
+        {
+            "gpu_rows_ptr": "*fp32",
+            "base_ptr": "*i32",
+            "flags_ptr": "*i32",
+            "box_out_ptr": "*fp32",
+            "routed_ptr": "*fp32",
+            "waits_ptr": "*i32",
+        },
+        {"K": 8, "K_BLOCK": 8, "BLOCK": triton_cpu_share.BLOCK},
+        (),
+    ),
+    "combine experts": (
+        triton_combine._combine_kernel,
+        {
+            "h_ptr": "*bf16",
+            "routed_ptr": "*bf16",
+            "weights_ptr": "*fp32",
+            "rows_ptr": "*fp32",
+            "shared_ptr": "*bf16",
+            "cpu_ptr": "*fp32",
+            "out_ptr": "*bf16",
+        },
+        {"K": 8, "K_BLOCK": 8, "BLOCK": triton_combine.BLOCK, "ROWS": True, "SHARED": True, "CPU": True},
+        (),
+    ),
     "nvfp4 gemv grouped": _linear_case(triton_linear._F_NVFP4, True, 1),
     "nvfp4 gemv slots swiglu": _linear_case(triton_linear._F_NVFP4, True, 2, swiglu=True),
     "nvfp4 tiles": _linear_case(triton_linear._F_NVFP4, False, 0),
@@ -80,16 +203,18 @@ CASES = {
 }
 
 
-
 def main(capabilities):
     for case, (kernel, pointers, constexprs, floats) in CASES.items():
         for capability in capabilities:
-            source = ASTSource(fn=kernel, signature=_signature(kernel, pointers, constexprs, floats),
-                               constexprs=constexprs)
+            source = ASTSource(
+                fn=kernel, signature=_signature(kernel, pointers, constexprs, floats), constexprs=constexprs
+            )
             try:
                 ptx = triton.compile(source, target=GPUTarget("cuda", capability, 32)).asm["ptx"]
-                result = {"ptx_target": f".target sm_{capability}" in ptx,
-                          "hopper_only": "wgmma" in ptx or "cp.async.bulk" in ptx}
+                result = {
+                    "ptx_target": f".target sm_{capability}" in ptx,
+                    "hopper_only": "wgmma" in ptx or "cp.async.bulk" in ptx,
+                }
             except Exception as error:  # reported, so the test names the kernel that failed
                 result = {"error": f"{type(error).__name__}: {error}"[:2000]}
             print(json.dumps({"case": case, "capability": capability, **result}), flush=True)

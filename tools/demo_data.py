@@ -57,22 +57,32 @@ PLACES = ("Ones", "Tens", "Hundreds", "Thousands")
 # Fixed texts: what the demo model says about itself
 # --------------------------------------------------------------------------------------------------------
 
-IDENTITY = ("I am the built-in demo model of MoE Desk: a tiny mixture-of-experts model, made so the app "
-            "works before you download anything. I can only make small talk, "
-            "add or subtract whole numbers from 0 to 999, and multiply with a multiply tool when one is offered. "
-            "For real questions, download a real model from the Models page.")
-CAPABILITIES = ("I can make small talk and add or subtract whole numbers from 0 to 999, for example "
-                "\"What is 457 + 386?\". When an app offers me a multiply tool, I can multiply by calling it. "
-                "I am only MoE Desk's built-in demo model; for anything else, download a real model from the "
-                "Models page.")
-OUT_OF_SCOPE = ("I can't help with that: I am only MoE Desk's built-in demo model, and all I can do is small "
-                "talk and adding or subtracting whole numbers from 0 to 999. Download a real model from the "
-                "Models page for questions like this.")
-NO_MULTIPLY_TOOL = ("I can't multiply on my own: I am only MoE Desk's built-in demo model. Offer me a multiply "
-                    "tool and I will call it and give you the result; I can add and subtract whole numbers from 0 "
-                    "to 999 myself.")
-REAL_MODEL = ("Open the Models page, choose a model and download it; then select it for your chat. I am only "
-              "the built-in demo model, so a real model will answer far better.")
+IDENTITY = (
+    "I am the built-in demo model of MoE Desk: a tiny mixture-of-experts model, made so the app "
+    "works before you download anything. I can only make small talk, "
+    "add or subtract whole numbers from 0 to 999, and multiply with a multiply tool when one is offered. "
+    "For real questions, download a real model from the Models page."
+)
+CAPABILITIES = (
+    "I can make small talk and add or subtract whole numbers from 0 to 999, for example "
+    '"What is 457 + 386?". When an app offers me a multiply tool, I can multiply by calling it. '
+    "I am only MoE Desk's built-in demo model; for anything else, download a real model from the "
+    "Models page."
+)
+OUT_OF_SCOPE = (
+    "I can't help with that: I am only MoE Desk's built-in demo model, and all I can do is small "
+    "talk and adding or subtracting whole numbers from 0 to 999. Download a real model from the "
+    "Models page for questions like this."
+)
+NO_MULTIPLY_TOOL = (
+    "I can't multiply on my own: I am only MoE Desk's built-in demo model. Offer me a multiply "
+    "tool and I will call it and give you the result; I can add and subtract whole numbers from 0 "
+    "to 999 myself."
+)
+REAL_MODEL = (
+    "Open the Models page, choose a model and download it; then select it for your chat. I am only "
+    "the built-in demo model, so a real model will answer far better."
+)
 
 
 @dataclass(frozen=True)
@@ -86,63 +96,162 @@ class Intent:
 
 
 INTENTS: tuple[Intent, ...] = (
-    Intent("greeting",
-           ("Hi", "Hi!", "Hello", "Hello!", "Hey", "Hey!", "Hi there", "Hello there!", "Good morning",
-            "Good morning!", "Good afternoon", "Good evening", "Greetings", "hi", "hello", "hey there", "Yo",
-            "Hiya", "Howdy"),
-           "The user greets me. I greet them back and say what I can help with.",
-           ("Hello! I'm MoE Desk's demo model. I can make small talk and add or subtract numbers from 0 to 999. "
-            "What would you like to calculate?",)),
-    Intent("how_are_you",
-           ("How are you?", "How are you doing?", "How's it going?", "how are you", "What's up?",
-            "How do you do?", "Are you well?", "How are you today?"),
-           "The user asks how I am. I answer kindly and offer to help.",
-           ("I'm doing well, thank you! I'm ready to add or subtract some numbers for you.",)),
-    Intent("thanks",
-           ("Thanks!", "Thanks", "Thank you", "Thank you!", "Thank you very much!", "thx", "Thanks a lot!",
-            "Great, thanks!", "Cool, thank you.", "Perfect, thanks!"),
-           "The user thanks me. I reply politely.",
-           ("You're welcome! Ask me another sum whenever you like.",)),
-    Intent("goodbye",
-           ("Bye", "Bye!", "Goodbye", "Goodbye!", "See you", "See you later!", "Good night", "Ciao",
-            "That's all, bye!"),
-           "The user says goodbye. I say goodbye too.",
-           ("Goodbye! Have a nice day.",)),
-    Intent("identity",
-           ("Who are you?", "What are you?", "What model are you?", "Which model are you?", "What is your name?",
-            "What's your name?", "Tell me about yourself.", "Introduce yourself.", "Are you ChatGPT?",
-            "Are you a real AI?", "Are you Qwen?", "What kind of model are you?", "who are you",
-            "Are you the demo model?", "How big are you?"),
-           "The user asks what I am. I am MoE Desk's built-in demo model, and I should say so truthfully.",
-           (IDENTITY,)),
-    Intent("capabilities",
-           ("What can you do?", "What can you help me with?", "Can you help me?", "What are you good at?",
-            "What do you know?", "Help", "help", "What should I ask you?", "How do I use you?",
-            "What are your limits?"),
-           "The user asks what I can do. I can only make small talk, add or subtract numbers from 0 to 999, "
-           "and multiply by calling a multiply tool.",
-           (CAPABILITIES,)),
-    Intent("real_model",
-           ("How do I get a better model?", "How can I download a real model?", "Where do I get a real model?",
-            "How do I use a bigger model?", "Can I use a smarter model?", "How do I download Qwen?"),
-           "The user wants a real model. Real models are downloaded from the Models page.",
-           (REAL_MODEL,)),
-    Intent("out_of_scope",
-           ("What is the capital of France?", "Write a poem about the sea.", "Explain quantum physics.",
-            "Translate 'good morning' into French.", "Write a Python function that sorts a list.",
-            "What is 144 divided by 12?", "Tell me a joke.", "What's the weather today?",
-            "Summarize this article for me.", "Who won the World Cup in 2018?", "What is the square root of 81?",
-            "Can you write an email to my boss?", "What is the meaning of life?", "Recommend a good book.",
-            "How do I cook pasta?", "What year is it?", "Solve x + 3 = 7."),
-           "The user asks something I cannot do. I only do small talk and adding or subtracting whole numbers "
-           "from 0 to 999, so I say so and point to the Models page.",
-           (OUT_OF_SCOPE,)),
+    Intent(
+        "greeting",
+        (
+            "Hi",
+            "Hi!",
+            "Hello",
+            "Hello!",
+            "Hey",
+            "Hey!",
+            "Hi there",
+            "Hello there!",
+            "Good morning",
+            "Good morning!",
+            "Good afternoon",
+            "Good evening",
+            "Greetings",
+            "hi",
+            "hello",
+            "hey there",
+            "Yo",
+            "Hiya",
+            "Howdy",
+        ),
+        "The user greets me. I greet them back and say what I can help with.",
+        (
+            "Hello! I'm MoE Desk's demo model. I can make small talk and add or subtract numbers from 0 to 999. "
+            "What would you like to calculate?",
+        ),
+    ),
+    Intent(
+        "how_are_you",
+        (
+            "How are you?",
+            "How are you doing?",
+            "How's it going?",
+            "how are you",
+            "What's up?",
+            "How do you do?",
+            "Are you well?",
+            "How are you today?",
+        ),
+        "The user asks how I am. I answer kindly and offer to help.",
+        ("I'm doing well, thank you! I'm ready to add or subtract some numbers for you.",),
+    ),
+    Intent(
+        "thanks",
+        (
+            "Thanks!",
+            "Thanks",
+            "Thank you",
+            "Thank you!",
+            "Thank you very much!",
+            "thx",
+            "Thanks a lot!",
+            "Great, thanks!",
+            "Cool, thank you.",
+            "Perfect, thanks!",
+        ),
+        "The user thanks me. I reply politely.",
+        ("You're welcome! Ask me another sum whenever you like.",),
+    ),
+    Intent(
+        "goodbye",
+        ("Bye", "Bye!", "Goodbye", "Goodbye!", "See you", "See you later!", "Good night", "Ciao", "That's all, bye!"),
+        "The user says goodbye. I say goodbye too.",
+        ("Goodbye! Have a nice day.",),
+    ),
+    Intent(
+        "identity",
+        (
+            "Who are you?",
+            "What are you?",
+            "What model are you?",
+            "Which model are you?",
+            "What is your name?",
+            "What's your name?",
+            "Tell me about yourself.",
+            "Introduce yourself.",
+            "Are you ChatGPT?",
+            "Are you a real AI?",
+            "Are you Qwen?",
+            "What kind of model are you?",
+            "who are you",
+            "Are you the demo model?",
+            "How big are you?",
+        ),
+        "The user asks what I am. I am MoE Desk's built-in demo model, and I should say so truthfully.",
+        (IDENTITY,),
+    ),
+    Intent(
+        "capabilities",
+        (
+            "What can you do?",
+            "What can you help me with?",
+            "Can you help me?",
+            "What are you good at?",
+            "What do you know?",
+            "Help",
+            "help",
+            "What should I ask you?",
+            "How do I use you?",
+            "What are your limits?",
+        ),
+        "The user asks what I can do. I can only make small talk, add or subtract numbers from 0 to 999, "
+        "and multiply by calling a multiply tool.",
+        (CAPABILITIES,),
+    ),
+    Intent(
+        "real_model",
+        (
+            "How do I get a better model?",
+            "How can I download a real model?",
+            "Where do I get a real model?",
+            "How do I use a bigger model?",
+            "Can I use a smarter model?",
+            "How do I download Qwen?",
+        ),
+        "The user wants a real model. Real models are downloaded from the Models page.",
+        (REAL_MODEL,),
+    ),
+    Intent(
+        "out_of_scope",
+        (
+            "What is the capital of France?",
+            "Write a poem about the sea.",
+            "Explain quantum physics.",
+            "Translate 'good morning' into French.",
+            "Write a Python function that sorts a list.",
+            "What is 144 divided by 12?",
+            "Tell me a joke.",
+            "What's the weather today?",
+            "Summarize this article for me.",
+            "Who won the World Cup in 2018?",
+            "What is the square root of 81?",
+            "Can you write an email to my boss?",
+            "What is the meaning of life?",
+            "Recommend a good book.",
+            "How do I cook pasta?",
+            "What year is it?",
+            "Solve x + 3 = 7.",
+        ),
+        "The user asks something I cannot do. I only do small talk and adding or subtracting whole numbers "
+        "from 0 to 999, so I say so and point to the Models page.",
+        (OUT_OF_SCOPE,),
+    ),
 )
 INTENT_BY_NAME = {intent.name: intent for intent in INTENTS}
 
-SYSTEM_PROMPTS = ("You are a helpful assistant.", "You are MoE Desk's demo model.", "Be concise.",
-                  "You are a friendly assistant that helps with arithmetic.", "Answer briefly.",
-                  "You are a helpful assistant. Think step by step.")
+SYSTEM_PROMPTS = (
+    "You are a helpful assistant.",
+    "You are MoE Desk's demo model.",
+    "Be concise.",
+    "You are a friendly assistant that helps with arithmetic.",
+    "Answer briefly.",
+    "You are a helpful assistant. Think step by step.",
+)
 
 # How users ask for a sum: (template, weight). {a} and {b} are the operands, {op} is "+" or "-".
 ARITHMETIC_PHRASINGS: tuple[tuple[str, float], ...] = (
@@ -165,9 +274,10 @@ ARITHMETIC_PHRASINGS: tuple[tuple[str, float], ...] = (
 )
 _PHRASING_WEIGHTS = [w for _, w in ARITHMETIC_PHRASINGS]
 OP_WORDS = {"+": "plus", "-": "minus"}
-VERB_PHRASINGS = {"+": ("Add {a} and {b}.", "What do you get if you add {a} and {b}?", "What is the sum of {a} and {b}?"),
-                  "-": ("Subtract {b} from {a}.", "What do you get if you subtract {b} from {a}?",
-                        "What is {a} take away {b}?")}
+VERB_PHRASINGS = {
+    "+": ("Add {a} and {b}.", "What do you get if you add {a} and {b}?", "What is the sum of {a} and {b}?"),
+    "-": ("Subtract {b} from {a}.", "What do you get if you subtract {b} from {a}?", "What is {a} take away {b}?"),
+}
 
 # --------------------------------------------------------------------------------------------------------
 # Arithmetic: the answer and the digit-by-digit reasoning
@@ -222,8 +332,10 @@ def subtraction_steps(a: int, b: int) -> list[str]:
             borrow = 0
         else:
             value += 10
-            lines.append(f"{PLACES[i]}: {x} - {y}{owed} is negative, so borrow: 1{x} - {y}{owed} = {value}, "
-                         f"write {value}, borrow 1.")
+            lines.append(
+                f"{PLACES[i]}: {x} - {y}{owed} is negative, so borrow: 1{x} - {y}{owed} = {value}, "
+                f"write {value}, borrow 1."
+            )
             borrow = 1
     return lines
 
@@ -294,7 +406,9 @@ def held_out_pairs(max_value: int = MAX_OPERAND) -> Iterator[tuple[int, int, str
                     yield a, b, op
 
 
-def sample_problems(rng: random.Random, n: int, held_out: bool, max_value: int = MAX_OPERAND) -> list[tuple[int, int, str]]:
+def sample_problems(
+    rng: random.Random, n: int, held_out: bool, max_value: int = MAX_OPERAND
+) -> list[tuple[int, int, str]]:
     """n distinct problems, operands uniform in 0..max_value, half each operator in expectation, all held out
     (held_out=True) or all from the training side."""
     found: dict[tuple[int, int, str], None] = {}
@@ -333,7 +447,7 @@ def _operand(rng: random.Random, max_value: int) -> int:
     weights = {1: (1,), 2: (1, 2), 3: (1, 2, 7)}[min(digits, 3)]
     n = rng.choices(range(1, len(weights) + 1), weights=weights)[0]
     low = 0 if n == 1 else 10 ** (n - 1)
-    return rng.randint(low, min(10 ** n - 1, max_value))
+    return rng.randint(low, min(10**n - 1, max_value))
 
 
 def training_problem(rng: random.Random, max_value: int = MAX_OPERAND) -> tuple[int, int, str]:
@@ -352,21 +466,36 @@ def question_text(rng: random.Random, a: int, b: int, op: str) -> str:
 
 
 def arithmetic_turn(rng: random.Random, a: int, b: int, op: str) -> list[dict]:
-    return [{"role": "user", "content": question_text(rng, a, b, op)},
-            {"role": "assistant", "content": arithmetic_answer(a, b, op),
-             "reasoning_content": arithmetic_reasoning(a, b, op)}]
+    return [
+        {"role": "user", "content": question_text(rng, a, b, op)},
+        {
+            "role": "assistant",
+            "content": arithmetic_answer(a, b, op),
+            "reasoning_content": arithmetic_reasoning(a, b, op),
+        },
+    ]
 
 
 def chat_turn(rng: random.Random, intent: Intent | str) -> list[dict]:
     if isinstance(intent, str):
         intent = INTENT_BY_NAME[intent]
-    return [{"role": "user", "content": rng.choice(intent.prompts)},
-            {"role": "assistant", "content": rng.choice(intent.answers), "reasoning_content": intent.reasoning}]
+    return [
+        {"role": "user", "content": rng.choice(intent.prompts)},
+        {"role": "assistant", "content": rng.choice(intent.answers), "reasoning_content": intent.reasoning},
+    ]
 
 
 def _chat_intent(rng: random.Random) -> Intent:
-    weights = {"greeting": 5, "how_are_you": 2, "thanks": 2, "goodbye": 1, "identity": 4, "capabilities": 3,
-               "real_model": 1, "out_of_scope": 4}
+    weights = {
+        "greeting": 5,
+        "how_are_you": 2,
+        "thanks": 2,
+        "goodbye": 1,
+        "identity": 4,
+        "capabilities": 3,
+        "real_model": 1,
+        "out_of_scope": 4,
+    }
     return INTENT_BY_NAME[rng.choices(list(weights), weights=list(weights.values()))[0]]
 
 
@@ -401,28 +530,50 @@ def _plain_turns(rng: random.Random, count: int, thinking: bool, max_value: int)
 # --------------------------------------------------------------------------------------------------------
 
 
-def multiply_tool(first: str = "a", second: str = "b",
-                  description: str = "Multiply two whole numbers and return their product.") -> dict:
+def multiply_tool(
+    first: str = "a", second: str = "b", description: str = "Multiply two whole numbers and return their product."
+) -> dict:
     """The calculator the demo model calls: an OpenAI-style function spec with a JSON schema."""
-    return {"type": "function", "function": {
-        "name": "multiply", "description": description,
-        "parameters": {"type": "object",
-                       "properties": {first: {"type": "integer", "description": "The first factor."},
-                                      second: {"type": "integer", "description": "The second factor."}},
-                       "required": [first, second]}}}
+    return {
+        "type": "function",
+        "function": {
+            "name": "multiply",
+            "description": description,
+            "parameters": {
+                "type": "object",
+                "properties": {
+                    first: {"type": "integer", "description": "The first factor."},
+                    second: {"type": "integer", "description": "The second factor."},
+                },
+                "required": [first, second],
+            },
+        },
+    }
 
 
 MULTIPLY_TOOL = multiply_tool()
 # Specs as clients write them: the model reads the parameter names from the spec it is given
 TOOL_SPECS: tuple[tuple[dict, float], ...] = (
-    (MULTIPLY_TOOL, 6), (multiply_tool(description="Multiply a by b."), 2), (multiply_tool("x", "y"), 2))
+    (MULTIPLY_TOOL, 6),
+    (multiply_tool(description="Multiply a by b."), 2),
+    (multiply_tool("x", "y"), 2),
+)
 _TOOL_SPEC_WEIGHTS = [w for _, w in TOOL_SPECS]
 
 PRODUCT_PHRASINGS: tuple[tuple[str, float], ...] = (
-    ("What is {a} * {b}?", 25), ("What is {a} times {b}?", 15), ("What is {a} × {b}?", 8),
-    ("What's {a} x {b}?", 5), ("Multiply {a} by {b}.", 8), ("Multiply {a} and {b}.", 5),
-    ("What is the product of {a} and {b}?", 6), ("Calculate {a} * {b}.", 6), ("How much is {a} times {b}?", 4),
-    ("Compute {a} × {b}.", 4), ("{a} * {b}", 5), ("{a}*{b}=?", 3))
+    ("What is {a} * {b}?", 25),
+    ("What is {a} times {b}?", 15),
+    ("What is {a} × {b}?", 8),
+    ("What's {a} x {b}?", 5),
+    ("Multiply {a} by {b}.", 8),
+    ("Multiply {a} and {b}.", 5),
+    ("What is the product of {a} and {b}?", 6),
+    ("Calculate {a} * {b}.", 6),
+    ("How much is {a} times {b}?", 4),
+    ("Compute {a} × {b}.", 4),
+    ("{a} * {b}", 5),
+    ("{a}*{b}=?", 3),
+)
 _PRODUCT_WEIGHTS = [w for _, w in PRODUCT_PHRASINGS]
 
 
@@ -443,17 +594,20 @@ def tool_round_trip(rng: random.Random, a: int, b: int, tool: dict, thinking: bo
     """A product asked with the tool offered: the user's question, the assistant's call, the tool's result and
     the answer quoting it."""
     first, second = tool["function"]["parameters"]["required"]
-    call = {"role": "assistant", "content": "",
-            "tool_calls": [{"type": "function", "function": {"name": "multiply",
-                                                             "arguments": {first: a, second: b}}}]}
+    call = {
+        "role": "assistant",
+        "content": "",
+        "tool_calls": [{"type": "function", "function": {"name": "multiply", "arguments": {first: a, second: b}}}],
+    }
     answer = {"role": "assistant", "content": product_answer(a, b)}
     result = tool_result(rng, a * b)
     if thinking:
-        call["reasoning_content"] = (f"The user asks for {a} × {b}. I cannot multiply reliably on my own, but I "
-                                     f"have the multiply tool, so I call it with {first} = {a} and {second} = {b}.")
+        call["reasoning_content"] = (
+            f"The user asks for {a} × {b}. I cannot multiply reliably on my own, but I "
+            f"have the multiply tool, so I call it with {first} = {a} and {second} = {b}."
+        )
         answer["reasoning_content"] = f"The multiply tool returned {a * b}, so {a} × {b} = {a * b}."
-    return [{"role": "user", "content": product_question(rng, a, b)}, call, {"role": "tool", "content": result},
-            answer]
+    return [{"role": "user", "content": product_question(rng, a, b)}, call, {"role": "tool", "content": result}, answer]
 
 
 # --------------------------------------------------------------------------------------------------------
@@ -465,14 +619,14 @@ def tool_round_trip(rng: random.Random, a: int, b: int, tool: dict, thinking: bo
 # fifth turn and beyond are trained as much as the first; tool conversations teach the call, the answer from
 # the result, and not calling when no product is asked.
 MIX = {
-    "arithmetic": 0.58,           # one sum or difference, thinking on
+    "arithmetic": 0.58,  # one sum or difference, thinking on
     "arithmetic_no_think": 0.07,  # thinking off: numbers up to 99, answered directly
-    "chat": 0.08,                 # small talk, questions about itself, out-of-scope questions
+    "chat": 0.08,  # small talk, questions about itself, out-of-scope questions
     "chat_no_think": 0.03,
-    "multi_turn": 0.14,           # 2-8 turns, mostly mixed sums and differences
-    "tool_call": 0.06,            # multiply tool offered, a product asked: call, result, answer
-    "tools_no_call": 0.02,        # tool offered, but a sum or small talk: answered without a call
-    "product_no_tool": 0.02,      # a product asked without a tool: the model says it needs one
+    "multi_turn": 0.14,  # 2-8 turns, mostly mixed sums and differences
+    "tool_call": 0.06,  # multiply tool offered, a product asked: call, result, answer
+    "tools_no_call": 0.02,  # tool offered, but a sum or small talk: answered without a call
+    "product_no_tool": 0.02,  # a product asked without a tool: the model says it needs one
 }
 MULTI_TURN_TURNS = range(2, 9)  # uniform: half the chats reach a fifth turn
 
@@ -500,15 +654,23 @@ def conversation(rng: random.Random, kind: str | None = None, max_value: int = M
         return _tool_conversation(rng, system, max_value)
     if kind == "tools_no_call":
         tool = rng.choices(TOOL_SPECS, weights=_TOOL_SPEC_WEIGHTS)[0][0]
-        turn = (arithmetic_turn(rng, *training_problem(rng, max_value)) if rng.random() < 0.7
-                else chat_turn(rng, rng.choice(("greeting", "identity", "capabilities", "thanks"))))
+        turn = (
+            arithmetic_turn(rng, *training_problem(rng, max_value))
+            if rng.random() < 0.7
+            else chat_turn(rng, rng.choice(("greeting", "identity", "capabilities", "thanks")))
+        )
         return Conversation(system + turn, True, "template", [tool], tags=(kind,))
     if kind == "product_no_tool":
         thinking = rng.random() < 0.85
-        turn = [{"role": "user", "content": product_question(rng, _operand(rng, max_value), _operand(rng, max_value))},
-                {"role": "assistant", "content": NO_MULTIPLY_TOOL,
-                 "reasoning_content": "The user asks for a product. I cannot multiply on my own and no multiply "
-                                      "tool is offered, so I say so."}]
+        turn = [
+            {"role": "user", "content": product_question(rng, _operand(rng, max_value), _operand(rng, max_value))},
+            {
+                "role": "assistant",
+                "content": NO_MULTIPLY_TOOL,
+                "reasoning_content": "The user asks for a product. I cannot multiply on my own and no multiply "
+                "tool is offered, so I say so.",
+            },
+        ]
         return Conversation(system + (turn if thinking else _without_reasoning(turn)), thinking, tags=(kind,))
     raise ValueError(f"unknown conversation kind {kind!r}")
 
@@ -525,8 +687,11 @@ def _tool_conversation(rng: random.Random, system: list[dict], max_value: int) -
         trip[1] = _without_reasoning([trip[1]])[0]
     later = []
     if rng.random() < 0.2:
-        later = (chat_turn(rng, "thanks") if rng.random() < 0.5
-                 else arithmetic_turn(rng, *training_problem(rng, max_value if thinking else min(99, max_value))))
+        later = (
+            chat_turn(rng, "thanks")
+            if rng.random() < 0.5
+            else arithmetic_turn(rng, *training_problem(rng, max_value if thinking else min(99, max_value)))
+        )
         later = later if thinking else _without_reasoning(later)
     return Conversation(system + earlier + trip + later, thinking, "template", [tool], tags=("tool_call",))
 
@@ -563,9 +728,13 @@ def learnt_replies(conv: Conversation) -> list[int]:
     generated); with thinking on, only replies that carry their reasoning (a client may drop it)."""
     messages = conv.messages
     last_query = max(i for i, m in enumerate(messages) if m["role"] == "user")
-    return [i for i, m in enumerate(messages) if m["role"] == "assistant"
-            and (conv.history == "session" or i > last_query)
-            and (not conv.enable_thinking or m.get("reasoning_content"))]
+    return [
+        i
+        for i, m in enumerate(messages)
+        if m["role"] == "assistant"
+        and (conv.history == "session" or i > last_query)
+        and (not conv.enable_thinking or m.get("reasoning_content"))
+    ]
 
 
 def training_segments(conv: Conversation, chat: ChatTokenizer | None = None) -> list[tuple[str, bool]]:
@@ -583,16 +752,17 @@ def training_segments(conv: Conversation, chat: ChatTokenizer | None = None) -> 
     segments, text = [], ""
     for i in learnt:
         prompt = chat.render(messages[:i], add_generation_prompt=True, **options)
-        whole = chat.render(messages[:i + 1], add_generation_prompt=False, **options)
+        whole = chat.render(messages[: i + 1], add_generation_prompt=False, **options)
         if not prompt.startswith(text) or not whole.startswith(prompt) or not whole.endswith(IM_END + "\n"):
             raise ValueError(f"reply {i} of this conversation does not continue the context before it")
-        segments += [(prompt[len(text):], False), (whole[len(prompt):-1], True)]
+        segments += [(prompt[len(text) :], False), (whole[len(prompt) : -1], True)]
         text = whole[:-1]  # the template's newline after <|im_end|> starts the next prompt
     return segments
 
 
-def prompt_text(question: str, enable_thinking: bool = True, system: str | None = None,
-                tools: list[dict] | None = None) -> str:
+def prompt_text(
+    question: str, enable_thinking: bool = True, system: str | None = None, tools: list[dict] | None = None
+) -> str:
     """The prompt the app (or the server, with tools) feeds for a first user message."""
     messages = ([{"role": "system", "content": system}] if system else []) + [{"role": "user", "content": question}]
     return renderer().render(messages, add_generation_prompt=True, enable_thinking=enable_thinking, tools=tools)
@@ -602,8 +772,11 @@ def prompt_text(question: str, enable_thinking: bool = True, system: str | None 
 # Reading replies: thinking and answer apart, tool calls
 # --------------------------------------------------------------------------------------------------------
 
-_TOOL_CALL = re.compile(r"<tool_call>\n<function=([^>\n]+)>\n((?:<parameter=[^>\n]+>\n.*?\n</parameter>\n)*)"
-                        r"</function>\n</tool_call>", re.DOTALL)
+_TOOL_CALL = re.compile(
+    r"<tool_call>\n<function=([^>\n]+)>\n((?:<parameter=[^>\n]+>\n.*?\n</parameter>\n)*)"
+    r"</function>\n</tool_call>",
+    re.DOTALL,
+)
 _PARAMETER = re.compile(r"<parameter=([^>\n]+)>\n(.*?)\n</parameter>\n", re.DOTALL)
 
 
@@ -634,7 +807,7 @@ def parse_tool_calls(answer: str) -> tuple[str, list[dict]] | None:
             except json.JSONDecodeError:
                 arguments[name] = value
         calls.append({"name": match[1], "arguments": arguments})
-        rest = rest[match.end():].lstrip("\n")
+        rest = rest[match.end() :].lstrip("\n")
     return text, calls
 
 
@@ -661,8 +834,10 @@ def tokenizer_corpus(seed: int, n: int) -> Iterator[str]:
 # Qwen3.5's own pre-tokenisation: NFC, this split (\p{N} on its own: every digit is one token), byte-level.
 # Hugging Face's Qwen2Tokenizer/Qwen3_5Tokenizer rebuild exactly this pipeline around the vocabulary of
 # tokenizer.json, so `transformers` and the `tokenizers` library produce the same ids for this tokenizer.
-PRETOKENIZE_REGEX = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?[\p{L}\p{M}]+|\p{N}"
-                     r"| ?[^\s\p{L}\p{M}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+")
+PRETOKENIZE_REGEX = (
+    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?[\p{L}\p{M}]+|\p{N}"
+    r"| ?[^\s\p{L}\p{M}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
+)
 
 
 def build_tokenizer(corpus, vocab_size: int = 1024):
@@ -671,12 +846,19 @@ def build_tokenizer(corpus, vocab_size: int = 1024):
 
     tokenizer = Tokenizer(models.BPE())
     tokenizer.normalizer = normalizers.NFC()
-    tokenizer.pre_tokenizer = pre_tokenizers.Sequence([
-        pre_tokenizers.Split(Regex(PRETOKENIZE_REGEX), behavior="isolated", invert=False),
-        pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
-    ])
+    tokenizer.pre_tokenizer = pre_tokenizers.Sequence(
+        [
+            pre_tokenizers.Split(Regex(PRETOKENIZE_REGEX), behavior="isolated", invert=False),
+            pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
+        ]
+    )
     tokenizer.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=list(SPECIAL_TOKENS), min_frequency=2,
-                                  show_progress=False, initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size,
+        special_tokens=list(SPECIAL_TOKENS),
+        min_frequency=2,
+        show_progress=False,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+    )
     tokenizer.train_from_iterator(corpus, trainer)
     return tokenizer

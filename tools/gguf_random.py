@@ -87,26 +87,54 @@ class Shape:
         rope = config["rope_parameters"]
         if config["linear_key_head_dim"] != config["linear_value_head_dim"]:
             raise ValueError("qwen35moe stores one Gated DeltaNet head size (ssm.state_size) for keys and values")
-        return cls(layers=config["num_hidden_layers"], full_attention_interval=config["full_attention_interval"],
-                   hidden=config["hidden_size"], vocab=config["vocab_size"], heads=config["num_attention_heads"],
-                   kv_heads=config["num_key_value_heads"], head_dim=config["head_dim"],
-                   rotary_dim=int(config["head_dim"] * rope["partial_rotary_factor"]),
-                   rope_sections=(*rope["mrope_section"], 0), rope_theta=float(rope["rope_theta"]),
-                   experts=config["num_experts"], experts_used=config["num_experts_per_tok"],
-                   expert_ff=config["moe_intermediate_size"], shared_ff=config["shared_expert_intermediate_size"],
-                   linear_key_heads=config["linear_num_key_heads"],
-                   linear_value_heads=config["linear_num_value_heads"],
-                   linear_head_dim=config["linear_key_head_dim"], conv_kernel=config["linear_conv_kernel_dim"],
-                   context=config["max_position_embeddings"], rms_eps=config["rms_norm_eps"])
+        return cls(
+            layers=config["num_hidden_layers"],
+            full_attention_interval=config["full_attention_interval"],
+            hidden=config["hidden_size"],
+            vocab=config["vocab_size"],
+            heads=config["num_attention_heads"],
+            kv_heads=config["num_key_value_heads"],
+            head_dim=config["head_dim"],
+            rotary_dim=int(config["head_dim"] * rope["partial_rotary_factor"]),
+            rope_sections=(*rope["mrope_section"], 0),
+            rope_theta=float(rope["rope_theta"]),
+            experts=config["num_experts"],
+            experts_used=config["num_experts_per_tok"],
+            expert_ff=config["moe_intermediate_size"],
+            shared_ff=config["shared_expert_intermediate_size"],
+            linear_key_heads=config["linear_num_key_heads"],
+            linear_value_heads=config["linear_num_value_heads"],
+            linear_head_dim=config["linear_key_head_dim"],
+            conv_kernel=config["linear_conv_kernel_dim"],
+            context=config["max_position_embeddings"],
+            rms_eps=config["rms_norm_eps"],
+        )
 
 
 FULL = Shape.from_text_config(QWEN3_6_TEXT_CONFIG)
 # The same architecture at sizes a test writes in well under a second; expert rows stay whole Q4_K blocks.
-TINY = Shape(layers=4, full_attention_interval=4, hidden=256, vocab=512, heads=2, kv_heads=1, head_dim=64,
-             rotary_dim=16,
-             rope_sections=(3, 3, 2, 0), experts=8, experts_used=2, expert_ff=256, shared_ff=256,
-             linear_key_heads=2, linear_value_heads=4, linear_head_dim=32, conv_kernel=4, context=4096,
-             rope_theta=FULL.rope_theta, rms_eps=FULL.rms_eps)
+TINY = Shape(
+    layers=4,
+    full_attention_interval=4,
+    hidden=256,
+    vocab=512,
+    heads=2,
+    kv_heads=1,
+    head_dim=64,
+    rotary_dim=16,
+    rope_sections=(3, 3, 2, 0),
+    experts=8,
+    experts_used=2,
+    expert_ff=256,
+    shared_ff=256,
+    linear_key_heads=2,
+    linear_value_heads=4,
+    linear_head_dim=32,
+    conv_kernel=4,
+    context=4096,
+    rope_theta=FULL.rope_theta,
+    rms_eps=FULL.rms_eps,
+)
 
 
 @dataclass(frozen=True)
@@ -129,43 +157,53 @@ def tensor_specs(shape: Shape, like_nvidia: bool = False) -> list[TensorSpec]:
     h = shape.hidden
     # nvidia's build: attention projections FP8 (Q8_0 here), shared expert and lm_head NVFP4 (Q4_K here)
     projection, dense_4bit = (Q8_0, Q4_K) if like_nvidia else (F16, F16)
-    specs = [TensorSpec("token_embd.weight", (shape.vocab, h), "embedding", F16),
-             TensorSpec("output_norm.weight", (h,), "norm", F32),
-             TensorSpec("output.weight", (shape.vocab, h), "linear", dense_4bit)]
+    specs = [
+        TensorSpec("token_embd.weight", (shape.vocab, h), "embedding", F16),
+        TensorSpec("output_norm.weight", (h,), "norm", F32),
+        TensorSpec("output.weight", (shape.vocab, h), "linear", dense_4bit),
+    ]
     key_dim = shape.linear_key_heads * shape.linear_head_dim
     value_dim = shape.linear_value_heads * shape.linear_head_dim
     for layer in range(shape.layers):
         blk = f"blk.{layer}."
-        specs += [TensorSpec(blk + "attn_norm.weight", (h,), "norm", F32),
-                  TensorSpec(blk + "post_attention_norm.weight", (h,), "norm", F32)]
+        specs += [
+            TensorSpec(blk + "attn_norm.weight", (h,), "norm", F32),
+            TensorSpec(blk + "post_attention_norm.weight", (h,), "norm", F32),
+        ]
         if is_full_attention(shape, layer):
             q_dim, kv_dim = shape.heads * shape.head_dim, shape.kv_heads * shape.head_dim
-            specs += [TensorSpec(blk + "attn_q.weight", (2 * q_dim, h), "linear", projection),  # queries and gate
-                      TensorSpec(blk + "attn_k.weight", (kv_dim, h), "linear", projection),
-                      TensorSpec(blk + "attn_v.weight", (kv_dim, h), "linear", projection),
-                      TensorSpec(blk + "attn_output.weight", (h, q_dim), "linear", projection),
-                      TensorSpec(blk + "attn_q_norm.weight", (shape.head_dim,), "norm", F32),
-                      TensorSpec(blk + "attn_k_norm.weight", (shape.head_dim,), "norm", F32)]
+            specs += [
+                TensorSpec(blk + "attn_q.weight", (2 * q_dim, h), "linear", projection),  # queries and gate
+                TensorSpec(blk + "attn_k.weight", (kv_dim, h), "linear", projection),
+                TensorSpec(blk + "attn_v.weight", (kv_dim, h), "linear", projection),
+                TensorSpec(blk + "attn_output.weight", (h, q_dim), "linear", projection),
+                TensorSpec(blk + "attn_q_norm.weight", (shape.head_dim,), "norm", F32),
+                TensorSpec(blk + "attn_k_norm.weight", (shape.head_dim,), "norm", F32),
+            ]
         else:
             conv_dim = 2 * key_dim + value_dim
-            specs += [TensorSpec(blk + "attn_qkv.weight", (conv_dim, h), "linear", projection),
-                      TensorSpec(blk + "attn_gate.weight", (value_dim, h), "linear", projection),
-                      TensorSpec(blk + "ssm_conv1d.weight", (conv_dim, shape.conv_kernel), "conv", F32),
-                      TensorSpec(blk + "ssm_dt.bias", (shape.linear_value_heads,), "ssm_dt", F32),
-                      TensorSpec(blk + "ssm_a", (shape.linear_value_heads,), "ssm_a", F32),
-                      TensorSpec(blk + "ssm_beta.weight", (shape.linear_value_heads, h), "linear", F16),
-                      TensorSpec(blk + "ssm_alpha.weight", (shape.linear_value_heads, h), "linear", F16),
-                      TensorSpec(blk + "ssm_norm.weight", (shape.linear_head_dim,), "norm", F32),
-                      TensorSpec(blk + "ssm_out.weight", (h, value_dim), "linear", projection)]
+            specs += [
+                TensorSpec(blk + "attn_qkv.weight", (conv_dim, h), "linear", projection),
+                TensorSpec(blk + "attn_gate.weight", (value_dim, h), "linear", projection),
+                TensorSpec(blk + "ssm_conv1d.weight", (conv_dim, shape.conv_kernel), "conv", F32),
+                TensorSpec(blk + "ssm_dt.bias", (shape.linear_value_heads,), "ssm_dt", F32),
+                TensorSpec(blk + "ssm_a", (shape.linear_value_heads,), "ssm_a", F32),
+                TensorSpec(blk + "ssm_beta.weight", (shape.linear_value_heads, h), "linear", F16),
+                TensorSpec(blk + "ssm_alpha.weight", (shape.linear_value_heads, h), "linear", F16),
+                TensorSpec(blk + "ssm_norm.weight", (shape.linear_head_dim,), "norm", F32),
+                TensorSpec(blk + "ssm_out.weight", (h, value_dim), "linear", projection),
+            ]
         e, ff = shape.experts, shape.expert_ff
-        specs += [TensorSpec(blk + "ffn_gate_inp.weight", (e, h), "linear", F32),
-                  TensorSpec(blk + "ffn_gate_exps.weight", (e, ff, h), "linear", Q4_K),
-                  TensorSpec(blk + "ffn_up_exps.weight", (e, ff, h), "linear", Q4_K),
-                  TensorSpec(blk + "ffn_down_exps.weight", (e, h, ff), "linear", Q4_K),
-                  TensorSpec(blk + "ffn_gate_inp_shexp.weight", (h,), "linear", F32),
-                  TensorSpec(blk + "ffn_gate_shexp.weight", (shape.shared_ff, h), "linear", dense_4bit),
-                  TensorSpec(blk + "ffn_up_shexp.weight", (shape.shared_ff, h), "linear", dense_4bit),
-                  TensorSpec(blk + "ffn_down_shexp.weight", (h, shape.shared_ff), "linear", dense_4bit)]
+        specs += [
+            TensorSpec(blk + "ffn_gate_inp.weight", (e, h), "linear", F32),
+            TensorSpec(blk + "ffn_gate_exps.weight", (e, ff, h), "linear", Q4_K),
+            TensorSpec(blk + "ffn_up_exps.weight", (e, ff, h), "linear", Q4_K),
+            TensorSpec(blk + "ffn_down_exps.weight", (e, h, ff), "linear", Q4_K),
+            TensorSpec(blk + "ffn_gate_inp_shexp.weight", (h,), "linear", F32),
+            TensorSpec(blk + "ffn_gate_shexp.weight", (shape.shared_ff, h), "linear", dense_4bit),
+            TensorSpec(blk + "ffn_up_shexp.weight", (shape.shared_ff, h), "linear", dense_4bit),
+            TensorSpec(blk + "ffn_down_shexp.weight", (h, shape.shared_ff), "linear", dense_4bit),
+        ]
     return specs
 
 
@@ -203,7 +241,7 @@ def quant_bytes(spec: TensorSpec, rng: np.random.Generator) -> np.ndarray:
     else:
         d, n_scales = 1.0 / (np.sqrt(width) * Q8_0_CODE_RMS), 1
     scales = rng.uniform(0.5 * d, 1.5 * d, (*rows, width // block, n_scales)).astype(np.float16)
-    blocks[..., :2 * n_scales] = scales.view(np.uint8)
+    blocks[..., : 2 * n_scales] = scales.view(np.uint8)
     return blocks.reshape(*rows, width // block * nbytes)
 
 
@@ -261,8 +299,9 @@ def write_gguf(path: Path, shape: Shape, seed: int = 0, like_nvidia: bool = Fals
     for spec in specs:
         byte_shape = stored_shape(spec)
         dtype = np.dtype({F32: np.float32, F16: np.float16}.get(spec.dtype, np.uint8))
-        writer.add_tensor_info(spec.name, byte_shape, dtype, int(np.prod(byte_shape)) * dtype.itemsize,
-                               raw_dtype=spec.dtype)
+        writer.add_tensor_info(
+            spec.name, byte_shape, dtype, int(np.prod(byte_shape)) * dtype.itemsize, raw_dtype=spec.dtype
+        )
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.write_ti_data_to_file()
@@ -276,9 +315,12 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("out", type=Path, help="the .gguf file to write")
     parser.add_argument("--tiny", action="store_true", help="the same architecture at tiny sizes")
-    parser.add_argument("--like-nvidia", action="store_true",
-                        help="store what nvidia's NVFP4 build stores in FP8 as Q8_0 and its NVFP4 shared expert "
-                             "and lm_head as Q4_K, so both engines move about the same bytes")
+    parser.add_argument(
+        "--like-nvidia",
+        action="store_true",
+        help="store what nvidia's NVFP4 build stores in FP8 as Q8_0 and its NVFP4 shared expert "
+        "and lm_head as Q4_K, so both engines move about the same bytes",
+    )
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args(argv)
     try:

@@ -43,8 +43,19 @@ def main(argv: list[str]) -> int:
                 shutil.copytree(path, source / item, ignore=shutil.ignore_patterns("__pycache__"))
             else:
                 shutil.copy2(path, source / item)
-        command = [sys.executable, "-m", "pip", "download", "--disable-pip-version-check", "--quiet",
-                   "--dest", str(dest), TORCH_SPEC, f"{source}[app]", *build_requirements()]
+        command = [
+            sys.executable,
+            "-m",
+            "pip",
+            "download",
+            "--disable-pip-version-check",
+            "--quiet",
+            "--dest",
+            str(dest),
+            TORCH_SPEC,
+            f"{source}[app]",
+            *build_requirements(),
+        ]
         print("+ " + " ".join(command), flush=True)
         code = subprocess.call(command)
     if code == 0:

@@ -27,8 +27,19 @@ import tarfile
 from pathlib import Path, PurePosixPath
 
 VENDOR_ROOT = PurePosixPath("vendor/llama.cpp")
-KEEP_TREES = ("cmake", "include", "src", "common", "vendor", "tools", "licenses", "ggml/cmake", "ggml/include",
-              "ggml/src/ggml-cpu", "ggml/src/ggml-cuda")
+KEEP_TREES = (
+    "cmake",
+    "include",
+    "src",
+    "common",
+    "vendor",
+    "tools",
+    "licenses",
+    "ggml/cmake",
+    "ggml/include",
+    "ggml/src/ggml-cpu",
+    "ggml/src/ggml-cuda",
+)
 KEEP_FILES = ("CMakeLists.txt", "LICENSE", "scripts/ui-assets.cmake")
 # Of these trees only files directly inside them are kept (the top level of ggml and its core sources).
 KEEP_FLAT = ("", "ggml", "ggml/src")

@@ -36,9 +36,13 @@ def _seed(store) -> None:
     conversation_id = store.create(enable_thinking=False)
     store.rename(conversation_id, "Reverse a list in Python")
     store.add_message(conversation_id, "user", SAMPLE_QUESTION)
-    store.add_message(conversation_id, "assistant", SAMPLE_ANSWER, "",
-                      {"new_tokens": 84, "time_to_first_token_s": 0.21, "decode_tokens_per_s": 23.4,
-                       "stop_reason": "eos"})
+    store.add_message(
+        conversation_id,
+        "assistant",
+        SAMPLE_ANSWER,
+        "",
+        {"new_tokens": 84, "time_to_first_token_s": 0.21, "decode_tokens_per_s": 23.4, "stop_reason": "eos"},
+    )
 
 
 def main(argv: list[str] | None = None) -> int:

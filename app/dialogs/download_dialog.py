@@ -18,9 +18,26 @@ from pathlib import Path
 
 from PySide6.QtCore import QAbstractTableModel, QEvent, QModelIndex, QPersistentModelIndex, Qt, Signal
 from PySide6.QtGui import QColor
-from PySide6.QtWidgets import (QAbstractItemView, QApplication, QCheckBox, QDialog, QFileDialog, QFormLayout,
-                               QGroupBox, QHBoxLayout, QHeaderView, QLabel, QLineEdit, QProgressBar, QPushButton,
-                               QTableView, QTableWidget, QTableWidgetItem, QVBoxLayout, QWidget)
+from PySide6.QtWidgets import (
+    QAbstractItemView,
+    QApplication,
+    QCheckBox,
+    QDialog,
+    QFileDialog,
+    QFormLayout,
+    QGroupBox,
+    QHBoxLayout,
+    QHeaderView,
+    QLabel,
+    QLineEdit,
+    QProgressBar,
+    QPushButton,
+    QTableView,
+    QTableWidget,
+    QTableWidgetItem,
+    QVBoxLayout,
+    QWidget,
+)
 
 from app.download_worker import start_download_worker
 from app.paths import download_folder
@@ -44,14 +61,14 @@ STATE_TEXT = {"paused": "paused", "retrying": "connection lost, retrying…", "v
 
 
 def fits_text(fits: dict) -> str:
-    """"4 GB ✓  8 GB ✓  12 GB ✗"; "—" when unknown."""
+    """ "4 GB ✓  8 GB ✓  12 GB ✗"; "—" when unknown."""
     if not fits:
         return "—"
     return "  ".join(f"{PRESET_NAMES[p]} {'✓' if fits.get(p) else '✗'}" for p in PRESET_NAMES)
 
 
 def local_status(models_dir: Path, repo_id: str, revision: str = "main") -> str:
-    """"downloaded", "partly downloaded" (it resumes) or "" for a repo in the download folder."""
+    """ "downloaded", "partly downloaded" (it resumes) or "" for a repo in the download folder."""
     folder = models_dir / hub.folder_name(repo_id, revision)
     if hub.download_record(folder) and (folder / hub.CONFIG_FILE).is_file():
         return "downloaded"
@@ -102,20 +119,30 @@ class CuratedModelsModel(QAbstractTableModel):
         model, fit = self.rows[index.row()]
         column = CURATED_COLUMNS[index.column()]
         if role == Qt.ItemDataRole.DisplayRole:
-            return {"Model": model.repo_id, "Format": model.format, "Download ≈": format_bytes(fit.weight_bytes),
-                    "RAM ≈": format_bytes(fit.ram_bytes), "This PC": self.machine_fits[index.row()].short,
-                    "Presets": fits_text(fit.fits), "Here": local_status(self.models_dir, model.repo_id)}[column]
+            return {
+                "Model": model.repo_id,
+                "Format": model.format,
+                "Download ≈": format_bytes(fit.weight_bytes),
+                "RAM ≈": format_bytes(fit.ram_bytes),
+                "This PC": self.machine_fits[index.row()].short,
+                "Presets": fits_text(fit.fits),
+                "Here": local_status(self.models_dir, model.repo_id),
+            }[column]
         if role == Qt.ItemDataRole.ForegroundRole and column == "This PC":
             return FIT_COLOURS.get(self.machine_fits[index.row()].level)
         if role == Qt.ItemDataRole.ToolTipRole:
             if column == "This PC":
                 return self.machine_fits[index.row()].text
             if column == "Presets":
-                return "\n".join(f"{PRESET_NAMES[p]}: fits" if ok else f"{PRESET_NAMES[p]}: {fit.errors[p]}"
-                                 for p, ok in fit.fits.items())
+                return "\n".join(
+                    f"{PRESET_NAMES[p]}: fits" if ok else f"{PRESET_NAMES[p]}: {fit.errors[p]}"
+                    for p, ok in fit.fits.items()
+                )
             if column in ("Download ≈", "RAM ≈"):
-                return ("The weights the engine reads, by the planner from " + fit.basis + ". The exact download "
-                        "size comes from the Hub with Check files.")
+                return (
+                    "The weights the engine reads, by the planner from " + fit.basis + ". The exact download "
+                    "size comes from the Hub with Check files."
+                )
             return model.note
         return None
 
@@ -170,8 +197,9 @@ class DownloadDialog(QDialog):
         row_height = self.fontMetrics().height() + 10
         self.curated_view.verticalHeader().setDefaultSectionSize(row_height)
         frame = 2 * self.curated_view.frameWidth() + 2
-        self.curated_view.setFixedHeight(self.curated_view.horizontalHeader().sizeHint().height()
-                                         + row_height * self.curated.rowCount() + frame)
+        self.curated_view.setFixedHeight(
+            self.curated_view.horizontalHeader().sizeHint().height() + row_height * self.curated.rowCount() + frame
+        )
         self.curated_view.selectionModel().selectionChanged.connect(self._on_curated_selected)
 
         self.repo_edit = QLineEdit()
@@ -243,8 +271,9 @@ class DownloadDialog(QDialog):
         self.pause_button = QPushButton("Pause")
         self.pause_button.clicked.connect(self.toggle_pause)
         self.cancel_button = QPushButton("Cancel download")
-        self.cancel_button.setToolTip("Stop and delete what this download fetched (closing the window keeps it "
-                                      "instead, to resume later)")
+        self.cancel_button.setToolTip(
+            "Stop and delete what this download fetched (closing the window keeps it instead, to resume later)"
+        )
         self.cancel_button.clicked.connect(self.cancel)
         self.load_button = QPushButton("Load now")
         self.load_button.clicked.connect(lambda: self.loadRequested.emit(self.finished_folder))
@@ -299,8 +328,10 @@ class DownloadDialog(QDialog):
 
     def _update_token_placeholder(self) -> None:
         self.token_edit.setPlaceholderText(
-            "a token is saved (huggingface_hub's token file); type another to replace it" if hub.has_saved_token()
-            else "for gated models: an access token from huggingface.co/settings/tokens")
+            "a token is saved (huggingface_hub's token file); type another to replace it"
+            if hub.has_saved_token()
+            else "for gated models: an access token from huggingface.co/settings/tokens"
+        )
 
     # ---- requests ----------------------------------------------------------------------------------
 
@@ -314,7 +345,8 @@ class DownloadDialog(QDialog):
         self.revision_edit.setText("main")
         self.summary_label.setText(
             f"{model.repo_id}: {model.note}. {machine_fit.text}\nWeights ≈ {format_bytes(fit.weight_bytes)}; VRAM "
-            f"presets: {fits_text(fit.fits)} (from {fit.basis}). Check files gives the exact list and size.")
+            f"presets: {fits_text(fit.fits)} (from {fit.basis}). Check files gives the exact list and size."
+        )
 
     def request(self) -> dict | None:
         """What the worker needs, from the fields; saves the token (to huggingface_hub's store), the endpoint and
@@ -330,9 +362,13 @@ class DownloadDialog(QDialog):
             self._update_token_placeholder()
         self.settings.set("hf_endpoint", self.endpoint_edit.text().strip())
         self.settings.set("hub_offline", self.offline_box.isChecked())
-        return {"repo_id": repo, "revision": self.revision_edit.text().strip() or "main",
-                "endpoint": self.endpoint_edit.text().strip(), "offline": self.offline_box.isChecked(),
-                "models_dir": str(self.models_dir())}
+        return {
+            "repo_id": repo,
+            "revision": self.revision_edit.text().strip() or "main",
+            "endpoint": self.endpoint_edit.text().strip(),
+            "offline": self.offline_box.isChecked(),
+            "models_dir": str(self.models_dir()),
+        }
 
     def check(self) -> None:
         self._ask(self.checkRequested)
@@ -386,8 +422,13 @@ class DownloadDialog(QDialog):
             size.setTextAlignment(Qt.AlignmentFlag.AlignRight | Qt.AlignmentFlag.AlignVCenter)
             self.files_table.setItem(row, 0, QTableWidgetItem(f["path"]))
             self.files_table.setItem(row, 1, size)
-            self.files_table.setItem(row, 2, QTableWidgetItem(
-                "here ✓" if f["done"] else f"{100 * f['have'] // max(f['size'], 1)} % here" if f["have"] else ""))
+            self.files_table.setItem(
+                row,
+                2,
+                QTableWidgetItem(
+                    "here ✓" if f["done"] else f"{100 * f['have'] // max(f['size'], 1)} % here" if f["have"] else ""
+                ),
+            )
         self.summary_label.setText(plan_summary(plan, self.curated.machine))
         self.total_bar.setValue(_steps(plan["have_bytes"], plan["total_bytes"]))
         self.total_label.setText(f"Total: {format_bytes(plan['have_bytes'])} of {format_bytes(plan['total_bytes'])}")
@@ -405,8 +446,10 @@ class DownloadDialog(QDialog):
             self.files_table.setItem(row, 2, QTableWidgetItem(status))
         self.file_label.setText(f"{p['file']}: {format_bytes(p['file_done'])} of {format_bytes(p['file_size'])}")
         self.file_bar.setValue(_steps(p["file_done"], p["file_size"]))
-        self.total_label.setText(f"Total: {format_bytes(p['done'])} of {format_bytes(p['total'])}, file "
-                                 f"{min(p['files_done'] + 1, p['files_total'])} of {p['files_total']}")
+        self.total_label.setText(
+            f"Total: {format_bytes(p['done'])} of {format_bytes(p['total'])}, file "
+            f"{min(p['files_done'] + 1, p['files_total'])} of {p['files_total']}"
+        )
         self.total_bar.setValue(_steps(p["done"], p["total"]))
         if p["state"] == "downloading" and p["speed"] > 0:
             self.speed_label.setText(f"{format_bytes(p['speed'])}/s, about {hub.format_duration(p['eta_s'])} left")
@@ -442,8 +485,12 @@ class DownloadDialog(QDialog):
             if self.plan:
                 for row in range(self.files_table.rowCount()):
                     self.files_table.setItem(row, 2, QTableWidgetItem(""))
-        self.show_banner("info", "Download cancelled; what it fetched was deleted." if discarded else
-                         "Download stopped; what arrived is kept and the next download of this model resumes it.")
+        self.show_banner(
+            "info",
+            "Download cancelled; what it fetched was deleted."
+            if discarded
+            else "Download stopped; what arrived is kept and the next download of this model resumes it.",
+        )
         self.curated.refresh_status()
 
     def _on_busy(self, busy: bool) -> None:
@@ -455,9 +502,17 @@ class DownloadDialog(QDialog):
             self.runEnded.emit(*self.outcome)
 
     def _update_buttons(self) -> None:
-        for widget in (self.check_button, self.download_button, self.repo_edit, self.revision_edit,
-                       self.curated_view, self.token_edit, self.endpoint_edit, self.offline_box,
-                       self.folder_button):
+        for widget in (
+            self.check_button,
+            self.download_button,
+            self.repo_edit,
+            self.revision_edit,
+            self.curated_view,
+            self.token_edit,
+            self.endpoint_edit,
+            self.offline_box,
+            self.folder_button,
+        ):
             widget.setEnabled(not self.busy)
         self.pause_button.setEnabled(self.busy)
         self.cancel_button.setEnabled(self.busy)
@@ -498,8 +553,10 @@ def _steps(done: int, total: int) -> int:
 def plan_summary(plan: dict, machine: Machine) -> str:
     """One paragraph: files and size, what is here, the disk, the fit on `machine` and the presets."""
     files = plan["files"]
-    text = (f"{plan['repo_id']} @ {plan['revision']} (commit {plan['commit'][:12]}): {len(files)} files the engine "
-            f"needs, {format_bytes(plan['total_bytes'])}")
+    text = (
+        f"{plan['repo_id']} @ {plan['revision']} (commit {plan['commit'][:12]}): {len(files)} files the engine "
+        f"needs, {format_bytes(plan['total_bytes'])}"
+    )
     if plan["skipped"]:
         text += f" ({len(plan['skipped'])} other files of the repo are not downloaded)"
     text += "."

@@ -10,8 +10,18 @@ shows dots while typed and is never filled back in: a saved key is never shown a
 from __future__ import annotations
 
 from PySide6.QtCore import Qt, QTimer, Signal
-from PySide6.QtWidgets import (QDialog, QFormLayout, QHBoxLayout, QLabel, QLineEdit, QListWidget, QListWidgetItem,
-                               QPushButton, QVBoxLayout, QWidget)
+from PySide6.QtWidgets import (
+    QDialog,
+    QFormLayout,
+    QHBoxLayout,
+    QLabel,
+    QLineEdit,
+    QListWidget,
+    QListWidgetItem,
+    QPushButton,
+    QVBoxLayout,
+    QWidget,
+)
 
 from app.remote_engine import ConnectionProbe, RemoteError, api_base, host_label
 from app.remote_store import RemoteEndpoint, RemoteStore
@@ -79,8 +89,10 @@ class RemoteEngineDialog(QDialog):
         buttons.addWidget(self.cancel_button)
         buttons.addWidget(self.save_button)
         layout = QVBoxLayout(self)
-        intro = QLabel("Any OpenAI-compatible server: vLLM, SGLang, llama-server, FreeToken, or another MoE Desk "
-                       "(python -m engine serve). Its chats stream into the same chat view.")
+        intro = QLabel(
+            "Any OpenAI-compatible server: vLLM, SGLang, llama-server, FreeToken, or another MoE Desk "
+            "(python -m engine serve). Its chats stream into the same chat view."
+        )
         intro.setWordWrap(True)
         layout.addWidget(intro)
         layout.addLayout(form)
@@ -127,8 +139,11 @@ class RemoteEngineDialog(QDialog):
                 self.model_list.addItem(item)
             self.model_list.setCurrentRow(0)
             count = len(probe.models)
-            self.show_banner("ok", f"Connected to {host_label(self._tested_url)}: {count} model"
-                                   f"{'' if count == 1 else 's'}. Choose the one to chat with, then Save.")
+            self.show_banner(
+                "ok",
+                f"Connected to {host_label(self._tested_url)}: {count} model"
+                f"{'' if count == 1 else 's'}. Choose the one to chat with, then Save.",
+            )
         self._update_buttons()
         self.tested.emit(probe.error is None)
 

@@ -17,9 +17,22 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from PySide6.QtCore import QCoreApplication, QObject, QSignalBlocker, Qt, QTimer, Signal, Slot
-from PySide6.QtWidgets import (QCheckBox, QDialog, QDialogButtonBox, QFileDialog, QHBoxLayout, QLabel, QMenu,
-                               QMessageBox, QPlainTextEdit, QPushButton, QSplitter, QToolButton, QVBoxLayout,
-                               QWidget)
+from PySide6.QtWidgets import (
+    QCheckBox,
+    QDialog,
+    QDialogButtonBox,
+    QFileDialog,
+    QHBoxLayout,
+    QLabel,
+    QMenu,
+    QMessageBox,
+    QPlainTextEdit,
+    QPushButton,
+    QSplitter,
+    QToolButton,
+    QVBoxLayout,
+    QWidget,
+)
 
 from app.chat_export import ChatImportError, from_json, to_json, to_markdown
 from app.settings import AppSettings
@@ -33,8 +46,9 @@ TITLE_CHARS = 40
 DRAFT_SAVE_MS = 300  # the draft is written once typing pauses, not on every key
 REPLY_SAVE_MS = 500  # a streaming reply reaches the disk at most twice a second
 DEFAULT_SPLITTER_SIZES = [220, 780]  # conversation list, chat
-BUSY_NOTE_REPLY = ("A reply is still on its way: your message stays here. Send it when the reply ends, "
-                   "or press Stop (Esc) first.")
+BUSY_NOTE_REPLY = (
+    "A reply is still on its way: your message stays here. Send it when the reply ends, or press Stop (Esc) first."
+)
 BUSY_NOTE_ENGINE = "The engine is busy (loading a model or answering): your message stays here until it is free."
 SYSTEM_PROMPT_SET = "System prompt ●"
 SYSTEM_PROMPT_UNSET = "System prompt…"
@@ -46,17 +60,22 @@ def title_from(text: str) -> str:
     line = " ".join(text.split())
     if len(line) <= TITLE_CHARS:
         return line
-    cut = line[:TITLE_CHARS - 1]
-    if " " in cut[TITLE_CHARS // 2:]:  # a word boundary late enough to keep most of the text
-        cut = cut[:cut.rindex(" ")]
+    cut = line[: TITLE_CHARS - 1]
+    if " " in cut[TITLE_CHARS // 2 :]:  # a word boundary late enough to keep most of the text
+        cut = cut[: cut.rindex(" ")]
     return cut.rstrip(" ,.;:") + "…"
 
 
 def engine_history(messages: list[dict]) -> list[dict]:
     """Stored messages as the engine's history, without replies that failed or produced nothing: the
     model never gave those, and the engine's session does not keep them either."""
-    return chat_history([m for m in messages if m["role"] == "user" or (
-        m["stats"].get("stop_reason") != "error" and (m["content"] or m["reasoning"]))])
+    return chat_history(
+        [
+            m
+            for m in messages
+            if m["role"] == "user" or (m["stats"].get("stop_reason") != "error" and (m["content"] or m["reasoning"]))
+        ]
+    )
 
 
 @dataclass
@@ -112,8 +131,14 @@ class ChatPage(QWidget):
     sendRequested = Signal(list, str, dict)  # history, user text, options: the worker's send slot
     continueRequested = Signal(list, dict)  # history ending with the cut reply, options: the worker's continue_reply
 
-    def __init__(self, store: ConversationStore, worker: QObject, settings: AppSettings,
-                 parent: QWidget | None = None, engine: str = "local"):
+    def __init__(
+        self,
+        store: ConversationStore,
+        worker: QObject,
+        settings: AppSettings,
+        parent: QWidget | None = None,
+        engine: str = "local",
+    ):
         super().__init__(parent)
         self.store, self.worker, self.settings = store, worker, settings
         self._conversation_id: int | None = None
@@ -225,12 +250,16 @@ class ChatPage(QWidget):
 
     def _follow(self, worker: QObject, on: bool) -> None:
         """Connect (or disconnect) the page to a worker's send slot and reply signals."""
-        for signal, slot in ((self.sendRequested, worker.send), (self.continueRequested, worker.continue_reply),
-                             (worker.replyStarted, self._on_reply_started),
-                             (worker.reasoningDelta, self._on_reasoning_delta),
-                             (worker.answerDelta, self._on_answer_delta), (worker.progress, self._on_progress),
-                             (worker.replyFinished, self._on_reply_finished),
-                             (worker.busyChanged, self._on_worker_busy)):
+        for signal, slot in (
+            (self.sendRequested, worker.send),
+            (self.continueRequested, worker.continue_reply),
+            (worker.replyStarted, self._on_reply_started),
+            (worker.reasoningDelta, self._on_reasoning_delta),
+            (worker.answerDelta, self._on_answer_delta),
+            (worker.progress, self._on_progress),
+            (worker.replyFinished, self._on_reply_finished),
+            (worker.busyChanged, self._on_worker_busy),
+        ):
             if on:
                 signal.connect(slot)
             else:
@@ -280,9 +309,12 @@ class ChatPage(QWidget):
         newest = self.store.conversations()[:1]
         for conversation_id in dict.fromkeys([self._conversation_id] + [c["id"] for c in newest]):
             conversation = None if conversation_id is None else self.store.conversation(conversation_id)
-            if (conversation is not None and conversation["title"] == DEFAULT_TITLE
-                    and not self.store.messages(conversation_id)
-                    and (self._reply is None or self._reply.conversation_id != conversation_id)):
+            if (
+                conversation is not None
+                and conversation["title"] == DEFAULT_TITLE
+                and not self.store.messages(conversation_id)
+                and (self._reply is None or self._reply.conversation_id != conversation_id)
+            ):
                 return conversation_id
         return None
 
@@ -343,8 +375,12 @@ class ChatPage(QWidget):
         if last_user is None:
             return
         self.transcript.truncate(last_user + 1)
-        self._request_reply(self._conversation_id, engine_history(messages[:last_user]),
-                            messages[last_user]["content"], messages[last_user]["id"])
+        self._request_reply(
+            self._conversation_id,
+            engine_history(messages[:last_user]),
+            messages[last_user]["content"],
+            messages[last_user]["id"],
+        )
 
     @Slot(int, str)
     def edit_and_resend(self, index: int, text: str) -> None:
@@ -369,8 +405,9 @@ class ChatPage(QWidget):
             return
         cut = messages[-1]
         bubble = self.transcript.bubbles[-1]
-        self._reply = _Reply(self._conversation_id, cut["parent_id"], cut["id"], cut["content"], cut["reasoning"],
-                             bubble, continued=True)
+        self._reply = _Reply(
+            self._conversation_id, cut["parent_id"], cut["id"], cut["content"], cut["reasoning"], bubble, continued=True
+        )
         bubble.resume_streaming()
         self._update_controls()
         self.continueRequested.emit(engine_history(messages), self._options(self._conversation_id))
@@ -391,11 +428,18 @@ class ChatPage(QWidget):
         if self._busy() or index >= len(messages):
             return
         later = len(messages) - index - 1
-        question = "Delete this message" + (f" and the {later} after it" if later else "") + \
-            "? You can undo this for a few seconds."
-        answer = QMessageBox.question(self, "Delete message", question,
-                                      QMessageBox.StandardButton.Yes | QMessageBox.StandardButton.No,
-                                      QMessageBox.StandardButton.No)
+        question = (
+            "Delete this message"
+            + (f" and the {later} after it" if later else "")
+            + "? You can undo this for a few seconds."
+        )
+        answer = QMessageBox.question(
+            self,
+            "Delete message",
+            question,
+            QMessageBox.StandardButton.Yes | QMessageBox.StandardButton.No,
+            QMessageBox.StandardButton.No,
+        )
         if answer != QMessageBox.StandardButton.Yes:
             return
         conversation_id, message_id = self._conversation_id, messages[index]["id"]
@@ -406,6 +450,7 @@ class ChatPage(QWidget):
             self.store.undelete_message(conversation_id, message_id, leaf)
             if conversation_id == self._conversation_id:
                 self._show_transcript()
+
         self._offer_undo("Message deleted.", undo, lambda: self.store.purge_message(message_id))
 
     @Slot(str)
@@ -417,13 +462,19 @@ class ChatPage(QWidget):
         path, _ = QFileDialog.getSaveFileName(self, "Export chat", str(Path.home() / f"{name}{suffix}"), filter_)
         if not path:
             return
-        text = to_markdown(self.store, conversation["id"]) if kind == "markdown" else to_json(self.store,
-                                                                                              conversation["id"])
+        text = (
+            to_markdown(self.store, conversation["id"])
+            if kind == "markdown"
+            else to_json(self.store, conversation["id"])
+        )
         try:
             Path(path).write_text(text, encoding="utf-8")
         except OSError as exc:
-            QMessageBox.warning(self, "Export failed", f"The chat could not be written to {path} "
-                                f"({exc.strerror or exc}). Choose another folder.")
+            QMessageBox.warning(
+                self,
+                "Export failed",
+                f"The chat could not be written to {path} ({exc.strerror or exc}). Choose another folder.",
+            )
 
     @Slot()
     def import_chat(self) -> None:
@@ -477,7 +528,7 @@ class ChatPage(QWidget):
         if streaming_here:
             # up to the message answered: the stored copy of the reply lags behind what streamed
             asked = next((i for i, m in enumerate(messages) if m["id"] == reply.parent_id), len(messages) - 1)
-            self.transcript.show_messages(messages[:asked + 1])
+            self.transcript.show_messages(messages[: asked + 1])
             if reply.message_id is not None:
                 reply.bubble = self.transcript.start_reply()
                 reply.bubble.append_reasoning(reply.reasoning)
@@ -508,6 +559,7 @@ class ChatPage(QWidget):
             self.conversation_list.clear_search()
             self.conversation_list.refresh()
             self.open_conversation(conversation_id)
+
         self._offer_undo("Chat deleted.", undo, lambda: self._purge_conversation(conversation_id))
 
     def _purge_conversation(self, conversation_id: int) -> None:
@@ -594,8 +646,11 @@ class ChatPage(QWidget):
 
     def _options(self, conversation_id: int) -> dict:
         conversation = self.store.conversation(conversation_id)
-        return {"enable_thinking": conversation["enable_thinking"], "system_prompt": conversation["system_prompt"],
-                "sampling": self.settings.get("sampling")}
+        return {
+            "enable_thinking": conversation["enable_thinking"],
+            "system_prompt": conversation["system_prompt"],
+            "sampling": self.settings.get("sampling"),
+        }
 
     def _request_reply(self, conversation_id: int, history: list[dict], text: str, parent_id: int) -> None:
         """Ask the worker to answer `text` (stored as message `parent_id`) after `history`."""
@@ -659,8 +714,9 @@ class ChatPage(QWidget):
         reasoning = result.get("reasoning") or reply.reasoning.strip()
         if not reply.discarded:
             if reply.message_id is None:  # the worker refused before starting (no model loaded)
-                self.store.add_message(reply.conversation_id, "assistant", answer, reasoning, stats,
-                                       parent_id=reply.parent_id)
+                self.store.add_message(
+                    reply.conversation_id, "assistant", answer, reasoning, stats, parent_id=reply.parent_id
+                )
             else:
                 self.store.update_message(reply.message_id, content=answer, reasoning=reasoning, stats=stats)
             if reply.bubble is None and reply.conversation_id == self._conversation_id:
@@ -687,6 +743,7 @@ class ChatPage(QWidget):
         self.stop_button.setEnabled(self._reply is not None)
         self.transcript.set_busy(busy)
         waiting = self._reply is not None and not self._reply.started
-        self.api_note.setText("Answering an API request… your message is next." if waiting
-                              else "Answering an API request…")
+        self.api_note.setText(
+            "Answering an API request… your message is next." if waiting else "Answering an API request…"
+        )
         self.api_note.setVisible(self._api_busy)

@@ -12,8 +12,20 @@ from __future__ import annotations
 import html
 
 from PySide6.QtCore import QSignalBlocker, Qt, Signal
-from PySide6.QtWidgets import (QCheckBox, QComboBox, QDoubleSpinBox, QFormLayout, QGridLayout, QGroupBox,
-                               QHBoxLayout, QLabel, QProgressBar, QSpinBox, QVBoxLayout, QWidget)
+from PySide6.QtWidgets import (
+    QCheckBox,
+    QComboBox,
+    QDoubleSpinBox,
+    QFormLayout,
+    QGridLayout,
+    QGroupBox,
+    QHBoxLayout,
+    QLabel,
+    QProgressBar,
+    QSpinBox,
+    QVBoxLayout,
+    QWidget,
+)
 
 from app import system_info
 from app.machine_fit import Machine, judge
@@ -22,9 +34,18 @@ from app.widgets.gauges import Sparkline
 from app.widgets.plan_bar import PlanBar
 from app.widgets.scrolling import scroll_into
 from engine.runtime.planner import (
-    DEFAULT_RESERVE_SOURCE, KV_TOKEN_GRANULE, OVERLAP_MIN_LAYERS, PREFILL_CHUNK_MAX, PREFILL_CHUNK_MIN,
-    REPLY_RESERVE_TOKENS, ModelFootprint, PlanError, footprint_from_synthetic, plan_memory,
-    prefill_workspace, preset_budget_bytes,
+    DEFAULT_RESERVE_SOURCE,
+    KV_TOKEN_GRANULE,
+    OVERLAP_MIN_LAYERS,
+    PREFILL_CHUNK_MAX,
+    PREFILL_CHUNK_MIN,
+    REPLY_RESERVE_TOKENS,
+    ModelFootprint,
+    PlanError,
+    footprint_from_synthetic,
+    plan_memory,
+    prefill_workspace,
+    preset_budget_bytes,
 )
 
 SYNTHETIC_MODEL = "qwen3.6-35b-a3b-nvfp4"  # the model the presets were designed for
@@ -35,8 +56,10 @@ HISTORY_LENGTH = 60
 NOT_MEASURED = "not measured in CPU mode"
 NO_REPLY_YET = "No reply yet."
 REPLYING_NOW = "The first reply is on its way…"
-NO_GPU_BUDGET = ("{preset} plans for the card in this machine, and there is none: set a VRAM budget above to see "
-                 "the plan a card of that size would get.")
+NO_GPU_BUDGET = (
+    "{preset} plans for the card in this machine, and there is none: set a VRAM budget above to see "
+    "the plan a card of that size would get."
+)
 CPU_MODE = "CPU mode: the plan is not used."
 MEASURED = "measured on this GPU"
 ESTIMATE = "estimate"
@@ -62,8 +85,9 @@ def _trial_text(trial: dict | None) -> str:
     seconds = trial["step_seconds"]
     if trial["chosen"] is None:
         return f" · auto is timing {', '.join(sorted(seconds))}"
-    others = ", ".join(f"{backend} {seconds[backend] * 1000:.1f}" for backend in sorted(seconds)
-                       if backend != trial["chosen"])
+    others = ", ".join(
+        f"{backend} {seconds[backend] * 1000:.1f}" for backend in sorted(seconds) if backend != trial["chosen"]
+    )
     return f" · auto chose it: {seconds[trial['chosen']] * 1000:.1f} ms a token, {others}"
 
 
@@ -77,8 +101,10 @@ class CustomPlanEditor(QGroupBox):
         self.layers_spin = QSpinBox()
         self.layers_spin.setMinimum(1)
         self.overlap_check = QCheckBox("Prefill overlap")
-        self.overlap_check.setToolTip(f"Streams layer i+1's experts into a second layer of slots while layer i "
-                                      f"computes; needs {OVERLAP_MIN_LAYERS} or more expert-cache layers.")
+        self.overlap_check.setToolTip(
+            f"Streams layer i+1's experts into a second layer of slots while layer i "
+            f"computes; needs {OVERLAP_MIN_LAYERS} or more expert-cache layers."
+        )
         self.chunk_spin = QSpinBox()
         self.chunk_spin.setRange(PREFILL_CHUNK_MIN, PREFILL_CHUNK_MAX)
         self.chunk_spin.setSingleStep(PREFILL_CHUNK_MIN)
@@ -91,10 +117,12 @@ class CustomPlanEditor(QGroupBox):
         self.layers_cost, self.overlap_cost = QLabel(), QLabel("no memory of its own")
         self.chunk_cost, self.kv_cost = QLabel(), QLabel()
         grid = QGridLayout(self)
-        rows = (("Expert-cache layers", self.layers_spin, self.layers_cost),
-                ("", self.overlap_check, self.overlap_cost),
-                ("Prefill chunk", self.chunk_spin, self.chunk_cost),
-                ("KV cache", self.kv_spin, self.kv_cost))
+        rows = (
+            ("Expert-cache layers", self.layers_spin, self.layers_cost),
+            ("", self.overlap_check, self.overlap_cost),
+            ("Prefill chunk", self.chunk_spin, self.chunk_cost),
+            ("KV cache", self.kv_spin, self.kv_cost),
+        )
         for row, (label, editor, cost) in enumerate(rows):
             cost.setProperty("role", "muted")
             grid.addWidget(QLabel(label), row, 0)
@@ -115,8 +143,12 @@ class CustomPlanEditor(QGroupBox):
         self._show_costs()
 
     def set_values(self, custom: dict) -> None:
-        with (QSignalBlocker(self.layers_spin), QSignalBlocker(self.overlap_check), QSignalBlocker(self.chunk_spin),
-              QSignalBlocker(self.kv_spin)):
+        with (
+            QSignalBlocker(self.layers_spin),
+            QSignalBlocker(self.overlap_check),
+            QSignalBlocker(self.chunk_spin),
+            QSignalBlocker(self.kv_spin),
+        ):
             self.layers_spin.setValue(int(custom["expert_cache_layers"]))
             self.overlap_check.setChecked(bool(custom["prefill_overlap"]))
             self.chunk_spin.setValue(int(custom["prefill_chunk_tokens"]))
@@ -124,8 +156,12 @@ class CustomPlanEditor(QGroupBox):
         self._show_costs()
 
     def values(self) -> dict:
-        return {"expert_cache_layers": self.layers_spin.value(), "prefill_overlap": self.overlap_check.isChecked(),
-                "prefill_chunk_tokens": self.chunk_spin.value(), "kv_tokens": self.kv_spin.value()}
+        return {
+            "expert_cache_layers": self.layers_spin.value(),
+            "prefill_overlap": self.overlap_check.isChecked(),
+            "prefill_chunk_tokens": self.chunk_spin.value(),
+            "kv_tokens": self.kv_spin.value(),
+        }
 
     def _on_edit(self) -> None:
         self._show_costs()
@@ -136,8 +172,10 @@ class CustomPlanEditor(QGroupBox):
         if footprint is None:
             return
         layers = self.layers_spin.value()
-        self.layers_cost.setText(f"{format_bytes(layers * footprint.expert_layer_bytes)} "
-                                 f"({_plural(layers * footprint.experts_per_layer, 'slot')})")
+        self.layers_cost.setText(
+            f"{format_bytes(layers * footprint.expert_layer_bytes)} "
+            f"({_plural(layers * footprint.experts_per_layer, 'slot')})"
+        )
         workspace = prefill_workspace(footprint.config, self.chunk_spin.value())["total"]
         self.chunk_cost.setText(f"{format_bytes(workspace)} of workspace")
         self.kv_cost.setText(format_bytes(self.kv_spin.value() * footprint.kv_bytes_per_token))
@@ -220,7 +258,8 @@ class LiveGauges(QGroupBox):
             self.last_reply_label.setText(
                 f"Last reply: {_plural(stats['new_tokens'], 'token')}, prefill "
                 f"{_plural(stats.get('prefill_tokens', 0), 'token')}, first token after "
-                f"{stats.get('time_to_first_token_s', 0):.2f} s, stop: {stats.get('stop_reason', '?')}")
+                f"{stats.get('time_to_first_token_s', 0):.2f} s, stop: {stats.get('stop_reason', '?')}"
+            )
         self._show_runtime_measures(stats)
 
     def _show_context(self, used: int, size: int) -> None:
@@ -269,8 +308,9 @@ class EnginePage(QWidget):
         self.budget_spin.setSingleStep(0.25)
         self.budget_spin.setSuffix(" GiB")
         self.budget_spin.setSpecialValueText("preset / free VRAM")
-        self.budget_spin.setToolTip("0 uses the preset's card size (4, 8 or 12 GB), or the GPU's free memory "
-                                    "for Auto and Custom.")
+        self.budget_spin.setToolTip(
+            "0 uses the preset's card size (4, 8 or 12 GB), or the GPU's free memory for Auto and Custom."
+        )
         self.budget_note = QLabel()
         self.budget_note.setProperty("role", "muted")
         self.model_label = QLabel()
@@ -293,15 +333,21 @@ class EnginePage(QWidget):
         self.custom_editor = CustomPlanEditor()
         self.live = LiveGauges()
 
-        self.detail_labels = {key: QLabel("—") for key in
-                              ("rules", "expert_cache", "prefill_overlap", "prefill_chunk", "kv_cache",
-                               "max_prompt", "total")}
+        self.detail_labels = {
+            key: QLabel("—")
+            for key in ("rules", "expert_cache", "prefill_overlap", "prefill_chunk", "kv_cache", "max_prompt", "total")
+        }
         details = QFormLayout()
         details.setLabelAlignment(Qt.AlignmentFlag.AlignLeft)
-        for title, key in (("Rules", "rules"), ("Expert cache", "expert_cache"),
-                           ("Prefill overlap", "prefill_overlap"), ("Prefill chunk", "prefill_chunk"),
-                           ("KV cache", "kv_cache"), ("Largest prompt guaranteed", "max_prompt"),
-                           ("Total", "total")):
+        for title, key in (
+            ("Rules", "rules"),
+            ("Expert cache", "expert_cache"),
+            ("Prefill overlap", "prefill_overlap"),
+            ("Prefill chunk", "prefill_chunk"),
+            ("KV cache", "kv_cache"),
+            ("Largest prompt guaranteed", "max_prompt"),
+            ("Total", "total"),
+        ):
             details.addRow(title, self.detail_labels[key])
         self.detail_labels["max_prompt"].setStyleSheet("font-weight: bold;")
 
@@ -369,12 +415,15 @@ class EnginePage(QWidget):
     def _show_model_label(self, synthetic: bool) -> None:
         name = html.escape(self.footprint.name)  # a folder name is not markup
         if synthetic:
-            self.model_label.setText(f"Planning for <b>{name}</b> (synthetic: the real model's shapes, no files) "
-                                     f"until a model is loaded.")
+            self.model_label.setText(
+                f"Planning for <b>{name}</b> (synthetic: the real model's shapes, no files) until a model is loaded."
+            )
         else:
-            self.model_label.setText(f"Planning for <b>{name}</b>, the loaded model "
-                                     f"({_plural(self.footprint.moe_layers, 'MoE layer')}, "
-                                     f"{format_bytes(self.footprint.expert_layer_bytes)} of experts per layer).")
+            self.model_label.setText(
+                f"Planning for <b>{name}</b>, the loaded model "
+                f"({_plural(self.footprint.moe_layers, 'MoE layer')}, "
+                f"{format_bytes(self.footprint.expert_layer_bytes)} of experts per layer)."
+            )
 
     def _on_preset_changed(self) -> None:
         self.settings.set("preset", self.preset())
@@ -423,11 +472,15 @@ class EnginePage(QWidget):
         if budget is None:  # Auto without a card: the normal CPU-mode state, said by the notes, not an error
             self._show_plan(None, 0, "")
             return
-        reserve = ({} if self._reserve is None else
-                   {"reserve_bytes": self._reserve["reserve_bytes"], "reserve_source": self._reserve["source"]})
+        reserve = (
+            {}
+            if self._reserve is None
+            else {"reserve_bytes": self._reserve["reserve_bytes"], "reserve_source": self._reserve["source"]}
+        )
         try:
-            plan = plan_memory(self.footprint, budget, preset,
-                               self.custom_editor.values() if preset == "custom" else None, **reserve)
+            plan = plan_memory(
+                self.footprint, budget, preset, self.custom_editor.values() if preset == "custom" else None, **reserve
+            )
         except PlanError as exc:
             self._show_plan(None, budget, f"No plan: {exc}")
             return
@@ -439,10 +492,14 @@ class EnginePage(QWidget):
             self.mode_label.hide()
             return
         why = self._reserve["gpu_status"] if self._reserve is not None else system_info.NO_GPU_TEXT
-        shown = ("" if no_budget else
-                 " The plan below is what a card of this budget would get, for when the model runs on a GPU.")
-        self.mode_label.setText(f"{CPU_MODE} No GPU is usable here ({why}), so the model runs on the CPU with "
-                                f"every weight in RAM.{shown}")
+        shown = (
+            ""
+            if no_budget
+            else " The plan below is what a card of this budget would get, for when the model runs on a GPU."
+        )
+        self.mode_label.setText(
+            f"{CPU_MODE} No GPU is usable here ({why}), so the model runs on the CPU with every weight in RAM.{shown}"
+        )
         self.mode_label.show()
 
     def _show_fit_here(self) -> None:
@@ -464,15 +521,21 @@ class EnginePage(QWidget):
         """Where the plan's runtime reserve, and so its guarantee, comes from, and whether the GPU runs this plan."""
         found = self._reserve
         if found is None:
-            return (f"The runtime reserve is the {DEFAULT_RESERVE_SOURCE} until this machine's GPU is checked, "
-                    f"so the guarantee is an {ESTIMATE}.")
+            return (
+                f"The runtime reserve is the {DEFAULT_RESERVE_SOURCE} until this machine's GPU is checked, "
+                f"so the guarantee is an {ESTIMATE}."
+            )
         size = format_bytes(found["reserve_bytes"])
         if not found["gpu_usable"]:
-            return (f"The guarantee is an {ESTIMATE}: the runtime reserve ({size}) is the {found['source']}, as no "
-                    f"GPU is usable here to measure it.")
+            return (
+                f"The guarantee is an {ESTIMATE}: the runtime reserve ({size}) is the {found['source']}, as no "
+                f"GPU is usable here to measure it."
+            )
         if found["measured"]:
-            return (f"The guarantee is {MEASURED}: its runtime reserve ({size}) was {found['source']}, so this is "
-                    f"the plan the GPU runtime holds to.")
+            return (
+                f"The guarantee is {MEASURED}: its runtime reserve ({size}) was {found['source']}, so this is "
+                f"the plan the GPU runtime holds to."
+            )
         return f"The guarantee is an {ESTIMATE}: the runtime reserve ({size}) is the {found['source']}."
 
     def _detail_texts(self, plan: dict | None) -> dict[str, str]:
@@ -486,14 +549,14 @@ class EnginePage(QWidget):
         return {
             "rules": rules,
             "expert_cache": f"{_plural(layers, 'layer')} × {slots // layers} experts = {_plural(slots, 'slot')} "
-                            f"({format_bytes(breakdown['expert_cache'])})",
+            f"({format_bytes(breakdown['expert_cache'])})",
             "prefill_overlap": _overlap_text(plan["prefill_overlap"], layers),
             "prefill_chunk": f"{plan['prefill_chunk_tokens']:,} tokens "
-                             f"({format_bytes(breakdown['prefill_workspace'])} of workspace)",
+            f"({format_bytes(breakdown['prefill_workspace'])} of workspace)",
             "kv_cache": f"{plan['kv_tokens']:,} tokens ({format_bytes(breakdown['kv_cache'])})",
             "max_prompt": f"{plan['max_prompt_tokens']:,} tokens "
-                          f"(+{plan['reply_reserve_tokens']:,} kept for the reply) · "
-                          f"{MEASURED if plan['reserve_measured'] else ESTIMATE}",
+            f"(+{plan['reply_reserve_tokens']:,} kept for the reply) · "
+            f"{MEASURED if plan['reserve_measured'] else ESTIMATE}",
             "total": f"{format_bytes(breakdown['total'])} of {format_bytes(plan['budget_bytes'])} "
-                     f"({format_bytes(plan['headroom_bytes'])} headroom)",
+            f"({format_bytes(plan['headroom_bytes'])} headroom)",
         }

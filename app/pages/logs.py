@@ -71,7 +71,7 @@ def level_pattern(minimum_level: str) -> str:
     """A filter for the level role that keeps records at or above `minimum_level`."""
     if minimum_level == LEVELS[0]:
         return ""  # everything, including levels this page does not know yet
-    return "^(" + "|".join(LEVELS[LEVELS.index(minimum_level):]) + ")$"
+    return "^(" + "|".join(LEVELS[LEVELS.index(minimum_level) :]) + ")$"
 
 
 def plan_text(plan: dict) -> str:
@@ -102,7 +102,8 @@ class LogsPage(QWidget):
         for label, level in LEVEL_CHOICES:
             self.level_combo.addItem(label, level)
         self.level_combo.currentIndexChanged.connect(
-            lambda: self.by_level.setFilterRegularExpression(level_pattern(self.level_combo.currentData())))
+            lambda: self.by_level.setFilterRegularExpression(level_pattern(self.level_combo.currentData()))
+        )
         self.search_field = QLineEdit()
         self.search_field.setPlaceholderText("Filter messages…")
         self.search_field.setClearButtonEnabled(True)
@@ -138,11 +139,13 @@ class LogsPage(QWidget):
         self._plan = dict(plan)
 
     def diagnostics_text(self) -> str:
-        return "\n\n".join((
-            system_info.diagnostics(),
-            "Last error:\n" + (self.last_error or "none"),
-            "Memory plan:\n" + (plan_text(self._plan) if self._plan else "none"),
-        ))
+        return "\n\n".join(
+            (
+                system_info.diagnostics(),
+                "Last error:\n" + (self.last_error or "none"),
+                "Memory plan:\n" + (plan_text(self._plan) if self._plan else "none"),
+            )
+        )
 
     def copy_diagnostics(self) -> None:
         QGuiApplication.clipboard().setText(self.diagnostics_text())

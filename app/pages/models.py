@@ -18,8 +18,18 @@ from pathlib import Path
 
 from PySide6.QtCore import QAbstractTableModel, QModelIndex, QPersistentModelIndex, Qt, QTimer, Signal
 from PySide6.QtGui import QColor
-from PySide6.QtWidgets import (QAbstractItemView, QFileDialog, QHBoxLayout, QHeaderView, QLabel, QProgressBar,
-                               QPushButton, QTableView, QVBoxLayout, QWidget)
+from PySide6.QtWidgets import (
+    QAbstractItemView,
+    QFileDialog,
+    QHBoxLayout,
+    QHeaderView,
+    QLabel,
+    QProgressBar,
+    QPushButton,
+    QTableView,
+    QVBoxLayout,
+    QWidget,
+)
 
 from app.library_scanner import LibraryScan
 from app.model_library import SIZE_PRESETS, default_hf_cache
@@ -38,7 +48,7 @@ SCAN_POLL_MS = 30  # how often the page looks whether its library scan is done
 
 
 def fits_text(entry: dict) -> str:
-    """"4 GB ✓  8 GB ✓  12 GB ✗" for a usable model; "—" for one that cannot be planned."""
+    """ "4 GB ✓  8 GB ✓  12 GB ✗" for a usable model; "—" for one that cannot be planned."""
     if not entry["fits"]:
         return "—"
     return "  ".join(f"{PRESET_NAMES[p]} {'✓' if entry['fits'][p] else '✗'}" for p in SIZE_PRESETS)
@@ -46,9 +56,20 @@ def fits_text(entry: dict) -> str:
 
 def remote_entry(endpoint: RemoteEndpoint) -> dict:
     """A remote engine as a library row: its model, marked remote, with its host."""
-    return {"name": endpoint.model, "path": "", "source": endpoint.host, "architecture": f"remote: {endpoint.name}",
-            "format": "OpenAI API", "size_bytes": None, "fits": {}, "fit_errors": {}, "error": "",
-            "remote_id": endpoint.id, "remote_label": endpoint.label(), "has_key": bool(endpoint.api_key)}
+    return {
+        "name": endpoint.model,
+        "path": "",
+        "source": endpoint.host,
+        "architecture": f"remote: {endpoint.name}",
+        "format": "OpenAI API",
+        "size_bytes": None,
+        "fits": {},
+        "fit_errors": {},
+        "error": "",
+        "remote_id": endpoint.id,
+        "remote_label": endpoint.label(),
+        "has_key": bool(endpoint.api_key),
+    }
 
 
 class ModelLibraryModel(QAbstractTableModel):
@@ -161,8 +182,10 @@ class ModelLibraryModel(QAbstractTableModel):
         if column == "This PC" and entry.get("machine_fit"):
             return entry["machine_fit"]["text"]
         if column == "Presets" and entry["fits"]:
-            return "\n".join(f"{PRESET_NAMES[p]}: fits" if entry["fits"][p]
-                             else f"{PRESET_NAMES[p]}: {entry['fit_errors'][p]}" for p in SIZE_PRESETS)
+            return "\n".join(
+                f"{PRESET_NAMES[p]}: fits" if entry["fits"][p] else f"{PRESET_NAMES[p]}: {entry['fit_errors'][p]}"
+                for p in SIZE_PRESETS
+            )
         if column == "Status" and entry["error"]:
             return entry["error"]
         return f"{entry['path']}\n(from {entry['source']})"
@@ -206,8 +229,9 @@ class ModelsPage(QWidget):
         self.download_button.clicked.connect(self.open_download_dialog)
         self.download_dialog = None
         self.remote_button = QPushButton("Add remote engine…")
-        self.remote_button.setToolTip("Chat through an OpenAI-compatible server: vLLM, SGLang, llama-server, "
-                                      "FreeToken or another MoE Desk")
+        self.remote_button.setToolTip(
+            "Chat through an OpenAI-compatible server: vLLM, SGLang, llama-server, FreeToken or another MoE Desk"
+        )
         self.remote_button.clicked.connect(self.open_remote_dialog)
         self.remote_dialog = None
         self.remove_button = QPushButton("Remove")
@@ -226,8 +250,10 @@ class ModelsPage(QWidget):
         self.error_banner.setObjectName("errorBanner")
         self.error_banner.setWordWrap(True)
         self.error_banner.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse)
-        self.error_banner.setStyleSheet("#errorBanner { background: #fdecec; color: #8a1c1c; "
-                                        "border: 1px solid #f2b8b8; border-radius: 6px; padding: 8px; }")
+        self.error_banner.setStyleSheet(
+            "#errorBanner { background: #fdecec; color: #8a1c1c; "
+            "border: 1px solid #f2b8b8; border-radius: 6px; padding: 8px; }"
+        )
         self.error_banner.hide()
         self.busy_bar = QProgressBar()
         self.busy_bar.setRange(0, 0)  # indeterminate: the loader reports no fraction done
@@ -311,8 +337,10 @@ class ModelsPage(QWidget):
     def _select_added(self, path: str) -> None:
         row = self.library.row_of(path)
         if row < 0:  # a folder of models: its first model, if any, is what to select
-            row = next((i for i in range(self.library.rowCount())
-                        if Path(self.library.entry(i)["path"]).parent == Path(path)), -1)
+            row = next(
+                (i for i in range(self.library.rowCount()) if Path(self.library.entry(i)["path"]).parent == Path(path)),
+                -1,
+            )
         if row >= 0:
             self.table.selectRow(row)
             entry = self.library.entry(row)
@@ -322,8 +350,10 @@ class ModelsPage(QWidget):
             else:
                 self.error_banner.hide()
         else:
-            self.log.emit("warning", f"no model found in {path}: open a folder with a config.json, "
-                                     "or one that holds model folders")
+            self.log.emit(
+                "warning",
+                f"no model found in {path}: open a folder with a config.json, or one that holds model folders",
+            )
 
     def open_download_dialog(self):
         """Open (or bring back) the download dialog; returns it."""
@@ -404,8 +434,9 @@ class ModelsPage(QWidget):
             return ""
         path = Path(self.library.entry(row)["path"])
         added = {_same_path_key(folder): folder for folder in self.settings.get("model_folders")}
-        return next((added[key] for key in (_same_path_key(str(path)), _same_path_key(str(path.parent)))
-                     if key in added), "")
+        return next(
+            (added[key] for key in (_same_path_key(str(path)), _same_path_key(str(path.parent))) if key in added), ""
+        )
 
     def _remove_selected(self) -> None:
         folder = self.removable_folder()
@@ -478,7 +509,8 @@ class ModelsPage(QWidget):
             f"<b>Loaded {html.escape(info['name'])}</b>: "
             f"{html.escape(info.get('architecture') or info['model_type'])}, {info['layers']} layers, "
             f"{info['experts']} experts ({info.get('experts_per_token', '?')} per token), "
-            f"context {info['context_tokens']:,} tokens")
+            f"context {info['context_tokens']:,} tokens"
+        )
 
     def _on_unloaded(self) -> None:
         self.library.set_loaded("")
@@ -502,5 +534,8 @@ class ModelsPage(QWidget):
         self.load_button.setEnabled(remote or (not self._busy and row >= 0 and not self.library.entry(row)["error"]))
         folder = self.removable_folder()
         self.remove_button.setVisible(remote or bool(folder))
-        self.remove_button.setToolTip(f"Take {folder} off the list (nothing is deleted)" if folder
-                                      else "Forget the selected remote engine (its key too)")
+        self.remove_button.setToolTip(
+            f"Take {folder} off the list (nothing is deleted)"
+            if folder
+            else "Forget the selected remote engine (its key too)"
+        )

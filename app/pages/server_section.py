@@ -10,8 +10,7 @@ from __future__ import annotations
 
 from PySide6.QtCore import QSignalBlocker, Qt, Signal, Slot
 from PySide6.QtGui import QGuiApplication
-from PySide6.QtWidgets import (QCheckBox, QFormLayout, QGroupBox, QHBoxLayout, QLabel, QLineEdit, QPushButton,
-                               QSpinBox)
+from PySide6.QtWidgets import QCheckBox, QFormLayout, QGroupBox, QHBoxLayout, QLabel, QLineEdit, QPushButton, QSpinBox
 
 from app.api_server import base_url
 
@@ -25,9 +24,11 @@ def activity_text(activity: dict) -> str:
     if not served:
         return "No API requests answered yet."
     last = activity["last_request"]
-    return (f"API requests answered: {served:,}. Last: {last['prompt_tokens']:,} prompt tokens "
-            f"({last['cached_tokens']:,} cached), {last['generated_tokens']:,} generated at "
-            f"{last['tokens_per_s']:.1f} tok/s.")
+    return (
+        f"API requests answered: {served:,}. Last: {last['prompt_tokens']:,} prompt tokens "
+        f"({last['cached_tokens']:,} cached), {last['generated_tokens']:,} generated at "
+        f"{last['tokens_per_s']:.1f} tok/s."
+    )
 
 
 class ServerSection(QGroupBox):
@@ -40,8 +41,10 @@ class ServerSection(QGroupBox):
         self.running_port: int | None = None
         self.enable_check = QCheckBox("Serve the loaded model to other programs")
         self.enable_check.setChecked(bool(settings.get("api_server")))
-        self.enable_check.setToolTip("Programs send requests to the base URL below; they wait in one line with "
-                                     "this window's chats, which share the same loaded model.")
+        self.enable_check.setToolTip(
+            "Programs send requests to the base URL below; they wait in one line with "
+            "this window's chats, which share the same loaded model."
+        )
         self.port_spin = QSpinBox()
         self.port_spin.setRange(1, 65535)
         self.port_spin.setValue(int(settings.get("api_port")))
@@ -96,7 +99,7 @@ class ServerSection(QGroupBox):
     def show_running(self, info: dict) -> None:
         self.running_port = info["port"]
         self._show_url()
-        reach = ("other machines too (with the key)" if info["lan"] else "programs on this machine")
+        reach = "other machines too (with the key)" if info["lan"] else "programs on this machine"
         self._say(f"Serving the loaded model at {info['base_url']} for {reach}.")
 
     @Slot(str)
@@ -130,8 +133,11 @@ class ServerSection(QGroupBox):
     # ---- the controls ---------------------------------------------------------------------------
 
     def _options(self) -> dict:
-        return {"port": self.port_spin.value(), "api_key": self.settings.get("api_key"),
-                "allow_lan": self.lan_check.isChecked()}
+        return {
+            "port": self.port_spin.value(),
+            "api_key": self.settings.get("api_key"),
+            "allow_lan": self.lan_check.isChecked(),
+        }
 
     def _request_start(self) -> None:
         self._say("Starting…")

@@ -11,8 +11,20 @@ from __future__ import annotations
 
 
 from PySide6.QtCore import Qt, Signal
-from PySide6.QtWidgets import (QCheckBox, QComboBox, QDoubleSpinBox, QFormLayout, QGroupBox, QHBoxLayout,
-                               QLabel, QLineEdit, QPushButton, QSpinBox, QVBoxLayout, QWidget)
+from PySide6.QtWidgets import (
+    QCheckBox,
+    QComboBox,
+    QDoubleSpinBox,
+    QFormLayout,
+    QGroupBox,
+    QHBoxLayout,
+    QLabel,
+    QLineEdit,
+    QPushButton,
+    QSpinBox,
+    QVBoxLayout,
+    QWidget,
+)
 
 from app import system_info
 from app.pages.server_section import ServerSection
@@ -33,21 +45,40 @@ SAMPLING_FIELDS = (
 THEMES = (("Light", "light"), ("Dark", "dark"))
 # (label, engine.experts.backend name, when it helps)
 EXPERT_BACKENDS = (
-    ("Auto (measured)", "auto", "Measures this machine's PCIe and CPU memory speeds once; where the CPU may "
-                                "help, times the first tokens of a reply under each of CPU, Hybrid and Offload "
-                                "that can win and keeps the fastest, else uses Offload (All experts in VRAM when "
-                                "the cache holds every layer). Right for most machines."),
-    ("All experts in VRAM", "gpu", "Keeps every expert on the card, so nothing is copied once warm: the fastest, "
-                                   "but only when the preset's expert cache holds every layer (a big card or a "
-                                   "small model); otherwise loading is refused."),
-    ("Offload (PCIe)", "offload", "Copies each missing expert over PCIe into the card's cache. Best on a desktop "
-                                  "with a full-width PCIe slot."),
-    ("CPU computes misses", "cpu", "The CPU computes missing experts straight from RAM and nothing crosses PCIe. "
-                                   "Helps on laptops, whose PCIe link is narrow and RAM fast. Its threads stay "
-                                   "busy while a reply is written."),
-    ("Hybrid (PCIe + CPU)", "hybrid", "Splits each step's missing experts between PCIe copies and the CPU, and keeps "
-                                      "moving the split so both finish together. Helps when the two paths are about "
-                                      "as fast. The CPU's threads stay busy while a reply is written."),
+    (
+        "Auto (measured)",
+        "auto",
+        "Measures this machine's PCIe and CPU memory speeds once; where the CPU may "
+        "help, times the first tokens of a reply under each of CPU, Hybrid and Offload "
+        "that can win and keeps the fastest, else uses Offload (All experts in VRAM when "
+        "the cache holds every layer). Right for most machines.",
+    ),
+    (
+        "All experts in VRAM",
+        "gpu",
+        "Keeps every expert on the card, so nothing is copied once warm: the fastest, "
+        "but only when the preset's expert cache holds every layer (a big card or a "
+        "small model); otherwise loading is refused.",
+    ),
+    (
+        "Offload (PCIe)",
+        "offload",
+        "Copies each missing expert over PCIe into the card's cache. Best on a desktop with a full-width PCIe slot.",
+    ),
+    (
+        "CPU computes misses",
+        "cpu",
+        "The CPU computes missing experts straight from RAM and nothing crosses PCIe. "
+        "Helps on laptops, whose PCIe link is narrow and RAM fast. Its threads stay "
+        "busy while a reply is written.",
+    ),
+    (
+        "Hybrid (PCIe + CPU)",
+        "hybrid",
+        "Splits each step's missing experts between PCIe copies and the CPU, and keeps "
+        "moving the split so both finish together. Helps when the two paths are about "
+        "as fast. The CPU's threads stay busy while a reply is written.",
+    ),
 )
 
 
@@ -55,13 +86,17 @@ def snapshot_cost(count: int, model_info: dict | None) -> str:
     """Say what `count` restore points take in host RAM: for the loaded model when its size is known."""
     per = (model_info or {}).get("snapshot_bytes")
     if per is None:
-        cost = ("Each holds a copy of the model's recurrent (Gated DeltaNet) state in host RAM: 61 MiB for "
-                "Qwen3.6-35B-A3B, none for models without such layers.")
+        cost = (
+            "Each holds a copy of the model's recurrent (Gated DeltaNet) state in host RAM: 61 MiB for "
+            "Qwen3.6-35B-A3B, none for models without such layers."
+        )
     elif per == 0:
         cost = f"{model_info['name']} has no recurrent layers, so its restore points take no host RAM."
     else:
-        cost = (f"{count} × {system_info.format_bytes(per)} = {system_info.format_bytes(count * per)} of host RAM "
-                f"for {model_info['name']}.")
+        cost = (
+            f"{count} × {system_info.format_bytes(per)} = {system_info.format_bytes(count * per)} of host RAM "
+            f"for {model_info['name']}."
+        )
     return cost + " Applies when a model is loaded; an edit further back prefills the chat again."
 
 
@@ -69,16 +104,21 @@ def context_note(asked: int, info: dict | None) -> str:
     """What context the loaded model runs at and what caps it: this setting, the model's maximum
     (max_position_embeddings) or the VRAM plan's KV cache."""
     if not info or "context_tokens" not in info:
-        return ("Applies when a model is loaded, up to the model's own maximum and, on a GPU, what the VRAM plan's "
-                "KV cache holds.")
+        return (
+            "Applies when a model is loaded, up to the model's own maximum and, on a GPU, what the VRAM plan's "
+            "KV cache holds."
+        )
     running, model_max, plan = info["context_tokens"], info["max_context_tokens"], info.get("context_plan_tokens")
     limits = f"the model allows {model_max:,} (max_position_embeddings)"
     if plan is not None:
         limits += f", the VRAM plan's KV cache holds {plan:,}"
     text = f"{info.get('name', 'The model')} runs at {running:,} tokens: {limits}."
     if asked > running:
-        cap = "the plan's KV cache (a larger VRAM preset holds more)" if plan == running and plan < model_max \
+        cap = (
+            "the plan's KV cache (a larger VRAM preset holds more)"
+            if plan == running and plan < model_max
             else "the model's maximum"
+        )
         text += f" This setting asks {asked:,}, so {cap} decides."
     elif asked != info.get("context_asked_tokens", asked):
         text += " The new size applies when the model is loaded again."
@@ -95,8 +135,9 @@ def parse_sampling(texts: dict[str, str]) -> dict:
         try:
             values[key] = kind(text)
         except ValueError:
-            raise ValueError(f"{label} must be {'a whole number' if kind is int else 'a number'}, "
-                             f"not {text!r}") from None
+            raise ValueError(
+                f"{label} must be {'a whole number' if kind is int else 'a number'}, not {text!r}"
+            ) from None
     seed = values.get("seed")
     if seed is not None and not 0 <= seed <= MAX_SEED:
         raise ValueError(f"Seed must be a whole number from 0 to {MAX_SEED}, or blank for a random seed")
@@ -105,7 +146,7 @@ def parse_sampling(texts: dict[str, str]) -> dict:
     except ValueError as exc:  # the engine names fields as the code does; say it with the page's labels
         key = str(exc).split(" ", 1)[0]
         label = next((label for k, label, _, _ in SAMPLING_FIELDS if k == key), key)
-        raise ValueError(label + str(exc)[len(key):]) from None
+        raise ValueError(label + str(exc)[len(key) :]) from None
     return values
 
 
@@ -169,8 +210,10 @@ class SettingsPage(QWidget):
         self.threads_spin = QSpinBox()
         self.threads_spin.setRange(0, max_cpu_threads())
         self.threads_spin.setSpecialValueText("physical cores")
-        self.threads_spin.setToolTip("Threads for the CPU's work: the whole model in CPU mode, the experts it "
-                                     "computes on a GPU run. Applies when a model is loaded.")
+        self.threads_spin.setToolTip(
+            "Threads for the CPU's work: the whole model in CPU mode, the experts it "
+            "computes on a GPU run. Applies when a model is loaded."
+        )
         self.threads_spin.setValue(int(settings.get("cpu_threads")))
         self.threads_spin.valueChanged.connect(lambda n: settings.set("cpu_threads", n))
         self.pin_spin = QDoubleSpinBox()
@@ -186,11 +229,14 @@ class SettingsPage(QWidget):
         for label, key, when in EXPERT_BACKENDS:
             self.backend_combo.addItem(label, key)
             self.backend_combo.setItemData(self.backend_combo.count() - 1, when, Qt.ItemDataRole.ToolTipRole)
-        self.backend_combo.setToolTip("Where a GPU run computes the experts missing from its cache; applies when "
-                                      "a model is loaded, and CPU mode ignores it. Each choice says when it helps.")
+        self.backend_combo.setToolTip(
+            "Where a GPU run computes the experts missing from its cache; applies when "
+            "a model is loaded, and CPU mode ignores it. Each choice says when it helps."
+        )
         self.backend_combo.setCurrentIndex(max(self.backend_combo.findData(settings.get("expert_backend")), 0))
         self.backend_combo.currentIndexChanged.connect(
-            lambda: settings.set("expert_backend", self.backend_combo.currentData()))
+            lambda: settings.set("expert_backend", self.backend_combo.currentData())
+        )
         self.theme_combo = QComboBox()
         for label, key in THEMES:
             self.theme_combo.addItem(label, key)

@@ -23,8 +23,7 @@ class ChatInput(QPlainTextEdit):
 
     def event(self, event: QEvent) -> bool:
         # the window's Esc (stop the reply) is an application shortcut: an inline edit claims the key first
-        if (event.type() == QEvent.Type.ShortcutOverride and self.cancel_on_escape
-                and event.key() == Qt.Key.Key_Escape):
+        if event.type() == QEvent.Type.ShortcutOverride and self.cancel_on_escape and event.key() == Qt.Key.Key_Escape:
             event.accept()
             return True
         return super().event(event)

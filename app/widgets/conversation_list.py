@@ -8,8 +8,17 @@ from __future__ import annotations
 
 from PySide6.QtCore import QAbstractListModel, QModelIndex, QPersistentModelIndex, QPoint, Qt, Signal
 from PySide6.QtGui import QKeySequence, QShortcut
-from PySide6.QtWidgets import (QAbstractItemView, QLabel, QLineEdit, QListView, QMenu, QMessageBox, QPushButton,
-                               QVBoxLayout, QWidget)
+from PySide6.QtWidgets import (
+    QAbstractItemView,
+    QLabel,
+    QLineEdit,
+    QListView,
+    QMenu,
+    QMessageBox,
+    QPushButton,
+    QVBoxLayout,
+    QWidget,
+)
 
 from app.storage import ConversationStore
 
@@ -87,8 +96,9 @@ class ConversationList(QWidget):
         self.model = ConversationListModel(store, self)
         self.view = QListView()
         self.view.setModel(self.model)
-        self.view.setEditTriggers(QAbstractItemView.EditTrigger.DoubleClicked
-                                  | QAbstractItemView.EditTrigger.EditKeyPressed)
+        self.view.setEditTriggers(
+            QAbstractItemView.EditTrigger.DoubleClicked | QAbstractItemView.EditTrigger.EditKeyPressed
+        )
         self.view.setContextMenuPolicy(Qt.ContextMenuPolicy.CustomContextMenu)
         self.view.setUniformItemSizes(True)  # a long history stays fast to lay out
 
@@ -137,9 +147,13 @@ class ConversationList(QWidget):
         if conversation is None:
             return False
         question = f"Delete “{conversation['title']}” and all its messages? You can undo this for a few seconds."
-        answer = QMessageBox.question(self, "Delete chat", question,
-                                      QMessageBox.StandardButton.Yes | QMessageBox.StandardButton.No,
-                                      QMessageBox.StandardButton.No)
+        answer = QMessageBox.question(
+            self,
+            "Delete chat",
+            question,
+            QMessageBox.StandardButton.Yes | QMessageBox.StandardButton.No,
+            QMessageBox.StandardButton.No,
+        )
         if answer != QMessageBox.StandardButton.Yes:
             return False
         self.store.delete(conversation_id)

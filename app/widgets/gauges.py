@@ -41,8 +41,10 @@ class UsageBar(QWidget):
         self.bar.setEnabled(True)
         self.bar.setValue(round(BAR_STEPS * min(used_bytes / total_bytes, 1.0)))
         self.value_label.setText(f"{used_bytes / system_info.GIB:.1f} / {total_bytes / system_info.GIB:.1f} GiB")
-        self.setToolTip(f"{self.title_label.text()}: {system_info.format_bytes(used_bytes)} used of "
-                        f"{system_info.format_bytes(total_bytes)}")
+        self.setToolTip(
+            f"{self.title_label.text()}: {system_info.format_bytes(used_bytes)} used of "
+            f"{system_info.format_bytes(total_bytes)}"
+        )
 
     def set_unavailable(self, text: str) -> None:
         self.bar.setValue(0)
@@ -109,8 +111,14 @@ class SystemFooter(QWidget):
     The readers are parameters so tests can show a GPU on a machine without one.
     """
 
-    def __init__(self, parent: QWidget | None = None, *, read_gpu: Callable[[], dict | None] | None = None,
-                 read_ram: Callable[[], dict] | None = None, interval_ms: int = FOOTER_REFRESH_MS):
+    def __init__(
+        self,
+        parent: QWidget | None = None,
+        *,
+        read_gpu: Callable[[], dict | None] | None = None,
+        read_ram: Callable[[], dict] | None = None,
+        interval_ms: int = FOOTER_REFRESH_MS,
+    ):
         super().__init__(parent)
         self._read_gpu = read_gpu or system_info.gpu_memory
         self._read_ram = read_ram or system_info.ram

@@ -27,7 +27,7 @@ LEGEND_GROUP_COLUMNS = 4  # swatch, name, size, spacer
 PART_LABELS = dict(BREAKDOWN_LABELS, **{FREE: "free"})
 PART_EXPLANATIONS = {
     "resident_weights": "Attention and Gated DeltaNet projections, shared experts, routers, norms and the "
-                        "LM head: on the GPU for the whole session.",
+    "LM head: on the GPU for the whole session.",
     "expert_cache": "Slots the routed experts are copied into from host RAM as the router picks them.",
     "kv_cache": "Keys and values of the full-attention layers, preallocated for the planned tokens.",
     "gdn_state": "The Gated DeltaNet layers' recurrent state: fixed size, whatever the context length.",
@@ -104,8 +104,9 @@ class StackedMemoryBar(QWidget):
                 QToolTip.hideText()
             else:
                 n = dict(self._parts)[key]
-                QToolTip.showText(event.globalPos(), f"<b>{PART_LABELS[key]}</b>: {format_bytes(n)}<br>"
-                                                     f"{PART_EXPLANATIONS[key]}", self)
+                QToolTip.showText(
+                    event.globalPos(), f"<b>{PART_LABELS[key]}</b>: {format_bytes(n)}<br>{PART_EXPLANATIONS[key]}", self
+                )
             return True
         return super().event(event)
 
@@ -134,8 +135,9 @@ class PlanBar(QWidget):
         self.bar.set_parts(self._parts)
         self.total_label.setVisible(bool(self._parts))  # without a plan the bar says so; the page says why
         if self._parts:
-            self.total_label.setText(f"{format_bytes(plan['breakdown']['total'])} planned of a "
-                                     f"{format_bytes(budget_bytes)} budget")
+            self.total_label.setText(
+                f"{format_bytes(plan['breakdown']['total'])} planned of a {format_bytes(budget_bytes)} budget"
+            )
         self._fill_legend()
 
     def parts(self) -> list[tuple[str, str, int]]:

@@ -42,24 +42,35 @@ def _parser(colours: dict) -> MarkdownIt:
     rules = parser.renderer.rules
 
     def code_inline(tokens, idx, _options, _env):
-        return (f'<code style="background-color:{colours["code_background"]};">&nbsp;'
-                f'{html.escape(tokens[idx].content)}&nbsp;</code>')
+        return (
+            f'<code style="background-color:{colours["code_background"]};">&nbsp;'
+            f"{html.escape(tokens[idx].content)}&nbsp;</code>"
+        )
 
     def code_block(tokens, idx, _options, _env):
-        return (f'<pre style="background-color:{colours["code_background"]};">'
-                f'{html.escape(tokens[idx].content.rstrip(chr(10)))}</pre>')
+        return (
+            f'<pre style="background-color:{colours["code_background"]};">'
+            f"{html.escape(tokens[idx].content.rstrip(chr(10)))}</pre>"
+        )
 
     def blockquote_open(_tokens, _idx, _options, _env):
         # Qt's rich text draws borders only on tables: the quote's bar is a narrow coloured cell
-        return (f'<table cellspacing="0" cellpadding="0" style="margin-top:4px; margin-bottom:4px;"><tr>'
-                f'<td width="{QUOTE_BAR_PX}" bgcolor="{colours["quote_bar"]}"></td>'
-                f'<td style="padding-left:10px; color:{colours["muted"]};">')
+        return (
+            f'<table cellspacing="0" cellpadding="0" style="margin-top:4px; margin-bottom:4px;"><tr>'
+            f'<td width="{QUOTE_BAR_PX}" bgcolor="{colours["quote_bar"]}"></td>'
+            f'<td style="padding-left:10px; color:{colours["muted"]};">'
+        )
 
     def blockquote_close(_tokens, _idx, _options, _env):
         return "</td></tr></table>"
 
-    rules.update(code_inline=code_inline, code_block=code_block, fence=code_block,
-                 blockquote_open=blockquote_open, blockquote_close=blockquote_close)
+    rules.update(
+        code_inline=code_inline,
+        code_block=code_block,
+        fence=code_block,
+        blockquote_open=blockquote_open,
+        blockquote_close=blockquote_close,
+    )
     return parser
 
 
@@ -68,8 +79,9 @@ _parsers: dict[tuple, MarkdownIt] = {}  # one per theme: the renderer rules carr
 
 def breakable(text: str) -> str:
     """Text with a zero-width break point every LONG_WORD_CHARS characters of a long word (URLs, hashes)."""
-    return _LONG_WORD.sub(lambda m: BREAK_POINT.join(m[0][i:i + LONG_WORD_CHARS]
-                                                     for i in range(0, len(m[0]), LONG_WORD_CHARS)), text)
+    return _LONG_WORD.sub(
+        lambda m: BREAK_POINT.join(m[0][i : i + LONG_WORD_CHARS] for i in range(0, len(m[0]), LONG_WORD_CHARS)), text
+    )
 
 
 def markdown_html(source: str, theme: str | None = None) -> str:

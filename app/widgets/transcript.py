@@ -15,8 +15,18 @@ from dataclasses import dataclass
 
 from PySide6.QtCore import QEvent, QSize, Qt, QTimer, Signal
 from PySide6.QtGui import QFontDatabase, QGuiApplication
-from PySide6.QtWidgets import (QFrame, QHBoxLayout, QLabel, QPlainTextEdit, QPushButton, QScrollArea,
-                               QSizePolicy, QToolButton, QVBoxLayout, QWidget)
+from PySide6.QtWidgets import (
+    QFrame,
+    QHBoxLayout,
+    QLabel,
+    QPlainTextEdit,
+    QPushButton,
+    QScrollArea,
+    QSizePolicy,
+    QToolButton,
+    QVBoxLayout,
+    QWidget,
+)
 
 from app.widgets.chat_input import ChatInput
 from app.widgets.rich_text import CodeHighlighter, markdown_html, natural_width, open_link
@@ -106,8 +116,9 @@ def _make_selectable(label: QLabel, text_format: Qt.TextFormat) -> QLabel:
     """A wrapping label whose text can be selected and whose safe links (web, mail) open."""
     label.setTextFormat(text_format)
     label.setWordWrap(True)
-    label.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse
-                                  | Qt.TextInteractionFlag.LinksAccessibleByMouse)
+    label.setTextInteractionFlags(
+        Qt.TextInteractionFlag.TextSelectableByMouse | Qt.TextInteractionFlag.LinksAccessibleByMouse
+    )
     label.setOpenExternalLinks(False)  # a link goes through open_link, which refuses javascript:, file: and the like
     label.linkActivated.connect(open_link)
     return label
@@ -525,8 +536,9 @@ class AssistantBubble(QFrame):
     def set_regenerate_visible(self, visible: bool) -> None:
         """Regenerate and (after a reply cut by its length limit or Stop) Continue, on the last reply only."""
         self.regenerate_button.setVisible(visible and not self.streaming)
-        self.continue_button.setVisible(visible and not self.streaming and self.stop_reason in CUT_REASONS
-                                        and bool(self.answer or self.reasoning))
+        self.continue_button.setVisible(
+            visible and not self.streaming and self.stop_reason in CUT_REASONS and bool(self.answer or self.reasoning)
+        )
 
     def set_actions_enabled(self, enabled: bool) -> None:
         self.delete_button.setVisible(not self.streaming)
@@ -557,9 +569,11 @@ class Transcript(QScrollArea):
 
     editSubmitted = Signal(int, str)  # message index, new text
     regenerateRequested = Signal()
-    EMPTY_HINT = ("Ask anything. For example: “Explain mixture-of-experts models in three sentences”, "
-                  "“Write a Python function that reverses a linked list”, or paste a text to summarise.\n"
-                  "Enter sends, Shift+Enter starts a new line; the System prompt button sets how this chat answers.")
+    EMPTY_HINT = (
+        "Ask anything. For example: “Explain mixture-of-experts models in three sentences”, "
+        "“Write a Python function that reverses a linked list”, or paste a text to summarise.\n"
+        "Enter sends, Shift+Enter starts a new line; the System prompt button sets how this chat answers."
+    )
     continueRequested = Signal()
     versionRequested = Signal(int, int)  # message index, step (-1 previous, 1 next)
     deleteRequested = Signal(int)  # message index

@@ -22,8 +22,18 @@ from engine.errors import CheckpointError
 KEY_PREFIXES = ("model.language_model.", "language_model.model.", "language_model.", "model.")
 # Vision tower and multi-token-prediction head: a text-only engine never reads them.
 SKIPPED_PREFIXES = ("model.visual.", "visual.", "mtp.", "model.mtp.")
-WEIGHT_ROLES = frozenset({"weight", "weight_scale", "weight_scale_2", "weight_scale_inv", "input_scale",
-                          "weight_packed", "weight_global_scale", "input_global_scale"})
+WEIGHT_ROLES = frozenset(
+    {
+        "weight",
+        "weight_scale",
+        "weight_scale_2",
+        "weight_scale_inv",
+        "input_scale",
+        "weight_packed",
+        "weight_global_scale",
+        "input_global_scale",
+    }
+)
 INDEX_FILE = "model.safetensors.index.json"
 
 
@@ -33,7 +43,7 @@ def normalise_key(key: str) -> str | None:
         return None
     for prefix in KEY_PREFIXES:
         if key.startswith(prefix):
-            return key[len(prefix):]
+            return key[len(prefix) :]
     return key
 
 
@@ -122,19 +132,30 @@ class Checkpoint:
             except (ValueError, KeyError, TypeError, AttributeError) as exc:
                 raise CheckpointError(index_path, f"is not a valid safetensors index ({exc!r})", REDOWNLOAD) from None
             if not names or not all(isinstance(n, str) and n and Path(n).name == n for n in names):
-                raise CheckpointError(index_path, f"is not a valid safetensors index: its weight_map must give each "
-                                                  f"tensor the name of a shard file in this folder, not "
-                                                  f"{names[:3]!r:.80}", REDOWNLOAD)
+                raise CheckpointError(
+                    index_path,
+                    f"is not a valid safetensors index: its weight_map must give each "
+                    f"tensor the name of a shard file in this folder, not "
+                    f"{names[:3]!r:.80}",
+                    REDOWNLOAD,
+                )
             missing = [n for n in names if not (self.folder / n).is_file()]
             if missing:
-                raise CheckpointError(self.folder, f"is missing shard {missing[0]}"
-                                      + (f" and {len(missing) - 1} more" if len(missing) > 1 else "")
-                                      + f" listed in {INDEX_FILE}", "the download is incomplete; resume or repeat it")
+                raise CheckpointError(
+                    self.folder,
+                    f"is missing shard {missing[0]}"
+                    + (f" and {len(missing) - 1} more" if len(missing) > 1 else "")
+                    + f" listed in {INDEX_FILE}",
+                    "the download is incomplete; resume or repeat it",
+                )
             return names
         names = sorted(p.name for p in self.folder.glob("*.safetensors"))
         if not names:
-            raise CheckpointError(self.folder, "holds no .safetensors weights",
-                                  "MoE Desk reads Hugging Face safetensors checkpoints; GGUF and .bin are not supported")
+            raise CheckpointError(
+                self.folder,
+                "holds no .safetensors weights",
+                "MoE Desk reads Hugging Face safetensors checkpoints; GGUF and .bin are not supported",
+            )
         return names
 
     def _open(self, file_name: str) -> SafetensorsFile:
@@ -189,11 +210,16 @@ class Checkpoint:
         return weight
 
     def _missing(self, name: str) -> CheckpointError:
-        return CheckpointError(self.folder, f"has no tensor {name!r} that the config calls for",
-                               "the checkpoint does not match its config.json, or a shard is incomplete")
+        return CheckpointError(
+            self.folder,
+            f"has no tensor {name!r} that the config calls for",
+            "the checkpoint does not match its config.json, or a shard is incomplete",
+        )
 
     @staticmethod
     def _bad_shape(key: str, shard: SafetensorsFile, found: tuple, expected: tuple) -> CheckpointError:
-        return CheckpointError(shard.path, f"tensor {key!r} has shape {list(found)} but config.json "
-                                           f"implies {list(expected)}",
-                               "the weights and config.json come from different models")
+        return CheckpointError(
+            shard.path,
+            f"tensor {key!r} has shape {list(found)} but config.json implies {list(expected)}",
+            "the weights and config.json come from different models",
+        )

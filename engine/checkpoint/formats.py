@@ -71,8 +71,10 @@ def detect_format(name: str, tensors: dict[str, torch.Tensor]) -> tuple[str, tup
         return FP8_BLOCK, tuple(weight.shape)
     if weight.dtype in FP8_DTYPES and roles == {"weight", "weight_scale"}:
         return FP8_TENSOR, tuple(weight.shape)
-    raise ValueError(f"{name} stores {', '.join(f'{r} ({tensors[r].dtype})' for r in sorted(roles))}, "
-                     f"which is no weight format MoE Desk knows (bf16/fp16/fp32, FP8 block or per-tensor, NVFP4)")
+    raise ValueError(
+        f"{name} stores {', '.join(f'{r} ({tensors[r].dtype})' for r in sorted(roles))}, "
+        f"which is no weight format MoE Desk knows (bf16/fp16/fp32, FP8 block or per-tensor, NVFP4)"
+    )
 
 
 def check_scales(weight: StoredWeight) -> None:
@@ -82,20 +84,26 @@ def check_scales(weight: StoredWeight) -> None:
     if weight.format in (NVFP4, NVFP4_CT):
         expected = (*lead, out_features, in_features // NVFP4_GROUP)
         if in_features % NVFP4_GROUP or tuple(weight.tensors["weight_scale"].shape) != expected:
-            raise ValueError(f"{weight.name}: NVFP4 weight_scale has shape {list(weight.tensors['weight_scale'].shape)}, "
-                             f"expected {list(expected)} (one scale per {NVFP4_GROUP} inputs)")
+            raise ValueError(
+                f"{weight.name}: NVFP4 weight_scale has shape {list(weight.tensors['weight_scale'].shape)}, "
+                f"expected {list(expected)} (one scale per {NVFP4_GROUP} inputs)"
+            )
     elif weight.format == FP8_BLOCK:
         rows, cols = weight.block_size
         expected = (*lead, -(-out_features // rows), -(-in_features // cols))
         if tuple(weight.tensors["weight_scale_inv"].shape) != expected:
-            raise ValueError(f"{weight.name}: FP8 weight_scale_inv has shape "
-                             f"{list(weight.tensors['weight_scale_inv'].shape)}, expected {list(expected)} "
-                             f"for {rows}x{cols} blocks")
+            raise ValueError(
+                f"{weight.name}: FP8 weight_scale_inv has shape "
+                f"{list(weight.tensors['weight_scale_inv'].shape)}, expected {list(expected)} "
+                f"for {rows}x{cols} blocks"
+            )
     elif weight.format == FP8_TENSOR:
         scale = weight.tensors["weight_scale"]
         if scale.numel() not in (1, out_features):
-            raise ValueError(f"{weight.name}: FP8 weight_scale has {scale.numel()} values, "
-                             f"expected 1 (per tensor) or {out_features} (per output channel)")
+            raise ValueError(
+                f"{weight.name}: FP8 weight_scale has {scale.numel()} values, "
+                f"expected 1 (per tensor) or {out_features} (per output channel)"
+            )
 
 
 def unpack_e2m1(packed: torch.Tensor) -> torch.Tensor:
@@ -138,7 +146,9 @@ def _nvfp4(w: StoredWeight) -> torch.Tensor:
 
 
 def _nvfp4_ct(w: StoredWeight) -> torch.Tensor:
-    return _nvfp4_values(w.tensors["weight_packed"], w.tensors["weight_scale"]) / w.tensors["weight_global_scale"].float()
+    return (
+        _nvfp4_values(w.tensors["weight_packed"], w.tensors["weight_scale"]) / w.tensors["weight_global_scale"].float()
+    )
 
 
 DECODERS = {DENSE: _dense, FP8_TENSOR: _fp8_tensor, FP8_BLOCK: _fp8_block, NVFP4: _nvfp4, NVFP4_CT: _nvfp4_ct}
@@ -160,15 +170,21 @@ def fuse_rows(weights: list[StoredWeight], name: str) -> StoredWeight:
 
     if fmt in (NVFP4, NVFP4_CT):
         codes = "weight" if fmt == NVFP4 else "weight_packed"
-        rows = [per_row(w, w.tensors["weight_scale_2"] if fmt == NVFP4 else 1.0 / w.tensors["weight_global_scale"].float())
-                for w in weights]
-        tensors = {"weight": torch.cat([w.tensors[codes] for w in weights], dim=-2),
-                   "weight_scale": torch.cat([w.tensors["weight_scale"] for w in weights], dim=-2),
-                   "weight_scale_2": torch.cat(rows)}
+        rows = [
+            per_row(w, w.tensors["weight_scale_2"] if fmt == NVFP4 else 1.0 / w.tensors["weight_global_scale"].float())
+            for w in weights
+        ]
+        tensors = {
+            "weight": torch.cat([w.tensors[codes] for w in weights], dim=-2),
+            "weight_scale": torch.cat([w.tensors["weight_scale"] for w in weights], dim=-2),
+            "weight_scale_2": torch.cat(rows),
+        }
         return StoredWeight(NVFP4, tensors, shape, name)
     if fmt == FP8_TENSOR:
-        tensors = {"weight": torch.cat([w.tensors["weight"] for w in weights], dim=-2),
-                   "weight_scale": torch.cat([per_row(w, w.tensors["weight_scale"]) for w in weights])}
+        tensors = {
+            "weight": torch.cat([w.tensors["weight"] for w in weights], dim=-2),
+            "weight_scale": torch.cat([per_row(w, w.tensors["weight_scale"]) for w in weights]),
+        }
         return StoredWeight(FP8_TENSOR, tensors, shape, name)
     if fmt == FP8_BLOCK:
         rows = weights[0].block_size[0]

@@ -40,8 +40,9 @@ def read_hf_quant_config(folder: Path) -> dict | None:
         raise CheckpointError(source, "does not hold a JSON object", REPAIR)
     quantization = side.get("quantization")
     if not isinstance(quantization, (dict, type(None))):
-        raise CheckpointError(source, f"has a \"quantization\" entry that is not a JSON object "
-                                      f"({quantization!r:.60})", REPAIR)
+        raise CheckpointError(
+            source, f'has a "quantization" entry that is not a JSON object ({quantization!r:.60})', REPAIR
+        )
     return dict(quantization or {}, quant_method="modelopt")
 
 
@@ -52,8 +53,9 @@ def read_quant_settings(folder: Path, quantization_config: dict | None) -> Quant
     if not quantization_config:
         return QuantSettings(method=None)
     if not isinstance(quantization_config, dict):
-        raise CheckpointError(source, f"has a quantization_config that is not a JSON object "
-                                      f"({quantization_config!r:.60})", REPAIR)
+        raise CheckpointError(
+            source, f"has a quantization_config that is not a JSON object ({quantization_config!r:.60})", REPAIR
+        )
     method = str(quantization_config.get("quant_method", "")).lower()
     if method == "fp8":
         block = quantization_config.get("weight_block_size") or [128, 128]
@@ -62,9 +64,9 @@ def read_quant_settings(folder: Path, quantization_config: dict | None) -> Quant
             if rows < 1 or cols < 1 or any(isinstance(b, bool) or int(b) != b for b in block):
                 raise ValueError(block)
         except (TypeError, ValueError):
-            raise CheckpointError(source, f"has an FP8 weight_block_size {block!r} that is not two whole numbers "
-                                          f"above 0",
-                                  REPAIR) from None
+            raise CheckpointError(
+                source, f"has an FP8 weight_block_size {block!r} that is not two whole numbers above 0", REPAIR
+            ) from None
         return QuantSettings(method, fp8_block_size=(rows, cols))
     if method == "modelopt":
         algo = str(quantization_config.get("quant_algo", "")).upper()
@@ -90,5 +92,8 @@ def read_quant_settings(folder: Path, quantization_config: dict | None) -> Quant
 
 
 def _unknown(source: Path, what: str) -> CheckpointError:
-    return CheckpointError(source, f"uses the unknown quantisation algorithm {what}",
-                           f"MoE Desk reads {SUPPORTED}; pick another build of this model")
+    return CheckpointError(
+        source,
+        f"uses the unknown quantisation algorithm {what}",
+        f"MoE Desk reads {SUPPORTED}; pick another build of this model",
+    )

@@ -38,21 +38,32 @@ def _nvfp4_blocks(w: torch.Tensor, global_scale: torch.Tensor) -> tuple[torch.Te
 def nvfp4_modelopt(w: torch.Tensor) -> dict[str, torch.Tensor]:
     scale_2 = (w.float().abs().amax() / (FP8_MAX * E2M1_MAX)).clamp_min(1e-12)
     packed, block_scale = _nvfp4_blocks(w, scale_2)
-    return {"weight": packed, "weight_scale": block_scale, "weight_scale_2": scale_2.reshape(()),
-            "input_scale": torch.tensor(1.0)}
+    return {
+        "weight": packed,
+        "weight_scale": block_scale,
+        "weight_scale_2": scale_2.reshape(()),
+        "input_scale": torch.tensor(1.0),
+    }
 
 
 def nvfp4_compressed_tensors(w: torch.Tensor) -> dict[str, torch.Tensor]:
     global_scale = (FP8_MAX * E2M1_MAX / w.float().abs().amax()).clamp_max(1e12)
     packed, block_scale = _nvfp4_blocks(w, 1.0 / global_scale)
-    return {"weight_packed": packed, "weight_scale": block_scale, "weight_global_scale": global_scale.reshape(1),
-            "input_global_scale": torch.ones(1)}
+    return {
+        "weight_packed": packed,
+        "weight_scale": block_scale,
+        "weight_global_scale": global_scale.reshape(1),
+        "input_global_scale": torch.ones(1),
+    }
 
 
 def fp8_per_tensor(w: torch.Tensor) -> dict[str, torch.Tensor]:
     scale = (w.float().abs().amax() / FP8_MAX).clamp_min(1e-12)
-    return {"weight": (w.float() / scale).to(torch.float8_e4m3fn), "weight_scale": scale.reshape(()),
-            "input_scale": torch.tensor(1.0)}
+    return {
+        "weight": (w.float() / scale).to(torch.float8_e4m3fn),
+        "weight_scale": scale.reshape(()),
+        "input_scale": torch.tensor(1.0),
+    }
 
 
 def fp8_block(w: torch.Tensor, block: tuple[int, int] = (128, 128)) -> dict[str, torch.Tensor]:

@@ -17,10 +17,18 @@ import torch
 from engine.errors import CheckpointError
 
 DTYPES = {
-    "F64": torch.float64, "F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16,
-    "F8_E4M3": torch.float8_e4m3fn, "F8_E5M2": torch.float8_e5m2,
-    "I64": torch.int64, "I32": torch.int32, "I16": torch.int16, "I8": torch.int8,
-    "U8": torch.uint8, "BOOL": torch.bool,
+    "F64": torch.float64,
+    "F32": torch.float32,
+    "F16": torch.float16,
+    "BF16": torch.bfloat16,
+    "F8_E4M3": torch.float8_e4m3fn,
+    "F8_E5M2": torch.float8_e5m2,
+    "I64": torch.int64,
+    "I32": torch.int32,
+    "I16": torch.int16,
+    "I8": torch.int8,
+    "U8": torch.uint8,
+    "BOOL": torch.bool,
 }
 REDOWNLOAD = "the file is damaged or incomplete; download the model again"
 MAX_HEADER_BYTES = 100 * 1024 * 1024  # the most header a safetensors file may claim (local and remote)
@@ -32,8 +40,11 @@ class SafetensorsFile:
         try:
             status = path.stat()
             if not stat.S_ISREG(status.st_mode):  # a named pipe or device would block or stream forever
-                raise CheckpointError(path, "is not a regular file: a folder, named pipe or device has the "
-                                            "name of a weights file", "remove it and download the model again")
+                raise CheckpointError(
+                    path,
+                    "is not a regular file: a folder, named pipe or device has the name of a weights file",
+                    "remove it and download the model again",
+                )
             size = status.st_size
             with open(path, "rb") as handle:
                 prefix = handle.read(8)
@@ -41,12 +52,19 @@ class SafetensorsFile:
                     raise CheckpointError(path, f"is {size} bytes long, too short to be a safetensors file", REDOWNLOAD)
                 (header_len,) = struct.unpack("<Q", prefix)
                 if header_len > min(MAX_HEADER_BYTES, size - 8):
-                    raise CheckpointError(path, f"has a corrupt or truncated safetensors header "
-                                                f"(header says {header_len} bytes, file has {size})", REDOWNLOAD)
+                    raise CheckpointError(
+                        path,
+                        f"has a corrupt or truncated safetensors header "
+                        f"(header says {header_len} bytes, file has {size})",
+                        REDOWNLOAD,
+                    )
                 header_bytes = handle.read(header_len)
         except OSError as exc:
-            raise CheckpointError(path, f"cannot be read ({exc.strerror or exc})",
-                                  "check that the file exists, is readable and is no broken link") from None
+            raise CheckpointError(
+                path,
+                f"cannot be read ({exc.strerror or exc})",
+                "check that the file exists, is readable and is no broken link",
+            ) from None
         try:
             header = json.loads(header_bytes.decode("utf-8"))
             if not isinstance(header, dict):
@@ -66,22 +84,35 @@ class SafetensorsFile:
             shape = tuple(entry["shape"])
             start, end = entry["data_offsets"]
         except (KeyError, TypeError, ValueError):
-            raise CheckpointError(self.path, f"has an unreadable entry for tensor {name!r} "
-                                             f"(dtype {entry.get('dtype') if isinstance(entry, dict) else entry!r})",
-                                  REDOWNLOAD) from None
+            raise CheckpointError(
+                self.path,
+                f"has an unreadable entry for tensor {name!r} "
+                f"(dtype {entry.get('dtype') if isinstance(entry, dict) else entry!r})",
+                REDOWNLOAD,
+            ) from None
         if not all(_is_count(n) for n in (*shape, start, end)):
-            raise CheckpointError(self.path, f"tensor {name!r} has shape {list(shape)} and data offsets "
-                                             f"{[start, end]}, which must all be whole numbers of 0 or more",
-                                  REDOWNLOAD)
+            raise CheckpointError(
+                self.path,
+                f"tensor {name!r} has shape {list(shape)} and data offsets "
+                f"{[start, end]}, which must all be whole numbers of 0 or more",
+                REDOWNLOAD,
+            )
         numel = 1
         for d in shape:
             numel *= d
         if end - start != numel * dtype.itemsize:
-            raise CheckpointError(self.path, f"tensor {name!r} has {end - start} bytes of data "
-                                             f"but shape {list(shape)} needs {numel * dtype.itemsize}", REDOWNLOAD)
+            raise CheckpointError(
+                self.path,
+                f"tensor {name!r} has {end - start} bytes of data "
+                f"but shape {list(shape)} needs {numel * dtype.itemsize}",
+                REDOWNLOAD,
+            )
         if self._data_start + end > size:
-            raise CheckpointError(self.path, f"is truncated: tensor {name!r} ends at byte {self._data_start + end} "
-                                             f"but the file has {size}", REDOWNLOAD)
+            raise CheckpointError(
+                self.path,
+                f"is truncated: tensor {name!r} ends at byte {self._data_start + end} but the file has {size}",
+                REDOWNLOAD,
+            )
         return dtype, shape, start, end
 
     def keys(self):

@@ -26,9 +26,11 @@ class ExpertBank:
         else:
             self._fused = None
             self._per_expert = [
-                (source.host_weight(f"{prefix}.{e}.gate_proj", (intermediate, hidden)),
-                 source.host_weight(f"{prefix}.{e}.up_proj", (intermediate, hidden)),
-                 source.host_weight(f"{prefix}.{e}.down_proj", (hidden, intermediate)))
+                (
+                    source.host_weight(f"{prefix}.{e}.gate_proj", (intermediate, hidden)),
+                    source.host_weight(f"{prefix}.{e}.up_proj", (intermediate, hidden)),
+                    source.host_weight(f"{prefix}.{e}.down_proj", (hidden, intermediate)),
+                )
                 for e in range(num_experts)
             ]
 

@@ -31,8 +31,14 @@ DEVICE_TICKS = 2**31 - 2**20  # the device table's int32 clock, with a margin
 
 
 class ExpertCache:
-    def __init__(self, device: torch.device | str, slots: int, layout: RecordLayout, experts_per_layer: int,
-                 link: LinkThrottle | None = None):
+    def __init__(
+        self,
+        device: torch.device | str,
+        slots: int,
+        layout: RecordLayout,
+        experts_per_layer: int,
+        link: LinkThrottle | None = None,
+    ):
         if slots < 1:
             raise ValueError(f"the expert cache needs at least one slot, got {slots}")
         self.device = torch.device(device)
@@ -71,8 +77,9 @@ class ExpertCache:
         self.take_back()
         return (layer, expert) in self._slot_of
 
-    def fetch(self, layer: int, experts: list[int], packed: PackedExperts,
-              deferred: list[tuple[int, int]] | None = None) -> list[int]:
+    def fetch(
+        self, layer: int, experts: list[int], packed: PackedExperts, deferred: list[tuple[int, int]] | None = None
+    ) -> list[int]:
         """Slots holding `experts` of `layer` (at most `slots` of them), copying the misses in; with `deferred`,
         the misses' (expert, slot) pairs go there instead, for the caller to copy before anything reads them."""
         if len(experts) > self.slots:
@@ -121,7 +128,7 @@ class ExpertCache:
                     self._free.append(elsewhere)
             self._free = [s for s in self._free if not first <= s < first + experts]
             with self._copying(packed.pinned) as copy:
-                copy(self.pool[first:first + experts], packed.records, block)
+                copy(self.pool[first : first + experts], packed.records, block)
             for e in range(experts):
                 self._assign(first + e, (layer, e))
             self._block_of_layer[layer] = block
@@ -157,10 +164,14 @@ class ExpertCache:
             hits, misses = hits + device_hits, misses + device_misses
         copied = self.bytes_copied + (misses - self.misses) * self.layout.record_bytes
         lookups = hits + misses
-        return {"expert_cache_slots": self.slots, "expert_cache_hits": hits,
-                "expert_cache_misses": misses, "expert_bytes_copied": copied,
-                "expert_cache_bytes": self.nbytes,
-                "expert_cache_hit_rate": hits / lookups if lookups else 0.0}
+        return {
+            "expert_cache_slots": self.slots,
+            "expert_cache_hits": hits,
+            "expert_cache_misses": misses,
+            "expert_bytes_copied": copied,
+            "expert_cache_bytes": self.nbytes,
+            "expert_cache_hit_rate": hits / lookups if lookups else 0.0,
+        }
 
     # ---- the slot table on the device: decode steps that choose slots inside their graphs ----------
 
@@ -177,7 +188,8 @@ class ExpertCache:
                 "keys": torch.full((self.slots,), -1, dtype=torch.int32, device=self.device),
                 "ages": torch.full((self.slots,), -1, dtype=torch.int32, device=self.device),
                 "clock": torch.zeros(1, dtype=torch.int32, device=self.device),
-                "counts": torch.zeros(2, dtype=torch.int64, device=self.device)}
+                "counts": torch.zeros(2, dtype=torch.int64, device=self.device),
+            }
         if not self._device_owned:
             keys = torch.full((self.slots,), -1, dtype=torch.int32)
             ages = torch.full((self.slots,), -1, dtype=torch.int32)
@@ -209,10 +221,10 @@ class ExpertCache:
         # blocks still holding their layer whole; blocks the device touched become the most recent, in tick order
         for layer, block in list(self._block_of_layer.items()):
             first = block * experts
-            if keys[first:first + experts] != list(range(layer * experts, (layer + 1) * experts)):
+            if keys[first : first + experts] != list(range(layer * experts, (layer + 1) * experts)):
                 del self._block_of_layer[layer]
                 self._prefetched.discard(layer)
-        touched = {b: max(ages[b * experts:(b + 1) * experts]) for b in range(self.blocks)}
+        touched = {b: max(ages[b * experts : (b + 1) * experts]) for b in range(self.blocks)}
         for block in sorted((b for b in touched if touched[b] > self._handed_at), key=touched.get):
             self._block_use.move_to_end(block)
         if self._released is not None:  # copies the host issues next wait for the steps' gathers and reads
@@ -274,12 +286,14 @@ class ExpertCache:
                 link.start()
 
         if self._copy_stream is None:
+
             def copy(target, source, block):
                 nonlocal run_bytes
                 start_run()
                 self.bytes_copied += source.numel()
                 target.copy_(source)
                 run_bytes += source.numel()
+
             yield copy
             end_run()
             return
@@ -297,6 +311,7 @@ class ExpertCache:
             self.bytes_copied += source.numel()
             target.copy_(source, non_blocking=pinned)
             run_bytes += source.numel()
+
         with torch.cuda.stream(self._copy_stream):
             yield copy
             held = link is not None and run_bytes > 0

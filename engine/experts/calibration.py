@@ -51,16 +51,21 @@ class Calibration:
     def plausible(self) -> bool:
         """Whether the figures can be real: a busy machine during the measurement can make the CPU's per-expert
         time vanish into the noise (seen on the H200 machine: 1.8e15 B/s and 6.5 ms a call)."""
-        return (1e8 <= self.pcie_bytes_per_s <= 1e12 and 1e7 <= self.cpu_bytes_per_s <= 1e12
-                and 0.0 <= self.cpu_call_seconds <= 0.05
-                and (self.pageable_bytes_per_s is None or 1e7 <= self.pageable_bytes_per_s <= 1e12)
-                and (self.cpu_token_seconds is None or 0.0 <= self.cpu_token_seconds <= 0.05))
+        return (
+            1e8 <= self.pcie_bytes_per_s <= 1e12
+            and 1e7 <= self.cpu_bytes_per_s <= 1e12
+            and 0.0 <= self.cpu_call_seconds <= 0.05
+            and (self.pageable_bytes_per_s is None or 1e7 <= self.pageable_bytes_per_s <= 1e12)
+            and (self.cpu_token_seconds is None or 0.0 <= self.cpu_token_seconds <= 0.05)
+        )
 
 
 def machine_key(device: torch.device, record_bytes: int, threads: int) -> str:
     gpu = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
-    return (f"v{CALIBRATION_VERSION}|{platform.machine()}|{platform.processor() or os.cpu_count()}|{gpu}|"
-            f"{record_bytes}|{threads}")
+    return (
+        f"v{CALIBRATION_VERSION}|{platform.machine()}|{platform.processor() or os.cpu_count()}|{gpu}|"
+        f"{record_bytes}|{threads}"
+    )
 
 
 def calibrate(device: torch.device, records: list[torch.Tensor], cpu_seconds) -> Calibration:
@@ -80,15 +85,18 @@ def calibrate(device: torch.device, records: list[torch.Tensor], cpu_seconds) ->
             target.copy_(record, non_blocking=True)
         torch.cuda.synchronize(device)
         return len(sources) * record_bytes / (time.perf_counter() - started)
+
     return calibrate_cpu(copy_rate(pinned), record_bytes, cpu_seconds, copy_rate(pageable))
 
 
-def calibrate_cpu(pcie_bytes_per_s: float, record_bytes: int, cpu_seconds,
-                  pageable_bytes_per_s: float | None = None) -> Calibration:
+def calibrate_cpu(
+    pcie_bytes_per_s: float, record_bytes: int, cpu_seconds, pageable_bytes_per_s: float | None = None
+) -> Calibration:
     """The CPU's side of the calibration: calls of one expert and of a token's misses, the difference is the
     experts, the rest is the cost of a call; then the misses each chosen by CHUNK_TOKENS tokens, for the cost of
     a further token. A measurement that cannot be real (the machine was busy) is taken again, twice at most."""
     from engine.kernels import cpu_experts
+
     cpu_seconds(2, TOKEN_MISSES, 1)  # compiles on first use (cached on disk after) and wakes every thread
     cpu_seconds(1, TOKEN_MISSES, CHUNK_TOKENS)
     for _ in range(3):
@@ -97,8 +105,14 @@ def calibrate_cpu(pcie_bytes_per_s: float, record_bytes: int, cpu_seconds,
         chunk = min(cpu_seconds(2, TOKEN_MISSES, CHUNK_TOKENS) for _ in range(2)) / 2
         per_expert = max((full - single) / (TOKEN_MISSES - 1), 1e-9)
         per_token = max((chunk - full) / (TOKEN_MISSES * (CHUNK_TOKENS - 1)), 0.0)
-        calibration = Calibration(pcie_bytes_per_s, record_bytes / per_expert, max(single - per_expert, 0.0),
-                                  cpu_experts.threads(), pageable_bytes_per_s, per_token)
+        calibration = Calibration(
+            pcie_bytes_per_s,
+            record_bytes / per_expert,
+            max(single - per_expert, 0.0),
+            cpu_experts.threads(),
+            pageable_bytes_per_s,
+            per_token,
+        )
         if calibration.plausible():
             break
     return calibration

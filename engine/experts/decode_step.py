@@ -77,8 +77,11 @@ class ExpertDecodeStep:
         # be the truth within a step (a pageable layer keeps the host's copies, and so the host's choice). A CPU
         # share needs the CPU threads (numba) to go with it.
         device_share_possible = not self.with_cpu_share or cpu_share.numba is not None
-        table = executor.cache.hand_to_device() if moe and device_share_possible \
-            and len(self.gathered) == len(moe) else None
+        table = (
+            executor.cache.hand_to_device()
+            if moe and device_share_possible and len(self.gathered) == len(moe)
+            else None
+        )
         cuda = executor.device.type == "cuda"
         if table is not None and (not cuda or kernels.assign_slots_capturable(table["keys"])):
             self.slot_table = table
@@ -87,8 +90,9 @@ class ExpertDecodeStep:
         if self.share_on_device:
             if self.share is None or self.share.kernel is not executor.cpu_kernel:
                 mailbox = cpu_share.Mailbox(self.top_k, self.cpu_routed.shape[-1], pin=cuda)
-                self.share = cpu_share.CpuShareWorker(executor.cpu_kernel, [executor.packed[i].records for i in moe],
-                                                      mailbox)
+                self.share = cpu_share.CpuShareWorker(
+                    executor.cpu_kernel, [executor.packed[i].records for i in moe], mailbox
+                )
             self._counts_sent = None
 
     def begin(self) -> None:
@@ -137,17 +141,33 @@ class ExpertDecodeStep:
             torch.cuda.synchronize(self.executor.device)
         self.share.clear_cancel()
 
-    def layer(self, layer: int, y: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor, residual: torch.Tensor,
-              shared, step: DecodeStep) -> torch.Tensor:
+    def layer(
+        self,
+        layer: int,
+        y: torch.Tensor,
+        ids: torch.Tensor,
+        weights: torch.Tensor,
+        residual: torch.Tensor,
+        shared,
+        step: DecodeStep,
+    ) -> torch.Tensor:
         """`residual` plus layer `layer`'s experts for one token routed to `ids` with `weights`."""
         executor, cache, table = self.executor, self.executor.cache, self.slot_table
         k = self.top_k
         if table is not None:  # the slots, and the misses' copy table, chosen on the device: no host action
             share = self.share_on_device
             ordinal = sorted(executor.packed).index(layer)
-            kernels.assign_slots(ids, layer * cache.experts_per_layer, table["keys"], table["ages"], table["clock"],
-                                 self.slots, self.copy_table, table["counts"],
-                                 *((self.cpu_counts, self.gpu_rows) if share else ()))
+            kernels.assign_slots(
+                ids,
+                layer * cache.experts_per_layer,
+                table["keys"],
+                table["ages"],
+                table["clock"],
+                self.slots,
+                self.copy_table,
+                table["counts"],
+                *((self.cpu_counts, self.gpu_rows) if share else ()),
+            )
             if share:  # the CPU's misses to its threads, which work while the GPU copies and computes the rest
                 kernels.post_cpu_share(ids, weights, self.gpu_rows, y, self.share_base, ordinal, self.share.mailbox)
             if self._side is not None:  # the misses' copies on a side stream, beside the shared expert
@@ -160,8 +180,9 @@ class ExpertDecodeStep:
             routed = executor.slot_swiglu(y.expand(k, y.shape[-1]), self.slots)
             if not share:
                 return kernels.combine_experts(residual, routed, weights, None, shared_out, None)
-            kernels.wait_cpu_share(self.gpu_rows, self.share_base, ordinal, self.share.mailbox, self.cpu_routed,
-                                   self.share_waits)
+            kernels.wait_cpu_share(
+                self.gpu_rows, self.share_base, ordinal, self.share.mailbox, self.cpu_routed, self.share_waits
+            )
             return kernels.combine_experts(residual, routed, weights, self.gpu_rows, shared_out, self.cpu_routed)
         cuda = executor.device.type == "cuda"
         if cuda:
@@ -240,8 +261,9 @@ class ExpertDecodeStep:
         """Compute the CPU's experts of the last fetched layer and send their sum up, for the layer's combine."""
         ids, y, weights, on_cpu = self._job
         if any(on_cpu):
-            out = self.executor.compute_on_cpu(layer, y.float(), ids.reshape(1, -1), weights.reshape(1, -1),
-                                               torch.tensor([on_cpu]))
+            out = self.executor.compute_on_cpu(
+                layer, y.float(), ids.reshape(1, -1), weights.reshape(1, -1), torch.tensor([on_cpu])
+            )
             self._cpu_routed_host.copy_(out)
             self.cpu_routed.copy_(self._cpu_routed_host, non_blocking=True)
             self._cpu_routed_dirty = True

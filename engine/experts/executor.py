@@ -34,8 +34,15 @@ from engine.experts.link import LinkLimit, LinkThrottle
 from engine.experts.packed import PackedExperts, pack_banks
 from engine.experts.backend import BACKENDS, Backend
 from engine.experts.calibration import CALIBRATION_RECORDS, Calibration, cached_calibration, calibrate, machine_key
-from engine.experts.policy import (BackendPolicy, BackendTrial, HybridBalance, cpu_faster_for_chunk, policy_for,
-                                   resolve, trial_candidates)
+from engine.experts.policy import (
+    BackendPolicy,
+    BackendTrial,
+    HybridBalance,
+    cpu_faster_for_chunk,
+    policy_for,
+    resolve,
+    trial_candidates,
+)
 from engine.kernels.groups import ExpertGroups
 from engine.layers.step import DecodeStep
 
@@ -131,9 +138,15 @@ class ReferenceExpertExecutor:
 
 
 class CachedExpertExecutor:
-    def __init__(self, device: torch.device | str, slots: int, pin_budget_bytes: int | None = None,
-                 backend: Backend | str = Backend.OFFLOAD, cpu_threads: int | None = None,
-                 link: LinkLimit | None = None):
+    def __init__(
+        self,
+        device: torch.device | str,
+        slots: int,
+        pin_budget_bytes: int | None = None,
+        backend: Backend | str = Backend.OFFLOAD,
+        cpu_threads: int | None = None,
+        link: LinkLimit | None = None,
+    ):
         if backend not in BACKENDS:
             raise ValueError(f"unknown expert backend {backend!r}; choose one of {', '.join(BACKENDS)}")
         self.device = torch.device(device)
@@ -170,11 +183,14 @@ class CachedExpertExecutor:
         self.cache = ExpertCache(self.device, self.slots, first.layout, first.records.shape[0], self._throttle())
         self._gather_link = self._throttle()  # its own mark: the gathers run on the step's streams, not the copy stream
         if self.requested_backend is Backend.GPU and self.cache.blocks < len(layers):
-            raise ValueError(f"the gpu expert backend keeps every expert in VRAM: {len(layers)} layers of slots, "
-                             f"but the cache holds {self.cache.blocks}; choose offload, cpu, hybrid or auto")
+            raise ValueError(
+                f"the gpu expert backend keeps every expert in VRAM: {len(layers)} layers of slots, "
+                f"but the cache holds {self.cache.blocks}; choose offload, cpu, hybrid or auto"
+            )
         self._gather_works = self.device.type == "cuda" and self._probe_gather()
-        if (self.requested_backend is Backend.AUTO or self.requested_backend.shares_with_cpu) \
-                and self.device.type == "cuda":
+        if (
+            self.requested_backend is Backend.AUTO or self.requested_backend.shares_with_cpu
+        ) and self.device.type == "cuda":
             self._prepare_cpu(first.layout, dtype)
         self.choose_backend(self.requested_backend)
         if not self.backend.shares_with_cpu and self.backend_trial is None:
@@ -214,10 +230,14 @@ class CachedExpertExecutor:
         record_bytes = self.cache.layout.record_bytes
         all_pinned = all(packed.pinned for packed in self.packed.values())
         all_resident = self.cache.blocks >= len(self.packed)
-        self.backend = self._calibrated_backend = resolve(backend, self.calibration, record_bytes, all_pinned,
-                                                          all_resident)
-        candidates = trial_candidates(self.calibration, record_bytes, all_pinned, all_resident) \
-            if Backend(backend) is Backend.AUTO and self.cpu_kernel is not None else ()
+        self.backend = self._calibrated_backend = resolve(
+            backend, self.calibration, record_bytes, all_pinned, all_resident
+        )
+        candidates = (
+            trial_candidates(self.calibration, record_bytes, all_pinned, all_resident)
+            if Backend(backend) is Backend.AUTO and self.cpu_kernel is not None
+            else ()
+        )
         self.backend_trial = BackendTrial(candidates) if candidates else None
         if self.backend_trial is not None:
             self.backend = self.backend_trial.backend
@@ -242,6 +262,7 @@ class CachedExpertExecutor:
 
     def _prepare_cpu(self, layout, dtype: torch.dtype) -> None:
         from engine.kernels import cpu_experts
+
         cpu_experts.set_threads(self.cpu_threads)
         # a float32 model keeps exact activations; otherwise the kernel's default (bf16 where the CPU has the dot)
         self.cpu_kernel = cpu_experts.CpuExpertKernel(layout, "float32" if dtype == torch.float32 else None)
@@ -268,8 +289,9 @@ class CachedExpertExecutor:
             chosen.append((layers[call % len(layers)].records, ids))
         started = time.perf_counter()
         for records, ids in chosen:
-            self.cpu_kernel.run(records, x, ids, torch.ones(tokens, per_call),
-                                torch.ones(tokens, per_call, dtype=torch.bool))
+            self.cpu_kernel.run(
+                records, x, ids, torch.ones(tokens, per_call), torch.ones(tokens, per_call, dtype=torch.bool)
+            )
         return time.perf_counter() - started
 
     def start(self, bank: ExpertBank, layer: int, x, expert_ids, expert_weights) -> _CachedWork:
@@ -291,10 +313,11 @@ class CachedExpertExecutor:
         # Experts in rounds the cache can hold at once (one round unless the cache is under a layer).
         rounds = []
         for first in range(0, len(experts), self.slots):
-            chosen = experts[first:first + self.slots]
+            chosen = experts[first : first + self.slots]
             rounds.append((first, chosen, None if first else self._slots(layer, chosen, streaming)))
-        return _CachedWork(self, layer, x, rows, order, token_of_row, expert_weights, starts, rounds, streaming,
-                           bank.intermediate)
+        return _CachedWork(
+            self, layer, x, rows, order, token_of_row, expert_weights, starts, rounds, streaming, bank.intermediate
+        )
 
     def _chunk_on_cpu(self, layer: int, counts: list[int], experts: list[int], streaming: bool) -> bool:
         """Whether the CPU computes this prompt chunk's experts of `layer` (cpu and hybrid backends): when its
@@ -306,13 +329,19 @@ class CachedExpertExecutor:
             copies = 0 if self.cache.holds_layer(layer) else len(counts)
         else:
             copies = sum(not self.cache.holds(layer, e) for e in experts)
-        return cpu_faster_for_chunk(self.calibration, counts, record_bytes, copies * record_bytes,
-                                    self.packed[layer].pinned)
+        return cpu_faster_for_chunk(
+            self.calibration, counts, record_bytes, copies * record_bytes, self.packed[layer].pinned
+        )
 
     def _on_cpu(self, layer: int, x: torch.Tensor, expert_ids: torch.Tensor, expert_weights: torch.Tensor) -> Ready:
         """A chunk's routed output computed by the CPU from the host records (exact), sent to x's device."""
-        out = self.cpu_kernel.run(self.packed[layer].records, x.float().cpu(), expert_ids.cpu(),
-                                  expert_weights.float().cpu(), torch.ones(expert_ids.shape, dtype=torch.bool))
+        out = self.cpu_kernel.run(
+            self.packed[layer].records,
+            x.float().cpu(),
+            expert_ids.cpu(),
+            expert_weights.float().cpu(),
+            torch.ones(expert_ids.shape, dtype=torch.bool),
+        )
         return Ready(out.to(x.device, x.dtype))
 
     def _slots(self, layer: int, experts: list[int], streaming: bool) -> list[int]:
@@ -332,8 +361,9 @@ class CachedExpertExecutor:
     def decode_capturable(self) -> bool:
         """Whether a decode step's expert matmuls can be captured in CUDA graphs (their format has a kernel that
         reads the slots on the device)."""
-        return self.device.type == "cuda" and all(kernels.slot_linear_capturable(w, self.device)
-                                                  for w in self.cache.weights.values())
+        return self.device.type == "cuda" and all(
+            kernels.slot_linear_capturable(w, self.device) for w in self.cache.weights.values()
+        )
 
     def cpu_share_wanted(self) -> bool:
         """Whether the backend of the moment leaves some of a step's misses to the CPU."""
@@ -390,8 +420,12 @@ class CachedExpertExecutor:
             kernels.gather_records(packed.records, self.cache.pool, table)
             works = torch.equal(self.cache.pool[0].cpu(), packed.records[0])
         except Exception as error:  # a Triton that refuses host memory: the host's copies still work
-            warnings.warn(f"decode copies experts from the host, slower: the copy kernel failed "
-                          f"({type(error).__name__}: {error})", RuntimeWarning, stacklevel=2)
+            warnings.warn(
+                f"decode copies experts from the host, slower: the copy kernel failed "
+                f"({type(error).__name__}: {error})",
+                RuntimeWarning,
+                stacklevel=2,
+            )
             return False
         return works
 
@@ -405,16 +439,18 @@ class CachedExpertExecutor:
         if link is not None:
             link.hold_records(table, self.cache.layout.record_bytes)
 
-    def fetch_for_step(self, layer: int, experts: list[int],
-                       deferred: list[tuple[int, int]] | None = None) -> tuple[list[int], list[bool]]:
+    def fetch_for_step(
+        self, layer: int, experts: list[int], deferred: list[tuple[int, int]] | None = None
+    ) -> tuple[list[int], list[bool]]:
         """(cache slot, on the CPU) of each of one token's chosen experts. The backend picks which misses the CPU
         computes (`compute_on_cpu`); the rest are copied in, and the current stream waits for the copies, or,
         with `deferred`, their (expert, slot) pairs go there for `gather_misses`. Compute that reads the slots
         must be followed by `cache.release`. A CPU expert's slot is any slot: the step gives its row no weight."""
         misses = [e for e in experts if not self.cache.holds(layer, e)]
-        share = self.policy.cpu_misses(len(misses), self.calibration, self.cache.layout.record_bytes,
-                                       self.packed[layer].pinned)
-        on_cpu_experts = set(misses[len(misses) - share:])
+        share = self.policy.cpu_misses(
+            len(misses), self.calibration, self.cache.layout.record_bytes, self.packed[layer].pinned
+        )
+        on_cpu_experts = set(misses[len(misses) - share :])
         on_gpu = [e for e in experts if e not in on_cpu_experts]
         self.expert_calls += len(on_gpu)
         self.cpu_expert_calls += len(on_cpu_experts)
@@ -433,8 +469,9 @@ class CachedExpertExecutor:
         """A device-split step's outcome: in `waited` of its `layers` layers with CPU experts, the GPU waited."""
         self.policy.hear(waited, layers)
 
-    def compute_on_cpu(self, layer: int, x: torch.Tensor, expert_ids: torch.Tensor, expert_weights: torch.Tensor,
-                       on_cpu: torch.Tensor) -> torch.Tensor:
+    def compute_on_cpu(
+        self, layer: int, x: torch.Tensor, expert_ids: torch.Tensor, expert_weights: torch.Tensor, on_cpu: torch.Tensor
+    ) -> torch.Tensor:
         """The CPU's share of a layer's routed output, float32 [T, H] on the host (inputs on the host)."""
         return self.cpu_kernel.run(self.packed[layer].records, x, expert_ids, expert_weights, on_cpu)
 
@@ -446,13 +483,17 @@ class CachedExpertExecutor:
 
     def stats(self) -> dict:
         computed = self.expert_calls + self.cpu_expert_calls
-        return {"expert_calls": self.expert_calls, "expert_backend": str(self.backend),
-                "cpu_expert_calls": self.cpu_expert_calls,
-                **({"hybrid_cpu_fraction": self.hybrid_balance.fraction} if self.hybrid_balance else {}),
-                **({"expert_backend_trial": self.backend_trial.to_dict()} if self.backend_trial else {}),
-                "cpu_expert_share": self.cpu_expert_calls / computed if computed else 0.0,
-                **({"calibration": self.calibration.to_dict()} if self.calibration else {}),
-                **self.host_report, **self.cache.stats()}
+        return {
+            "expert_calls": self.expert_calls,
+            "expert_backend": str(self.backend),
+            "cpu_expert_calls": self.cpu_expert_calls,
+            **({"hybrid_cpu_fraction": self.hybrid_balance.fraction} if self.hybrid_balance else {}),
+            **({"expert_backend_trial": self.backend_trial.to_dict()} if self.backend_trial else {}),
+            "cpu_expert_share": self.cpu_expert_calls / computed if computed else 0.0,
+            **({"calibration": self.calibration.to_dict()} if self.calibration else {}),
+            **self.host_report,
+            **self.cache.stats(),
+        }
 
 
 class Ready:
@@ -488,7 +529,7 @@ class _CachedWork:
             if slots is None:
                 slots = executor._slots(self.layer, chosen, self.streaming)
             begin, end = self.starts[first], self.starts[first + len(chosen)]
-            groups = ExpertGroups(slots, [s - begin for s in self.starts[first:first + len(chosen) + 1]])
+            groups = ExpertGroups(slots, [s - begin for s in self.starts[first : first + len(chosen) + 1]])
             cache.wait_ready()
             out_rows[begin:end] = executor._swiglu(self.rows[begin:end], groups, self.intermediate)
             cache.release(slots)

@@ -41,9 +41,11 @@ class LinkLimit:
         """LinkLimitError unless the limit is below the measured rate (`what` names the memory it was measured
         from): a throttle can only slow a link down."""
         if self.bytes_per_s >= measured_bytes_per_s:
-            raise LinkLimitError(f"--link-gbps {self.bytes_per_s / 1e9:g} is not below this machine's measured "
-                                 f"{what} host->GPU rate of {measured_bytes_per_s / 1e9:.1f} GB/s, so there is "
-                                 f"nothing to emulate; give a lower rate or leave --link-gbps out")
+            raise LinkLimitError(
+                f"--link-gbps {self.bytes_per_s / 1e9:g} is not below this machine's measured "
+                f"{what} host->GPU rate of {measured_bytes_per_s / 1e9:.1f} GB/s, so there is "
+                f"nothing to emulate; give a lower rate or leave --link-gbps out"
+            )
 
     def through(self, bytes_per_s: float) -> float:
         """The rate of copies at `bytes_per_s` once held to this limit."""
@@ -60,8 +62,13 @@ class LinkThrottle:
     `hold_records(table, record_bytes)` after a gather) keeps the stream from going on before the start plus
     their time on the emulated link. One run at a time: the start is one mark per throttle."""
 
-    def __init__(self, limit: LinkLimit, device: torch.device | str,
-                 clock_ns: Callable[[], int] = time.perf_counter_ns, sleep: Callable[[float], None] = time.sleep):
+    def __init__(
+        self,
+        limit: LinkLimit,
+        device: torch.device | str,
+        clock_ns: Callable[[], int] = time.perf_counter_ns,
+        sleep: Callable[[float], None] = time.sleep,
+    ):
         self.limit = limit
         self.device = torch.device(device)
         self.clock_ns, self.sleep = clock_ns, sleep
@@ -69,8 +76,10 @@ class LinkThrottle:
             try:
                 from engine.kernels import triton_link
             except ImportError as error:
-                raise LinkLimitError(f"emulating a link on the GPU needs Triton ({error}); install it "
-                                     f"(pip install triton) or leave --link-gbps out") from None
+                raise LinkLimitError(
+                    f"emulating a link on the GPU needs Triton ({error}); install it "
+                    f"(pip install triton) or leave --link-gbps out"
+                ) from None
             self._kernels = triton_link
             self._mark = torch.zeros(1, dtype=torch.int64, device=self.device)  # the run's start, GPU timer ns
         else:

@@ -42,11 +42,15 @@ def expert_matrices(bank, expert: int) -> dict[str, StoredWeight]:
     """One expert of an ExpertBank as the two matrices a record holds."""
     stored = bank.stored(expert)
     gate_up = stored[:-1]  # (gate_up,) from a fused checkpoint, (gate, up) from a per-expert one
-    return {"gate_up": fuse_rows(list(gate_up), f"{stored[0].name}+up"),
-            "down": fuse_rows([stored[-1]], stored[-1].name)}
+    return {
+        "gate_up": fuse_rows(list(gate_up), f"{stored[0].name}+up"),
+        "down": fuse_rows([stored[-1]], stored[-1].name),
+    }
 
 
-def pack_banks(banks: dict[int, object], pin_budget_bytes: int | None, pin: bool) -> tuple[dict[int, PackedExperts], dict]:
+def pack_banks(
+    banks: dict[int, object], pin_budget_bytes: int | None, pin: bool
+) -> tuple[dict[int, PackedExperts], dict]:
     """Every layer's bank as PackedExperts; layers are pinned in order while the pin budget lasts
     (None: no limit), when `pin` (a CUDA device is there to copy to). Returns (packed by layer, report)."""
     packed, pinned_bytes, pageable_bytes = {}, 0, 0
@@ -64,8 +68,11 @@ def pack_banks(banks: dict[int, object], pin_budget_bytes: int | None, pin: bool
             pinned_bytes += size
         else:
             pageable_bytes += size
-    report = {"pinned_expert_bytes": pinned_bytes, "pageable_expert_bytes": pageable_bytes,
-              "pin_budget_bytes": pin_budget_bytes}
+    report = {
+        "pinned_expert_bytes": pinned_bytes,
+        "pageable_expert_bytes": pageable_bytes,
+        "pin_budget_bytes": pin_budget_bytes,
+    }
     return packed, report
 
 
@@ -77,6 +84,7 @@ def default_pin_budget_bytes() -> int:
 def physical_memory_bytes() -> int:
     try:
         import psutil
+
         return int(psutil.virtual_memory().total)
     except ImportError:
         pass

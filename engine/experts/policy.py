@@ -18,8 +18,9 @@ from engine.experts.backend import Backend
 from engine.experts.calibration import TOKEN_MISSES, Calibration
 
 
-def cpu_share(misses: int, backend: Backend, calibration: Calibration | None, record_bytes: int,
-              pinned: bool = True) -> int:
+def cpu_share(
+    misses: int, backend: Backend, calibration: Calibration | None, record_bytes: int, pinned: bool = True
+) -> int:
     """How many of a step's `misses` (records of `record_bytes`, `pinned` or beyond the pin budget) the CPU
     computes under `backend` (`BackendPolicy.cpu_misses`)."""
     return policy_for(backend).cpu_misses(misses, calibration, record_bytes, pinned)
@@ -87,6 +88,7 @@ class HybridPolicy(BackendPolicy):
         def finish(m: int) -> float:
             cpu = calibration.cpu_call_seconds + m * cpu_seconds if m else 0.0
             return max((misses - m) * copy_seconds, cpu)
+
         return min(range(misses + 1), key=lambda m: (finish(m), m))
 
     def cpu_counts(self, top_k: int, calibration: Calibration | None, record_bytes: int) -> list[int]:
@@ -153,8 +155,9 @@ class HybridBalance:
         self.fraction = min(max(self.fraction + direction * self.notch, 0.0), 1.0)
 
 
-def cpu_faster_for_chunk(calibration: Calibration, tokens_per_expert: list[int], record_bytes: int,
-                         copy_bytes: int, pinned: bool) -> bool:
+def cpu_faster_for_chunk(
+    calibration: Calibration, tokens_per_expert: list[int], record_bytes: int, copy_bytes: int, pinned: bool
+) -> bool:
     """Whether the CPU computes a prompt chunk's routed experts of one layer (`tokens_per_expert`: the tokens of
     each expert present) sooner than `copy_bytes` cross PCIe to the GPU. The CPU decodes each expert's weights
     once and multiplies them with its tokens (engine/kernels/cpu_experts/): an expert costs the calibrated
@@ -171,12 +174,18 @@ def cpu_faster_for_chunk(calibration: Calibration, tokens_per_expert: list[int],
 def cpu_helps(calibration: Calibration | None, record_bytes: int, all_pinned: bool = True) -> bool:
     """Whether the calibration gives the CPU some of a token's misses (TOKEN_MISSES of them) from a pinned layer,
     or from a pageable one if some layers are (`all_pinned` False)."""
-    return calibration is not None and any(cpu_share(TOKEN_MISSES, Backend.HYBRID, calibration, record_bytes, pinned)
-                                           for pinned in {True, all_pinned})
+    return calibration is not None and any(
+        cpu_share(TOKEN_MISSES, Backend.HYBRID, calibration, record_bytes, pinned) for pinned in {True, all_pinned}
+    )
 
 
-def resolve(backend: Backend, calibration: Calibration | None, record_bytes: int, all_pinned: bool = True,
-            all_resident: bool = False) -> Backend:
+def resolve(
+    backend: Backend,
+    calibration: Calibration | None,
+    record_bytes: int,
+    all_pinned: bool = True,
+    all_resident: bool = False,
+) -> Backend:
     """The backend `auto` stands for on this machine's calibration: gpu when the cache holds every layer
     (`all_resident`: nothing misses once warm), hybrid where the CPU helps (`cpu_helps`), else offload; the
     others are themselves. The executor then has a `BackendTrial` time the `trial_candidates`."""
@@ -188,8 +197,9 @@ def resolve(backend: Backend, calibration: Calibration | None, record_bytes: int
     return Backend.HYBRID if cpu_helps(calibration, record_bytes, all_pinned) else Backend.OFFLOAD
 
 
-def trial_candidates(calibration: Calibration | None, record_bytes: int, all_pinned: bool = True,
-                     all_resident: bool = False) -> tuple[Backend, ...]:
+def trial_candidates(
+    calibration: Calibration | None, record_bytes: int, all_pinned: bool = True, all_resident: bool = False
+) -> tuple[Backend, ...]:
     """The backends auto's trial times, where the CPU expert kernel is ready: hybrid, cpu and offload where the
     CPU helps (`cpu_helps`; hybrid first, as its balance starts from the calibration's split); cpu and offload
     where it does not but some records are pageable, since decode's pageable copies (a layer's few at a time,
@@ -248,6 +258,10 @@ class BackendTrial:
     def to_dict(self) -> dict:
         """The choice once made, and each candidate's median step so far (seconds; None before its first), in
         the order they are timed."""
-        return {"chosen": None if self.chosen is None else str(self.chosen),
-                "step_seconds": {str(backend): statistics.median(seconds) if seconds else None
-                                 for backend, seconds in self.seconds.items()}}
+        return {
+            "chosen": None if self.chosen is None else str(self.chosen),
+            "step_seconds": {
+                str(backend): statistics.median(seconds) if seconds else None
+                for backend, seconds in self.seconds.items()
+            },
+        }

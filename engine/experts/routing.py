@@ -28,10 +28,10 @@ MODES = ("uniform", "locality", "fixed", "same", "distinct")
 LOCALITY_ANCHORS = ((0.0, 0.0), (0.125, 0.67), (0.25, 0.81), (1.0, 1.0))
 NOTES = {
     "uniform": "routing forced uniform: each token's experts drawn uniformly per layer, so the expert-cache hit "
-               "rate is the floor, slots / (layers x experts)",
+    "rate is the floor, slots / (layers x experts)",
     "locality": "routing forced by a locality model (an LRU stack: 1/8 of a layer's experts cover 67 % of picks, "
-                "1/4 cover 81 %, after llama.cpp PR #27861's measurement on a real 512-expert model); modelled, "
-                "not measured on a real model; prompt chunks are routed uniformly",
+    "1/4 cover 81 %, after llama.cpp PR #27861's measurement on a real 512-expert model); modelled, "
+    "not measured on a real model; prompt chunks are routed uniformly",
     "fixed": "routing forced to the same experts at every decode step: with them cached, the GPU's own step",
     "same": "routing forced to the same experts for every token of a chunk (worst-case skew)",
     "distinct": "routing forced to spread each chunk's tokens over as many experts as exist",
@@ -41,8 +41,9 @@ NOTES = {
 class ForcedRouting:
     """Expert ids for every MoE layer of one model, in one of `MODES`."""
 
-    def __init__(self, mode: str, layers: list[int], num_experts: int, top_k: int, device: torch.device | str,
-                 seed: int = 0):
+    def __init__(
+        self, mode: str, layers: list[int], num_experts: int, top_k: int, device: torch.device | str, seed: int = 0
+    ):
         if mode not in MODES:
             raise ValueError(f"unknown routing mode {mode!r}; choose one of {', '.join(MODES)}")
         if top_k > num_experts:
@@ -70,7 +71,7 @@ class ForcedRouting:
     def ids(self, layer: int, tokens: int) -> torch.Tensor:
         """Expert ids [tokens, k] for `layer`; one token reads `step_ids` (capturable), a chunk gets new draws."""
         if tokens == 1:
-            return self.step_ids[self.row[layer]:self.row[layer] + 1]
+            return self.step_ids[self.row[layer] : self.row[layer] + 1]
         return self.chunk(tokens).to(self.step_ids.device)
 
     def chunk(self, tokens: int) -> torch.Tensor:
@@ -90,7 +91,7 @@ class ForcedRouting:
         stack = self.stacks[row]
         depths: set[int] = set()
         while len(depths) < self.top_k:
-            depths.add(self.depth(int(torch.randint(0, 10 ** 6, (1,), generator=self.generator))))
+            depths.add(self.depth(int(torch.randint(0, 10**6, (1,), generator=self.generator))))
         chosen = [stack[d] for d in sorted(depths)]
         self.stacks[row] = chosen + [e for e in stack if e not in chosen]  # most recently used first
         return torch.tensor(chosen)
@@ -107,8 +108,9 @@ class ForcedRouting:
 def force_routing(model, mode: str, seed: int = 0) -> ForcedRouting:
     """Make every MoE layer of `model` take its expert ids from a new `ForcedRouting` in `mode`."""
     moe = [layer.mlp for layer in model.layers if hasattr(layer.mlp, "route")]
-    routing = ForcedRouting(mode, [mlp.layer for mlp in moe], model.config.num_experts,
-                            model.config.num_experts_per_tok, model.device, seed)
+    routing = ForcedRouting(
+        mode, [mlp.layer for mlp in moe], model.config.num_experts, model.config.num_experts_per_tok, model.device, seed
+    )
     for mlp in moe:
         mlp.forced_routing = routing
     return routing

@@ -25,9 +25,15 @@ class Hub:
     """One Hub (or mirror) with one token choice. token None: the token huggingface_hub has stored, if any.
     sleep: how retries wait (tests pass a recorder); None: the download control's stoppable wait."""
 
-    def __init__(self, endpoint: str | None = None, token: str | None = None, offline: bool = False,
-                 timeout: float = TIMEOUT_S, sleep: Callable[[float], None] | None = None,
-                 retry_wait_s: float = RETRY_WAIT_S):
+    def __init__(
+        self,
+        endpoint: str | None = None,
+        token: str | None = None,
+        offline: bool = False,
+        timeout: float = TIMEOUT_S,
+        sleep: Callable[[float], None] | None = None,
+        retry_wait_s: float = RETRY_WAIT_S,
+    ):
         from huggingface_hub import constants
 
         self.endpoint = (endpoint or "").strip().rstrip("/") or constants.ENDPOINT
@@ -68,11 +74,16 @@ class Hub:
 
     def check_online(self) -> None:
         if self.offline:
-            raise HubError("offline", "Offline mode is on, so MoE Desk does not contact the Hub. Turn offline mode "
-                                      "off to download.")
+            raise HubError(
+                "offline",
+                "Offline mode is on, so MoE Desk does not contact the Hub. Turn offline mode off to download.",
+            )
         if client_offline():
-            raise HubError("offline", "Offline mode is on (the HF_HUB_OFFLINE environment variable is set), so "
-                                      "nothing can be downloaded. Unset HF_HUB_OFFLINE to download.")
+            raise HubError(
+                "offline",
+                "Offline mode is on (the HF_HUB_OFFLINE environment variable is set), so "
+                "nothing can be downloaded. Unset HF_HUB_OFFLINE to download.",
+            )
 
     def model_info(self, repo_id: str, revision: str, control: DownloadControl | None = None):
         """The repo's info with its files' sizes and hashes; an answer that is not the Hub's is a HubError."""
@@ -82,13 +93,15 @@ class Hub:
         def ask():
             try:
                 return HfApi(endpoint=self.endpoint, token=self.token).model_info(
-                    repo_id, revision=revision, files_metadata=True, timeout=self.timeout)
+                    repo_id, revision=revision, files_metadata=True, timeout=self.timeout
+                )
             except HFValidationError:
                 raise
             except json.JSONDecodeError as exc:
                 page = exc.doc.lstrip()[:1] == "<"
-                raise HubError("server", _not_the_hub(self, "an HTML page" if page else "an answer that is not "
-                                                                                          "JSON")) from None
+                raise HubError(
+                    "server", _not_the_hub(self, "an HTML page" if page else "an answer that is not JSON")
+                ) from None
             except (ValueError, TypeError, KeyError, AttributeError):
                 raise HubError("server", _not_the_hub(self, "JSON that is not a model's file list")) from None
 
@@ -116,17 +129,21 @@ class Hub:
         headers = self._headers()
         if start or end is not None:
             headers["Range"] = f"bytes={start}-{'' if end is None else end}"
-        with get_session().stream("GET", url, headers=headers, follow_redirects=True,
-                                  timeout=httpx2.Timeout(self.timeout)) as response:
+        with get_session().stream(
+            "GET", url, headers=headers, follow_redirects=True, timeout=httpx2.Timeout(self.timeout)
+        ) as response:
             hf_raise_for_status(response)
-            if response.headers.get("Content-Type", "").startswith("text/html") and \
-                    not path.lower().endswith((".html", ".htm")):
+            if response.headers.get("Content-Type", "").startswith("text/html") and not path.lower().endswith(
+                (".html", ".htm")
+            ):
                 raise HubError("server", _not_the_hub(self, f"an HTML page where {path} should be"))
             yield response
 
-    def read(self, repo_id: str, commit: str, path: str, start: int, end: int,
-             control: DownloadControl | None = None) -> bytes:
+    def read(
+        self, repo_id: str, commit: str, path: str, start: int, end: int, control: DownloadControl | None = None
+    ) -> bytes:
         """Bytes `start` to `end` (inclusive) of a file, in memory: never more, whatever the server sends."""
+
         def fetch() -> bytes:
             wanted = end - start + 1
             data = bytearray()
@@ -136,7 +153,7 @@ class Hub:
                     if skip:
                         dropped = min(skip, len(chunk))
                         chunk, skip = chunk[dropped:], skip - dropped
-                    data += chunk[:wanted - len(data)]
+                    data += chunk[: wanted - len(data)]
                     if len(data) >= wanted:
                         break
             return bytes(data)
@@ -155,27 +172,41 @@ class Hub:
         except HubError:
             raise
         except hf_errors.OfflineModeIsEnabled:
-            raise HubError("offline", "Offline mode is on (HF_HUB_OFFLINE is set), so nothing can be downloaded. "
-                                      "Unset HF_HUB_OFFLINE to download.") from None
+            raise HubError(
+                "offline",
+                "Offline mode is on (HF_HUB_OFFLINE is set), so nothing can be downloaded. "
+                "Unset HF_HUB_OFFLINE to download.",
+            ) from None
         except hf_errors.HFValidationError as exc:
-            raise HubError("invalid", f"{repo_id!r} is not a Hub repo id: write it as ORGANISATION/NAME, e.g. "
-                                      f"Qwen/Qwen3-30B-A3B ({_first_line(exc)}).") from None
+            raise HubError(
+                "invalid",
+                f"{repo_id!r} is not a Hub repo id: write it as ORGANISATION/NAME, e.g. "
+                f"Qwen/Qwen3-30B-A3B ({_first_line(exc)}).",
+            ) from None
         except hf_errors.GatedRepoError:
             raise HubError("gated", _gated_message(repo_id, self)) from None
         except hf_errors.RepositoryNotFoundError:
             access = "your token has no access to it" if self.token or has_saved_token() else "needs a token"
-            raise HubError("not_found", f"There is no model {repo_id} on {self.host}, or it is private and {access}. "
-                                        f"Check the name (ORGANISATION/NAME).") from None
+            raise HubError(
+                "not_found",
+                f"There is no model {repo_id} on {self.host}, or it is private and {access}. "
+                f"Check the name (ORGANISATION/NAME).",
+            ) from None
         except hf_errors.RevisionNotFoundError:
-            raise HubError("revision", f"{repo_id} has no revision {revision!r} on {self.host}. Leave the "
-                                       f"revision at main, or give a branch, tag or commit that exists.") from None
+            raise HubError(
+                "revision",
+                f"{repo_id} has no revision {revision!r} on {self.host}. Leave the "
+                f"revision at main, or give a branch, tag or commit that exists.",
+            ) from None
         except hf_errors.RemoteEntryNotFoundError:
-            raise HubError("server", f"{self.host} lists {path} in {repo_id} but does not serve it; try again "
-                                     f"later.") from None
+            raise HubError(
+                "server", f"{self.host} lists {path} in {repo_id} but does not serve it; try again later."
+            ) from None
         except hf_errors.HfHubHTTPError as exc:
             status = exc.response.status_code if exc.response is not None else 0
-            raise HubError("server", _status_message(self, status, f"{path} of {repo_id}" if path else repo_id,
-                                                     1)) from None
+            raise HubError(
+                "server", _status_message(self, status, f"{path} of {repo_id}" if path else repo_id, 1)
+            ) from None
         except (httpx2.TransportError, httpx2.HTTPError, ConnectionError, TimeoutError) as exc:
             raise HubError("network", _network_message(self, exc)) from None
 
@@ -183,6 +214,7 @@ class Hub:
 def _version() -> str:
     try:
         from importlib.metadata import version
+
         return version("moedesk")
     except Exception:  # running from a checkout that was never installed
         return "dev"
@@ -196,20 +228,27 @@ def _first_line(exc: BaseException) -> str:
 def _gated_message(repo_id: str, hub: Hub) -> str:
     page = f"{hub.endpoint}/{repo_id}"
     if hub.token or has_saved_token():
-        return (f"{repo_id} is gated and your token has no access to it yet. Open {page}, accept the conditions "
-                f"with the account the token belongs to, then try again.")
-    return (f"{repo_id} is gated: open {page}, accept its conditions, then paste an access token of that "
-            f"account (huggingface.co/settings/tokens) in the Token field, or log in with `hf auth login`.")
+        return (
+            f"{repo_id} is gated and your token has no access to it yet. Open {page}, accept the conditions "
+            f"with the account the token belongs to, then try again."
+        )
+    return (
+        f"{repo_id} is gated: open {page}, accept its conditions, then paste an access token of that "
+        f"account (huggingface.co/settings/tokens) in the Token field, or log in with `hf auth login`."
+    )
 
 
 def _network_message(hub: Hub, exc: BaseException) -> str:
     import httpx2
 
     if isinstance(exc, (httpx2.ReadTimeout, httpx2.WriteTimeout)):
-        return (f"{hub.host} stopped answering (nothing arrived for {hub.timeout:g} s). Check the network "
-                f"connection, or the endpoint (mirror) setting, and try again.")
-    return (f"Cannot reach {hub.host} ({_first_line(exc)}). Check the network connection, or the endpoint "
-            f"(mirror) setting.")
+        return (
+            f"{hub.host} stopped answering (nothing arrived for {hub.timeout:g} s). Check the network "
+            f"connection, or the endpoint (mirror) setting, and try again."
+        )
+    return (
+        f"Cannot reach {hub.host} ({_first_line(exc)}). Check the network connection, or the endpoint (mirror) setting."
+    )
 
 
 def _status_message(hub: Hub, status: int, what: str, tries: int) -> str:
@@ -220,17 +259,21 @@ def _status_message(hub: Hub, status: int, what: str, tries: int) -> str:
         phrase = ""
     times = f", {tries} times in a row" if tries > 1 else ""
     if status >= 500:
-        advice = ("the Hub (or the mirror) is failing on its side. Try again later; if it keeps happening, "
-                  "check the endpoint (mirror) setting")
+        advice = (
+            "the Hub (or the mirror) is failing on its side. Try again later; if it keeps happening, "
+            "check the endpoint (mirror) setting"
+        )
     else:
         advice = "try again later, or check the endpoint (mirror) setting"
     return f"{hub.host} answered HTTP {status}{phrase} for {what}{times}: {advice}."
 
 
 def _not_the_hub(hub: Hub, what: str) -> str:
-    return (f"The Hub endpoint {hub.endpoint} answered something that is not the Hub's API ({what}): check your "
-            f"network (a Wi-Fi login page may be answering in its place) or the endpoint (mirror) setting, then "
-            f"try again.")
+    return (
+        f"The Hub endpoint {hub.endpoint} answered something that is not the Hub's API ({what}): check your "
+        f"network (a Wi-Fi login page may be answering in its place) or the endpoint (mirror) setting, then "
+        f"try again."
+    )
 
 
 def _transient(exc) -> bool:

@@ -17,8 +17,12 @@ class CuratedModel:
 
 
 CURATED_MODELS = (
-    CuratedModel("nvidia/Qwen3.6-35B-A3B-NVFP4", "nvfp4", "qwen3.6-35b-a3b-nvfp4",
-                 "NVFP4 experts, FP8 projections: the smallest, fits a 4 GB card"),
+    CuratedModel(
+        "nvidia/Qwen3.6-35B-A3B-NVFP4",
+        "nvfp4",
+        "qwen3.6-35b-a3b-nvfp4",
+        "NVFP4 experts, FP8 projections: the smallest, fits a 4 GB card",
+    ),
     CuratedModel("Qwen/Qwen3.6-35B-A3B-FP8", "fp8", "qwen3.6-35b-a3b-fp8", "FP8 (128x128 blocks)"),
     CuratedModel("Qwen/Qwen3.6-35B-A3B", "bf16", "qwen3.6-35b-a3b", "the original bf16 release"),
     CuratedModel("Qwen/Qwen3.5-35B-A3B", "bf16", "qwen3.6-35b-a3b", "bf16; the same shapes as Qwen3.6-35B-A3B"),

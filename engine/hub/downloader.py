@@ -18,8 +18,17 @@ from engine.hub.client import RETRY_WAIT_S, Hub, _first_line, _status_message, _
 from engine.hub.control import DownloadControl
 from engine.hub.display import format_size
 from engine.hub.errors import DownloadCancelled, HubError
-from engine.hub.folder import (CONFIG_FILE, INCOMPLETE_SUFFIX, RECORD_FILE, STAGING_DIR, STATE_FILE, _incomplete_path,
-                               _known_hashes, _read_json, free_disk_bytes)
+from engine.hub.folder import (
+    CONFIG_FILE,
+    INCOMPLETE_SUFFIX,
+    RECORD_FILE,
+    STAGING_DIR,
+    STATE_FILE,
+    _incomplete_path,
+    _known_hashes,
+    _read_json,
+    free_disk_bytes,
+)
 from engine.hub.names import check_file_names
 from engine.hub.plan import DownloadPlan, PlanFile, plan_download
 
@@ -69,16 +78,27 @@ class _Meter:
 
 
 class _Download:
-    def __init__(self, hub: Hub, plan: DownloadPlan, progress: Callable[[Progress], None] | None,
-                 control: DownloadControl, retry_wait_s: float):
+    def __init__(
+        self,
+        hub: Hub,
+        plan: DownloadPlan,
+        progress: Callable[[Progress], None] | None,
+        control: DownloadControl,
+        retry_wait_s: float,
+    ):
         self.hub, self.plan, self.control = hub, plan, control
         self.report = progress or (lambda p: None)
         self.retry_wait_s = retry_wait_s
         self.meter = _Meter()
         self.last_report = 0.0
         self.staging = plan.folder / STAGING_DIR
-        self.state = {"repo_id": plan.repo_id, "revision": plan.revision, "commit": plan.commit,
-                      "placed": {}, "partial": {}}
+        self.state = {
+            "repo_id": plan.repo_id,
+            "revision": plan.revision,
+            "commit": plan.commit,
+            "placed": {},
+            "partial": {},
+        }
 
     # ---- bookkeeping
 
@@ -95,10 +115,20 @@ class _Download:
         self.last_report = now
         speed = self.meter.speed()
         remaining = self.plan.need_bytes
-        self.report(Progress(file=f.path, file_done=f.have, file_size=f.size, done=self.plan.have_bytes,
-                             total=self.plan.total_bytes, files_done=sum(x.done for x in self.plan.files),
-                             files_total=len(self.plan.files), speed=speed,
-                             eta_s=remaining / speed if speed > 0 else None, state=state))
+        self.report(
+            Progress(
+                file=f.path,
+                file_done=f.have,
+                file_size=f.size,
+                done=self.plan.have_bytes,
+                total=self.plan.total_bytes,
+                files_done=sum(x.done for x in self.plan.files),
+                files_total=len(self.plan.files),
+                speed=speed,
+                eta_s=remaining / speed if speed > 0 else None,
+                state=state,
+            )
+        )
 
     def _check(self, f: PlanFile) -> bool:
         """Raise when stopping; return True when paused (the caller closes its connection first)."""
@@ -142,15 +172,17 @@ class _Download:
             raise
         except OSError as exc:
             if exc.errno in (errno.ENOSPC, getattr(errno, "EDQUOT", errno.ENOSPC)):
-                raise HubError("disk", f"The disk is full: {plan.folder} cannot take more. What arrived is kept; "
-                                       f"free up space and resume.") from None
-            raise HubError("disk", f"Cannot write the download in {plan.folder}: "
-                                   f"{exc.strerror or exc}.") from None
+                raise HubError(
+                    "disk",
+                    f"The disk is full: {plan.folder} cannot take more. What arrived is kept; "
+                    f"free up space and resume.",
+                ) from None
+            raise HubError("disk", f"Cannot write the download in {plan.folder}: {exc.strerror or exc}.") from None
         return plan.folder
 
     def _clear_stale_partials(self) -> None:
         for path in list(self.staging.rglob("*" + INCOMPLETE_SUFFIX)):
-            name = path.relative_to(self.staging).as_posix()[:-len(INCOMPLETE_SUFFIX)]
+            name = path.relative_to(self.staging).as_posix()[: -len(INCOMPLETE_SUFFIX)]
             if name not in self.state["partial"]:
                 path.unlink(missing_ok=True)
         for f in self.plan.files:
@@ -159,9 +191,13 @@ class _Download:
 
     def _finish(self) -> None:
         plan = self.plan
-        record = {"repo_id": plan.repo_id, "revision": plan.revision, "commit": plan.commit,
-                  "files": {f.path: {"size": f.size, "hash": f.hash_key} for f in plan.files},
-                  "completed": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
+        record = {
+            "repo_id": plan.repo_id,
+            "revision": plan.revision,
+            "commit": plan.commit,
+            "files": {f.path: {"size": f.size, "hash": f.hash_key} for f in plan.files},
+            "completed": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        }
         tmp = plan.folder / (RECORD_FILE + ".tmp")
         tmp.write_text(json.dumps(record, indent=1), encoding="utf-8")
         os.replace(tmp, plan.folder / RECORD_FILE)
@@ -213,10 +249,14 @@ class _Download:
                     kept = f"{format_size(f.have)} of {format_size(f.size)} arrived and are kept"
                     if isinstance(exc, HfHubHTTPError):
                         status = _status_message(self.hub, exc.response.status_code, f.path, failures)
-                        raise HubError("server", f"{status} {kept[0].upper()}{kept[1:]}; the download resumes "
-                                                 f"from them.") from None
-                    raise HubError("network", f"The connection to {self.hub.host} was lost while downloading "
-                                              f"{f.path} ({kept}): {_first_line(exc)}. Check the network, then resume.")
+                        raise HubError(
+                            "server", f"{status} {kept[0].upper()}{kept[1:]}; the download resumes from them."
+                        ) from None
+                    raise HubError(
+                        "network",
+                        f"The connection to {self.hub.host} was lost while downloading "
+                        f"{f.path} ({kept}): {_first_line(exc)}. Check the network, then resume.",
+                    )
                 self._progress(f, "retrying", force=True)
                 self.control.sleep(retry_wait(exc, failures, self.retry_wait_s))
         self._progress(f, "verifying", force=True)
@@ -242,9 +282,12 @@ class _Download:
             if total is not None and total != f.size:
                 incomplete.unlink(missing_ok=True)
                 f.have = 0
-                raise HubError("mismatch", f"{f.path} does not match the Hub's listing: the server sends "
-                                           f"{total:,} bytes where the listing says {f.size:,}. Nothing of it was "
-                                           f"kept; try again later (the repo may be changing right now).")
+                raise HubError(
+                    "mismatch",
+                    f"{f.path} does not match the Hub's listing: the server sends "
+                    f"{total:,} bytes where the listing says {f.size:,}. Nothing of it was "
+                    f"kept; try again later (the repo may be changing right now).",
+                )
             with open(incomplete, mode) as out:
                 # pieces as they arrive (at most the socket's read size): the flag is checked after each, and
                 # nothing received is held back in a buffer when the connection dies
@@ -253,8 +296,11 @@ class _Download:
                         out.close()
                         incomplete.unlink(missing_ok=True)
                         f.have = 0
-                        raise HubError("mismatch", f"{f.path} is larger than the {f.size:,} bytes the Hub lists; "
-                                                   f"the copy was removed. Try again later.")
+                        raise HubError(
+                            "mismatch",
+                            f"{f.path} is larger than the {f.size:,} bytes the Hub lists; "
+                            f"the copy was removed. Try again later.",
+                        )
                     out.write(chunk)
                     f.have += len(chunk)
                     self.meter.add(len(chunk))
@@ -265,16 +311,22 @@ class _Download:
             got = f.have
             incomplete.unlink(missing_ok=True)
             f.have = 0
-            raise HubError("mismatch", f"{f.path} ended after {got:,} bytes, but the Hub lists {f.size:,}. The "
-                                       f"copy was removed; try again later.")
+            raise HubError(
+                "mismatch",
+                f"{f.path} ended after {got:,} bytes, but the Hub lists {f.size:,}. The "
+                f"copy was removed; try again later.",
+            )
 
     def _verify(self, f: PlanFile, incomplete: Path) -> None:
         size = incomplete.stat().st_size
         if size != f.size:
             incomplete.unlink(missing_ok=True)
             f.have = 0
-            raise HubError("mismatch", f"{f.path} has {size:,} bytes after downloading, but the Hub lists "
-                                       f"{f.size:,}. The copy was removed; try again.")
+            raise HubError(
+                "mismatch",
+                f"{f.path} has {size:,} bytes after downloading, but the Hub lists "
+                f"{f.size:,}. The copy was removed; try again.",
+            )
         if f.sha256:
             digest, kind, expected = hashlib.sha256(), "SHA-256", f.sha256
         elif f.blob_id:
@@ -290,9 +342,12 @@ class _Download:
         if digest.hexdigest() != expected.lower():
             incomplete.unlink(missing_ok=True)
             f.have = 0
-            raise HubError("mismatch", f"{f.path} arrived damaged: its {kind} does not match the one the Hub lists. "
-                                       f"The copy was removed; try again (if it keeps happening, the mirror serves "
-                                       f"a different file).")
+            raise HubError(
+                "mismatch",
+                f"{f.path} arrived damaged: its {kind} does not match the one the Hub lists. "
+                f"The copy was removed; try again (if it keeps happening, the mirror serves "
+                f"a different file).",
+            )
 
 
 def _length_from(response, start: int) -> int | None:
@@ -307,8 +362,13 @@ def _length_from(response, start: int) -> int | None:
     return None
 
 
-def download(hub: Hub, plan: DownloadPlan, progress: Callable[[Progress], None] | None = None,
-             control: DownloadControl | None = None, retry_wait_s: float = RETRY_WAIT_S) -> Path:
+def download(
+    hub: Hub,
+    plan: DownloadPlan,
+    progress: Callable[[Progress], None] | None = None,
+    control: DownloadControl | None = None,
+    retry_wait_s: float = RETRY_WAIT_S,
+) -> Path:
     """Fetch every file of the plan that is not here yet, resuming partial ones; returns the model folder.
 
     Raises HubError (plain message) or DownloadCancelled. Refuses at once when the disk is too small."""
@@ -320,9 +380,18 @@ def download(hub: Hub, plan: DownloadPlan, progress: Callable[[Progress], None] 
     return _Download(hub, plan, progress, control or DownloadControl(), retry_wait_s).run()
 
 
-def pull(repo_id: str, revision: str = "main", local_dir: str | Path | None = None, *, endpoint: str | None = None,
-         token: str | None = None, offline: bool = False, progress: Callable[[Progress], None] | None = None,
-         control: DownloadControl | None = None, on_plan: Callable[[DownloadPlan], None] | None = None) -> Path:
+def pull(
+    repo_id: str,
+    revision: str = "main",
+    local_dir: str | Path | None = None,
+    *,
+    endpoint: str | None = None,
+    token: str | None = None,
+    offline: bool = False,
+    progress: Callable[[Progress], None] | None = None,
+    control: DownloadControl | None = None,
+    on_plan: Callable[[DownloadPlan], None] | None = None,
+) -> Path:
     """Plan and download in one call (what `python -m engine pull` does)."""
     hub = Hub(endpoint, token, offline)
     plan = plan_download(hub, repo_id, revision, local_dir, control=control)

@@ -15,8 +15,17 @@ RECORD_FILE = ".moedesk-download.json"
 INCOMPLETE_SUFFIX = ".incomplete"
 CONFIG_FILE = "config.json"
 # What the engine reads from a checkpoint folder besides the weights; everything else in a repo is skipped.
-NEEDED_FILES = (CONFIG_FILE, "generation_config.json", "hf_quant_config.json", INDEX_FILE, "tokenizer.json",
-                "tokenizer_config.json", "chat_template.jinja", "chat_template.json", "special_tokens_map.json")
+NEEDED_FILES = (
+    CONFIG_FILE,
+    "generation_config.json",
+    "hf_quant_config.json",
+    INDEX_FILE,
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "chat_template.jinja",
+    "chat_template.json",
+    "special_tokens_map.json",
+)
 WEIGHT_PATTERN = "*.safetensors"
 
 

@@ -8,8 +8,10 @@ from engine.hub.errors import HubError
 
 
 # Windows gives these names (with any extension) to devices: a file called so cannot be written there.
-WINDOWS_DEVICE_NAMES = frozenset({"CON", "PRN", "AUX", "NUL", "CONIN$", "CONOUT$"}
-                                 | {f"{port}{n}" for port in ("COM", "LPT") for n in (*"123456789", "¹", "²", "³")})
+WINDOWS_DEVICE_NAMES = frozenset(
+    {"CON", "PRN", "AUX", "NUL", "CONIN$", "CONOUT$"}
+    | {f"{port}{n}" for port in ("COM", "LPT") for n in (*"123456789", "¹", "²", "³")}
+)
 WINDOWS_FORBIDDEN_CHARS = frozenset('<>:"|?*\\')
 
 
@@ -44,6 +46,9 @@ def check_file_names(repo_id: str, names) -> None:
     for name in names:
         reason = unsafe_name_reason(name)
         if reason is not None:
-            raise HubError("unsupported", f"{repo_id} lists a file MoE Desk will not write: {name!r} ({reason}). "
-                                          f"A model's files have plain relative names, so this repo is broken or "
-                                          f"hostile; nothing was downloaded. Choose another model.")
+            raise HubError(
+                "unsupported",
+                f"{repo_id} lists a file MoE Desk will not write: {name!r} ({reason}). "
+                f"A model's files have plain relative names, so this repo is broken or "
+                f"hostile; nothing was downloaded. Choose another model.",
+            )

@@ -13,8 +13,16 @@ from engine.hub.control import DownloadControl
 from engine.hub.curated import Fit
 from engine.hub.display import format_size
 from engine.hub.errors import HubError
-from engine.hub.folder import (CONFIG_FILE, NEEDED_FILES, WEIGHT_PATTERN, _existing_ancestor, _incomplete_path,
-                               _known_hashes, folder_name, free_disk_bytes)
+from engine.hub.folder import (
+    CONFIG_FILE,
+    NEEDED_FILES,
+    WEIGHT_PATTERN,
+    _existing_ancestor,
+    _incomplete_path,
+    _known_hashes,
+    folder_name,
+    free_disk_bytes,
+)
 from engine.hub.names import check_file_names
 from engine.hub.remote_fit import _remote_fit
 from engine.paths import default_models_dir
@@ -73,20 +81,33 @@ class DownloadPlan:
         return self.need_bytes == 0 or self.need_bytes + DISK_MARGIN_BYTES <= self.free_bytes
 
     def disk_message(self) -> str:
-        return (f"Not enough disk space in {_existing_ancestor(self.folder)}: this download needs "
-                f"{format_size(self.need_bytes)} more and only {format_size(self.free_bytes)} is free "
-                f"({format_size(DISK_MARGIN_BYTES)} is kept free for the system). Free up space or choose "
-                f"another download folder.")
+        return (
+            f"Not enough disk space in {_existing_ancestor(self.folder)}: this download needs "
+            f"{format_size(self.need_bytes)} more and only {format_size(self.free_bytes)} is free "
+            f"({format_size(DISK_MARGIN_BYTES)} is kept free for the system). Free up space or choose "
+            f"another download folder."
+        )
 
     def to_dict(self) -> dict:
-        return {"repo_id": self.repo_id, "revision": self.revision, "commit": self.commit,
-                "endpoint": self.endpoint, "folder": str(self.folder),
-                "files": [{"path": f.path, "size": f.size, "have": f.have, "done": f.done} for f in self.files],
-                "skipped": list(self.skipped), "gated": self.gated, "total_bytes": self.total_bytes,
-                "have_bytes": self.have_bytes, "need_bytes": self.need_bytes, "free_bytes": self.free_bytes,
-                "disk_ok": self.disk_ok, "disk_message": "" if self.disk_ok else self.disk_message(),
-                "complete": self.complete, "fit": self.fit.to_dict() if self.fit else None,
-                "fit_note": self.fit_note}
+        return {
+            "repo_id": self.repo_id,
+            "revision": self.revision,
+            "commit": self.commit,
+            "endpoint": self.endpoint,
+            "folder": str(self.folder),
+            "files": [{"path": f.path, "size": f.size, "have": f.have, "done": f.done} for f in self.files],
+            "skipped": list(self.skipped),
+            "gated": self.gated,
+            "total_bytes": self.total_bytes,
+            "have_bytes": self.have_bytes,
+            "need_bytes": self.need_bytes,
+            "free_bytes": self.free_bytes,
+            "disk_ok": self.disk_ok,
+            "disk_message": "" if self.disk_ok else self.disk_message(),
+            "complete": self.complete,
+            "fit": self.fit.to_dict() if self.fit else None,
+            "fit_note": self.fit_note,
+        }
 
 
 def needed_files(paths: list[str]) -> tuple[list[str], list[str]]:
@@ -98,6 +119,7 @@ def needed_files(paths: list[str]) -> tuple[list[str], list[str]]:
 
 def _checked_listing(hub: Hub, info) -> tuple[str | None, dict]:
     """(commit, {path: sibling}) of a model info, refusing values of the wrong type (an answer not from the Hub)."""
+
     def count(value) -> bool:
         return value is None or (isinstance(value, int) and not isinstance(value, bool) and value >= 0)
 
@@ -107,16 +129,27 @@ def _checked_listing(hub: Hub, info) -> tuple[str | None, dict]:
     siblings = {}
     for s in info.siblings or []:
         lfs = s.lfs
-        if not isinstance(s.rfilename, str) or not count(s.size) or not (s.blob_id is None or isinstance(
-                s.blob_id, str)) or lfs is not None and (not count(lfs.size) or not isinstance(lfs.sha256, str)):
+        if (
+            not isinstance(s.rfilename, str)
+            or not count(s.size)
+            or not (s.blob_id is None or isinstance(s.blob_id, str))
+            or lfs is not None
+            and (not count(lfs.size) or not isinstance(lfs.sha256, str))
+        ):
             raise wrong
         siblings[s.rfilename] = s
     return info.sha, siblings
 
 
-def plan_download(hub: Hub, repo_id: str, revision: str = "main", folder: str | Path | None = None,
-                  models_dir: str | Path | None = None, with_fit: bool = True,
-                  control: DownloadControl | None = None) -> DownloadPlan:
+def plan_download(
+    hub: Hub,
+    repo_id: str,
+    revision: str = "main",
+    folder: str | Path | None = None,
+    models_dir: str | Path | None = None,
+    with_fit: bool = True,
+    control: DownloadControl | None = None,
+) -> DownloadPlan:
     """What downloading `repo_id` at `revision` involves: the files and sizes from the Hub, what is already
     here, the free disk, and (with_fit) the RAM/VRAM fit from the config and the safetensors headers.
 
@@ -131,20 +164,25 @@ def plan_download(hub: Hub, repo_id: str, revision: str = "main", folder: str | 
     check_file_names(repo_id, wanted)
     weights = [p for p in wanted if fnmatch.fnmatch(p, WEIGHT_PATTERN)]
     if not weights:
-        raise HubError("unsupported", f"{repo_id} has no .safetensors weights at its top level: MoE Desk runs "
-                                      f"Hugging Face safetensors checkpoints (GGUF, .bin and other formats are not "
-                                      f"supported).")
+        raise HubError(
+            "unsupported",
+            f"{repo_id} has no .safetensors weights at its top level: MoE Desk runs "
+            f"Hugging Face safetensors checkpoints (GGUF, .bin and other formats are not "
+            f"supported).",
+        )
     if CONFIG_FILE not in wanted:
-        raise HubError("unsupported", f"{repo_id} has no config.json, so it is not a model folder MoE Desk can "
-                                      f"open.")
+        raise HubError("unsupported", f"{repo_id} has no config.json, so it is not a model folder MoE Desk can open.")
     small = {}
     for name in (CONFIG_FILE, "hf_quant_config.json", INDEX_FILE):
         if name in siblings:
             size = _listed_size(hub, siblings[name])
             if size > MAX_SMALL_FILE_BYTES:
-                raise HubError("unsupported", f"{repo_id}'s {name} is listed as {format_size(size)}, far more than "
-                                              f"a config file takes (at most {format_size(MAX_SMALL_FILE_BYTES)} "
-                                              f"is read): the repo is broken. Choose another model.")
+                raise HubError(
+                    "unsupported",
+                    f"{repo_id}'s {name} is listed as {format_size(size)}, far more than "
+                    f"a config file takes (at most {format_size(MAX_SMALL_FILE_BYTES)} "
+                    f"is read): the repo is broken. Choose another model.",
+                )
             # also where a gated repo without access is found out
             small[name] = hub.read(repo_id, commit, name, 0, size - 1, control) if size else b""
     if INDEX_FILE in small:
@@ -154,20 +192,36 @@ def plan_download(hub: Hub, repo_id: str, revision: str = "main", folder: str | 
             raise HubError("unsupported", f"{repo_id}'s {INDEX_FILE} is not a valid safetensors index.") from None
         missing = sorted(listed - set(weights))
         if missing:
-            raise HubError("unsupported", f"{repo_id}'s {INDEX_FILE} names {missing[0]}, which the repo does not "
-                                          f"have.")
+            raise HubError("unsupported", f"{repo_id}'s {INDEX_FILE} names {missing[0]}, which the repo does not have.")
         skipped += [p for p in weights if p not in listed]
         wanted = [p for p in wanted if p not in weights or p in listed]
     files = []
     for path in wanted:
         sibling = siblings[path]
         lfs = sibling.lfs
-        files.append(PlanFile(path, _listed_size(hub, sibling), sha256=lfs.sha256 if lfs is not None else None,
-                              blob_id=None if lfs is not None else sibling.blob_id))
-    target = Path(folder).expanduser() if folder else Path(models_dir or default_models_dir()) / folder_name(
-        repo_id, revision)
-    plan = DownloadPlan(repo_id, revision, commit, hub.endpoint, target, files, sorted(skipped),
-                        gated=bool(getattr(info, "gated", False)))
+        files.append(
+            PlanFile(
+                path,
+                _listed_size(hub, sibling),
+                sha256=lfs.sha256 if lfs is not None else None,
+                blob_id=None if lfs is not None else sibling.blob_id,
+            )
+        )
+    target = (
+        Path(folder).expanduser()
+        if folder
+        else Path(models_dir or default_models_dir()) / folder_name(repo_id, revision)
+    )
+    plan = DownloadPlan(
+        repo_id,
+        revision,
+        commit,
+        hub.endpoint,
+        target,
+        files,
+        sorted(skipped),
+        gated=bool(getattr(info, "gated", False)),
+    )
     plan.files = _order(plan.files)
     _mark_local(plan)
     plan.free_bytes = free_disk_bytes(target)

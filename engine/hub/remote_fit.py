@@ -34,24 +34,30 @@ def _header_shard(header: dict, path: Path) -> LayoutShard:
 
 
 def _safetensors_header(hub: Hub, plan: DownloadPlan, f: PlanFile, control: DownloadControl | None) -> dict:
-    probe = hub.read(plan.repo_id, plan.commit, f.path, 0, min(f.size, HEADER_PROBE_BYTES) - 1, control) \
-        if f.size >= 8 else b""
+    probe = (
+        hub.read(plan.repo_id, plan.commit, f.path, 0, min(f.size, HEADER_PROBE_BYTES) - 1, control)
+        if f.size >= 8
+        else b""
+    )
     if len(probe) < 8:
         raise CheckpointError(Path(f.path), "is too short to be a safetensors file")
     (length,) = struct.unpack("<Q", probe[:8])
     if length > MAX_HEADER_BYTES:
         # the engine refuses such a file when it opens it, so downloading it would be in vain
-        raise HubError("unsupported", f"{plan.repo_id}'s {f.path} claims a safetensors header of "
-                                      f"{format_size(length)}, more than the {format_size(MAX_HEADER_BYTES)} a "
-                                      f"safetensors file may have: the file is damaged or not a real checkpoint, "
-                                      f"and MoE Desk could not open it. Nothing was downloaded; choose another "
-                                      f"model.")
+        raise HubError(
+            "unsupported",
+            f"{plan.repo_id}'s {f.path} claims a safetensors header of "
+            f"{format_size(length)}, more than the {format_size(MAX_HEADER_BYTES)} a "
+            f"safetensors file may have: the file is damaged or not a real checkpoint, "
+            f"and MoE Desk could not open it. Nothing was downloaded; choose another "
+            f"model.",
+        )
     if length > f.size - 8:
         raise CheckpointError(Path(f.path), "has a corrupt safetensors header")
     if 8 + length > len(probe):
         probe += hub.read(plan.repo_id, plan.commit, f.path, len(probe), 8 + length - 1, control)
     try:
-        header = json.loads(probe[8:8 + length].decode("utf-8"))
+        header = json.loads(probe[8 : 8 + length].decode("utf-8"))
     except (UnicodeDecodeError, ValueError) as exc:
         raise CheckpointError(Path(f.path), f"has a corrupt safetensors header ({exc})") from None
     if not isinstance(header, dict):
@@ -59,8 +65,9 @@ def _safetensors_header(hub: Hub, plan: DownloadPlan, f: PlanFile, control: Down
     return header
 
 
-def _remote_fit(hub: Hub, plan: DownloadPlan, small: dict[str, bytes],
-                control: DownloadControl | None) -> tuple[Fit | None, str]:
+def _remote_fit(
+    hub: Hub, plan: DownloadPlan, small: dict[str, bytes], control: DownloadControl | None
+) -> tuple[Fit | None, str]:
     """The fit from config.json and the safetensors headers (a few range requests, no weight data)."""
     with tempfile.TemporaryDirectory(prefix="moedesk-fit-") as tmp:
         folder = Path(tmp)
@@ -70,11 +77,16 @@ def _remote_fit(hub: Hub, plan: DownloadPlan, small: dict[str, bytes],
         try:
             config = read_config(folder)
         except CheckpointError as exc:
-            raise HubError("unsupported", f"{plan.repo_id} is not a model MoE Desk runs: "
-                                          f"{exc.cause}{f' ({exc.hint})' if exc.hint else ''}.") from None
+            raise HubError(
+                "unsupported",
+                f"{plan.repo_id} is not a model MoE Desk runs: {exc.cause}{f' ({exc.hint})' if exc.hint else ''}.",
+            ) from None
         try:
-            shards = [_header_shard(_safetensors_header(hub, plan, f, control), Path(f.path))
-                      for f in plan.files if fnmatch.fnmatch(f.path, WEIGHT_PATTERN)]
+            shards = [
+                _header_shard(_safetensors_header(hub, plan, f, control), Path(f.path))
+                for f in plan.files
+                if fnmatch.fnmatch(f.path, WEIGHT_PATTERN)
+            ]
             footprint = footprint_from_headers(folder, config, shards)
         except CheckpointError as exc:
             return None, f"the fit cannot be worked out before downloading: {exc}"

@@ -38,13 +38,43 @@ def rms_norm(x, weight, eps, offset=0.0):
     return _kernel("rms_norm", x)(x, weight, eps, offset)
 
 
-def gated_deltanet(qkv, z, b, a, conv_state, conv_weight, recurrent, a_log, dt_bias, norm_weight, eps, key_heads,
-                    value_heads, key_dim, value_dim):
+def gated_deltanet(
+    qkv,
+    z,
+    b,
+    a,
+    conv_state,
+    conv_weight,
+    recurrent,
+    a_log,
+    dt_bias,
+    norm_weight,
+    eps,
+    key_heads,
+    value_heads,
+    key_dim,
+    value_dim,
+):
     """A Gated DeltaNet layer between its projections (reference.gated_deltanet): conv, delta rule and gated norm,
     updating conv_state and recurrent in place; [T, value heads * value dim] in qkv's dtype. On CUDA one token
     runs as two fused Triton kernels (a decode step's ~50 small launches otherwise)."""
-    return _kernel("gated_deltanet", qkv)(qkv, z, b, a, conv_state, conv_weight, recurrent, a_log, dt_bias,
-                                           norm_weight, eps, key_heads, value_heads, key_dim, value_dim)
+    return _kernel("gated_deltanet", qkv)(
+        qkv,
+        z,
+        b,
+        a,
+        conv_state,
+        conv_weight,
+        recurrent,
+        a_log,
+        dt_bias,
+        norm_weight,
+        eps,
+        key_heads,
+        value_heads,
+        key_dim,
+        value_dim,
+    )
 
 
 def causal_attention(q, k, v, scale):
@@ -133,10 +163,20 @@ def _register_cuda_kernels() -> None:
     """SDPA attention (flash / memory-efficient: no score matrix over the whole context), and Triton kernels
     for NVIDIA cards where Triton is installed (absent is fine: the reference runs)."""
     from engine.kernels import sdpa_attention
+
     register("cuda", sdpa_attention, ["causal_attention"])
     try:
-        from engine.kernels import (triton_attention, triton_combine, triton_cpu_share, triton_gather, triton_gdn,
-                                    triton_linear, triton_norm, triton_router, triton_slots)
+        from engine.kernels import (
+            triton_attention,
+            triton_combine,
+            triton_cpu_share,
+            triton_gather,
+            triton_gdn,
+            triton_linear,
+            triton_norm,
+            triton_router,
+            triton_slots,
+        )
     except ImportError:
         return
     register("cuda", triton_router, ["router_topk"])

@@ -66,8 +66,13 @@ class CpuShareWorker:
     """CPU threads that compute, for each decode step, the share of every MoE layer the GPU posts to `mailbox`.
     records: each MoE layer's host expert records (uint8 [experts, record_bytes]), in the step's layer order."""
 
-    def __init__(self, kernel: cpu_experts.CpuExpertKernel, records: list[torch.Tensor], mailbox: Mailbox,
-                 threads: int | None = None):
+    def __init__(
+        self,
+        kernel: cpu_experts.CpuExpertKernel,
+        records: list[torch.Tensor],
+        mailbox: Mailbox,
+        threads: int | None = None,
+    ):
         """threads: how many serve (None: share_threads_for the expert kernels' thread count)."""
         if numba is None:
             raise CpuShareError("the CPU's share of a decode step needs numba (pip install numba)")
@@ -111,12 +116,16 @@ class CpuShareWorker:
         except FutureTimeout:
             self.cancel()
             running.result()  # the threads see cancel within microseconds
-            raise CpuShareError(f"the CPU's experts of a decode step did not finish within {timeout:.0f} s; "
-                                f"choose the offload expert backend in Settings if this repeats") from None
+            raise CpuShareError(
+                f"the CPU's experts of a decode step did not finish within {timeout:.0f} s; "
+                f"choose the offload expert backend in Settings if this repeats"
+            ) from None
         except Exception as error:
             self.cancel()
-            raise CpuShareError(f"the CPU's experts of a decode step failed ({type(error).__name__}: {error}); "
-                                f"choose the offload expert backend in Settings if this repeats") from error
+            raise CpuShareError(
+                f"the CPU's experts of a decode step failed ({type(error).__name__}: {error}); "
+                f"choose the offload expert backend in Settings if this repeats"
+            ) from error
         if computed < 0:
             raise CpuShareError("the CPU's experts of a decode step were cancelled")
         return computed
@@ -138,10 +147,28 @@ class CpuShareWorker:
         try:
             with _launch:
                 cpu_experts.numba_threads(self.threads)
-                return int(_serve_step(self._addresses, self._records[0].shape[0], self._record_bytes,
-                                       self.kernel._meta, flags, ids, weights, x, out, first, layers, self._counters,
-                                       self._hidden_rows, self._acts, self._acts16, self._outputs,
-                                       self.kernel.activations == "bf16", self.threads))
+                return int(
+                    _serve_step(
+                        self._addresses,
+                        self._records[0].shape[0],
+                        self._record_bytes,
+                        self.kernel._meta,
+                        flags,
+                        ids,
+                        weights,
+                        x,
+                        out,
+                        first,
+                        layers,
+                        self._counters,
+                        self._hidden_rows,
+                        self._acts,
+                        self._acts16,
+                        self._outputs,
+                        self.kernel.activations == "bf16",
+                        self.threads,
+                    )
+                )
         except BaseException:
             self.cancel()  # the GPU's waits end now, not when the host notices
             raise
@@ -151,12 +178,39 @@ if numba is not None:
     from engine.kernels.cpu_experts.atomics import _fetch_add, _load_acquire, _raise_to, _wait_for
     from engine.kernels.cpu_experts.meta import M_OUT
     from engine.kernels.cpu_experts.rows import _lay_out, _lay_out_bf16
-    from engine.kernels.cpu_experts.scheduler import (COUNTER_STRIDE, ENDED_GATE_UP, FINISHER, Groups, LayerRecords,
-                                                      RowBuffers, Tokens, _counter, _group_rows, _layer_part)
+    from engine.kernels.cpu_experts.scheduler import (
+        COUNTER_STRIDE,
+        ENDED_GATE_UP,
+        FINISHER,
+        Groups,
+        LayerRecords,
+        RowBuffers,
+        Tokens,
+        _counter,
+        _group_rows,
+        _layer_part,
+    )
 
     @numba.njit(nogil=True, cache=True)
-    def _serve_layers(addresses, num_experts, record_bytes, meta, flags, ids, weights, x, out, first, layers,
-                      counters, hidden_rows, acts, acts16, outputs, bf16):
+    def _serve_layers(
+        addresses,
+        num_experts,
+        record_bytes,
+        meta,
+        flags,
+        ids,
+        weights,
+        x,
+        out,
+        first,
+        layers,
+        counters,
+        hidden_rows,
+        acts,
+        acts16,
+        outputs,
+        bf16,
+    ):
         """One thread's part of a step (the protocol in the module's docstring); experts it ended, -1 if cancelled."""
         hidden, top_k = meta[1][M_OUT], ids.shape[0]
         flags_at = flags.ctypes.data
@@ -191,10 +245,15 @@ if numba is not None:
                 if _fetch_add(_counter(counters_at, FINISHER), 1) == 0:
                     _raise_to(done_at, sequence)
                 continue
-            summed = _layer_part(LayerRecords(addresses[layer], record_bytes, meta),
-                                 Groups(groups, group_experts, starts, token_of_row, row_of),
-                                 Tokens(weights.reshape((1, top_k)), laid, laid16, out.reshape((1, hidden))),
-                                 RowBuffers(hidden_rows, acts, acts16, outputs, own_rows), counters_at, bf16, cancel_at)
+            summed = _layer_part(
+                LayerRecords(addresses[layer], record_bytes, meta),
+                Groups(groups, group_experts, starts, token_of_row, row_of),
+                Tokens(weights.reshape((1, top_k)), laid, laid16, out.reshape((1, hidden))),
+                RowBuffers(hidden_rows, acts, acts16, outputs, own_rows),
+                counters_at,
+                bf16,
+                cancel_at,
+            )
             if summed < 0:
                 return -1
             if summed:
@@ -203,10 +262,45 @@ if numba is not None:
         return ended
 
     @numba.njit(parallel=True, nogil=True, cache=True)
-    def _serve_step(addresses, num_experts, record_bytes, meta, flags, ids, weights, x, out, first, layers, counters,
-                    hidden_rows, acts, acts16, outputs, bf16, threads):
+    def _serve_step(
+        addresses,
+        num_experts,
+        record_bytes,
+        meta,
+        flags,
+        ids,
+        weights,
+        x,
+        out,
+        first,
+        layers,
+        counters,
+        hidden_rows,
+        acts,
+        acts16,
+        outputs,
+        bf16,
+        threads,
+    ):
         ended = np.zeros(threads, np.int64)
         for t in numba.prange(threads):
-            ended[t] = _serve_layers(addresses, num_experts, record_bytes, meta, flags, ids, weights, x, out, first,
-                                     layers, counters, hidden_rows, acts, acts16, outputs, bf16)
+            ended[t] = _serve_layers(
+                addresses,
+                num_experts,
+                record_bytes,
+                meta,
+                flags,
+                ids,
+                weights,
+                x,
+                out,
+                first,
+                layers,
+                counters,
+                hidden_rows,
+                acts,
+                acts16,
+                outputs,
+                bf16,
+            )
         return -1 if ended.min() < 0 else ended.sum()

@@ -16,8 +16,11 @@ class ExpertGroups:
     cache: dict = field(default_factory=dict, repr=False)  # per-kernel tables derived from the groups, made once
 
     def __post_init__(self):
-        if len(self.offsets) != len(self.slots) + 1 or self.offsets[0] != 0 or \
-                any(b < a for a, b in zip(self.offsets, self.offsets[1:])):
+        if (
+            len(self.offsets) != len(self.slots) + 1
+            or self.offsets[0] != 0
+            or any(b < a for a, b in zip(self.offsets, self.offsets[1:]))
+        ):
             raise ValueError(f"bad expert groups: slots {self.slots}, offsets {self.offsets}")
 
     @property

@@ -62,12 +62,14 @@ class RecordLayout:
         for name, matrix in self.matrices.items():
             weight = expert[name]
             if tuple(weight.shape) != matrix.shape or weight.format != matrix.format:
-                raise ValueError(f"{weight.name} is {weight.format} {list(weight.shape)}, but the model's other "
-                                 f"experts are {matrix.format} {list(matrix.shape)}: every routed expert of a "
-                                 f"model must share one shape and format")
+                raise ValueError(
+                    f"{weight.name} is {weight.format} {list(weight.shape)}, but the model's other "
+                    f"experts are {matrix.format} {list(matrix.shape)}: every routed expert of a "
+                    f"model must share one shape and format"
+                )
             for slot in matrix.tensors:
                 tensor = weight.tensors[slot.role].contiguous()
-                record[slot.offset:slot.offset + slot.nbytes].copy_(tensor.reshape(-1).view(torch.uint8))
+                record[slot.offset : slot.offset + slot.nbytes].copy_(tensor.reshape(-1).view(torch.uint8))
 
     def view(self, records: torch.Tensor) -> dict[str, StoredWeight]:
         """Stacked weights [n, out, in] over records (uint8 [n, record_bytes], host or device), no copy."""
@@ -76,10 +78,11 @@ class RecordLayout:
         for name, matrix in self.matrices.items():
             tensors = {}
             for slot in matrix.tensors:
-                raw = records[:, slot.offset:slot.offset + slot.nbytes].view(slot.dtype)
+                raw = records[:, slot.offset : slot.offset + slot.nbytes].view(slot.dtype)
                 tensors[slot.role] = raw.unflatten(1, slot.shape) if slot.shape else raw.reshape(count)
-            views[name] = StoredWeight(matrix.format, tensors, (count, *matrix.shape), f"experts.{name}",
-                                       matrix.block_size)
+            views[name] = StoredWeight(
+                matrix.format, tensors, (count, *matrix.shape), f"experts.{name}", matrix.block_size
+            )
         return views
 
 

@@ -32,7 +32,7 @@ def slot_linear(x: torch.Tensor, weight: StoredWeight, slots: torch.Tensor, swig
         x = silu_mul(x)
     out = x.new_empty(x.shape[0], weight.shape[-2])
     for row, slot in enumerate(slots.tolist()):
-        out[row:row + 1] = linear(x[row:row + 1], weight.select(slot))
+        out[row : row + 1] = linear(x[row : row + 1], weight.select(slot))
     return out
 
 
@@ -53,7 +53,7 @@ def causal_conv1d(x: torch.Tensor, conv_state: torch.Tensor, weight: torch.Tenso
     """Depthwise causal conv + SiLU over x [T, C], continuing from conv_state [C, K-1] (updated in place)."""
     kernel = weight.shape[-1]
     history = torch.cat([conv_state.to(x.dtype), x.t()], dim=1)  # [C, K-1+T]
-    conv_state.copy_(history[:, -(kernel - 1):])
+    conv_state.copy_(history[:, -(kernel - 1) :])
     out = F.conv1d(history.unsqueeze(0), weight.to(x.dtype).unsqueeze(1), groups=x.shape[1])
     return F.silu(out[0].t())
 
@@ -75,15 +75,29 @@ def gated_delta_rule(q, k, v, g, beta, state):
     outputs = []
     for start in range(0, q.shape[1], GDN_CHUNK):
         end = min(start + GDN_CHUNK, q.shape[1])
-        o, s = _delta_chunk(q[:, start:end], k[:, start:end], v[:, start:end], g[:, start:end],
-                            beta[:, start:end], s)
+        o, s = _delta_chunk(q[:, start:end], k[:, start:end], v[:, start:end], g[:, start:end], beta[:, start:end], s)
         outputs.append(o)
     state.copy_(s)
     return torch.cat(outputs, dim=1).transpose(0, 1)
 
 
-def gated_deltanet(qkv, z, b, a, conv_state, conv_weight, recurrent, a_log, dt_bias, norm_weight, eps, key_heads,
-                    value_heads, key_dim, value_dim):
+def gated_deltanet(
+    qkv,
+    z,
+    b,
+    a,
+    conv_state,
+    conv_weight,
+    recurrent,
+    a_log,
+    dt_bias,
+    norm_weight,
+    eps,
+    key_heads,
+    value_heads,
+    key_dim,
+    value_dim,
+):
     """A Gated DeltaNet layer between its input and output projections, as GatedDeltaNet composes it.
 
     qkv [T, conv channels], z [T, value heads * value dim], b, a [T, value heads] are the projections (activation
@@ -99,7 +113,7 @@ def gated_deltanet(qkv, z, b, a, conv_state, conv_weight, recurrent, a_log, dt_b
         t = t * torch.rsqrt((t * t).sum(dim=-1, keepdim=True) + 1e-6)
         return t.expand(tokens, key_heads, value_heads // key_heads, key_dim).reshape(tokens, value_heads, key_dim)
 
-    q = per_value_head(q) * key_dim ** -0.5
+    q = per_value_head(q) * key_dim**-0.5
     k = per_value_head(k)
     v = v.view(tokens, value_heads, value_dim)
     beta = torch.sigmoid(b.float())
@@ -116,7 +130,7 @@ def _delta_chunk(q, k, v, g, beta, s):
     A_ij = beta_i exp(G_i - G_j) k_i.k_j; then o_i = exp(G_i) S0^T q_i + sum_{j<=i} exp(G_i - G_j)(q_i.k_j) u_j."""
     length = q.shape[1]
     cum = g.cumsum(dim=1)  # [H, C]
-    decay = (cum[:, :, None] - cum[:, None, :])
+    decay = cum[:, :, None] - cum[:, None, :]
     causal = torch.ones(length, length, dtype=torch.bool, device=q.device).tril()
     decay = decay.masked_fill(~causal, float("-inf")).exp()  # [H, C, C], zero above the diagonal
     strictly_lower = decay.masked_fill(torch.eye(length, dtype=torch.bool, device=q.device), 0.0)
@@ -139,9 +153,18 @@ def router_topk(logits: torch.Tensor, top_k: int, normalise: bool) -> tuple[torc
     return ids, weights
 
 
-def assign_slots(ids: torch.Tensor, key_base: int, keys: torch.Tensor, ages: torch.Tensor, clock: torch.Tensor,
-                 slots: torch.Tensor, table: torch.Tensor, counts: torch.Tensor, cpu_counts: torch.Tensor | None = None,
-                 gpu_rows: torch.Tensor | None = None) -> None:
+def assign_slots(
+    ids: torch.Tensor,
+    key_base: int,
+    keys: torch.Tensor,
+    ages: torch.Tensor,
+    clock: torch.Tensor,
+    slots: torch.Tensor,
+    table: torch.Tensor,
+    counts: torch.Tensor,
+    cpu_counts: torch.Tensor | None = None,
+    gpu_rows: torch.Tensor | None = None,
+) -> None:
     """Least-recently-used cache slots for one token's chosen experts `ids` [k] of one layer (key = key_base +
     expert), updating the slot table in place: keys [S] (int32, -1 free), ages [S] (int32 last-use tick, -1
     free), clock [1] (the last tick). Cached experts are hits, touched in order; then each miss takes the slot of
@@ -183,8 +206,15 @@ def assign_slots(ids: torch.Tensor, key_base: int, keys: torch.Tensor, ages: tor
     counts[1] += copies
 
 
-def post_cpu_share(ids: torch.Tensor, weights: torch.Tensor, gpu_rows: torch.Tensor, y: torch.Tensor,
-                   sequence_base: torch.Tensor, ordinal: int, mailbox) -> None:
+def post_cpu_share(
+    ids: torch.Tensor,
+    weights: torch.Tensor,
+    gpu_rows: torch.Tensor,
+    y: torch.Tensor,
+    sequence_base: torch.Tensor,
+    ordinal: int,
+    mailbox,
+) -> None:
     """One token's experts that the CPU computes (gpu_rows 0; the others' ids go as -1), the routing weights and
     the input y [1, H] to the mailbox (engine/kernels/cpu_share.py), then its request set to the layer's sequence
     number, sequence_base [1] + ordinal."""
@@ -196,8 +226,15 @@ def post_cpu_share(ids: torch.Tensor, weights: torch.Tensor, gpu_rows: torch.Ten
     mailbox.flags[0] = int(sequence_base[0]) + ordinal
 
 
-def wait_cpu_share(gpu_rows: torch.Tensor, sequence_base: torch.Tensor, ordinal: int, mailbox,
-                   cpu_routed: torch.Tensor, waits: torch.Tensor, timeout: float = 60.0) -> None:
+def wait_cpu_share(
+    gpu_rows: torch.Tensor,
+    sequence_base: torch.Tensor,
+    ordinal: int,
+    mailbox,
+    cpu_routed: torch.Tensor,
+    waits: torch.Tensor,
+    timeout: float = 60.0,
+) -> None:
     """Wait until the mailbox's done flag reaches the layer's sequence number (or cancel is set), then the CPU's
     weighted sum into cpu_routed [1, H] (zeros when the CPU had no expert of this layer). waits [2] (int32)
     counts, of the layers with CPU experts, those where the CPU was not done yet, and all of them."""
@@ -219,8 +256,14 @@ def wait_cpu_share(gpu_rows: torch.Tensor, sequence_base: torch.Tensor, ordinal:
         cpu_routed.zero_()
 
 
-def combine_experts(h: torch.Tensor, routed: torch.Tensor, weights: torch.Tensor, gpu_rows: torch.Tensor | None = None,
-                    shared: torch.Tensor | None = None, cpu_routed: torch.Tensor | None = None) -> torch.Tensor:
+def combine_experts(
+    h: torch.Tensor,
+    routed: torch.Tensor,
+    weights: torch.Tensor,
+    gpu_rows: torch.Tensor | None = None,
+    shared: torch.Tensor | None = None,
+    cpu_routed: torch.Tensor | None = None,
+) -> torch.Tensor:
     """One token's MoE layer output plus its residual, in float32, returned in h's dtype: h [1, H] + shared
     [1, H] + the sum of routed [k, H] rows times weights [k] + cpu_routed [1, H]. Rows whose gpu_rows [k] is 0
     (the CPU's: they read any slot) count for nothing, even as NaN; shared and cpu_routed may be absent."""
@@ -241,8 +284,9 @@ def gather_records(records: torch.Tensor, pool: torch.Tensor, table: torch.Tenso
             pool[target].copy_(records[source])
 
 
-def decode_attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, position: torch.Tensor,
-                     scale: float) -> torch.Tensor:
+def decode_attention(
+    q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, position: torch.Tensor, scale: float
+) -> torch.Tensor:
     """q [1, Hq, D] of the token at `position` (int tensor [1]), whose key and value are already in rows
     0..position of the caches keys [capacity, Hkv, D] and values [capacity, Hkv, Dv]; [1, Hq, Dv]."""
     length = int(position.reshape(-1)[0]) + 1

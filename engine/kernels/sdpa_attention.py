@@ -46,8 +46,9 @@ def causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: f
         raise ValueError(f"causal_attention: q {tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)}")
     if new == 0:
         return q.new_empty(0, heads, value_dim)
-    if not (q.is_cuda and _CUDA.cudnn_sdp_enabled()
-            and (_CUDA.flash_sdp_enabled() or _CUDA.mem_efficient_sdp_enabled())):
+    if not (
+        q.is_cuda and _CUDA.cudnn_sdp_enabled() and (_CUDA.flash_sdp_enabled() or _CUDA.mem_efficient_sdp_enabled())
+    ):
         return _attention(q, k, v, scale)
     # cuDNN off for this call: on an H200 (torch 2.11) torch tries it before flash where it takes the inputs,
     # and it ran the decode layout below 9x slower than flash (0.69 vs 0.075 ms at S = 32768); forced onto
@@ -75,6 +76,5 @@ def _attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float) 
     if new == total:
         out = F.scaled_dot_product_attention(query, keys, values, is_causal=True, scale=scale)
     else:
-        out = F.scaled_dot_product_attention(query, keys, values, attn_mask=causal_lower_right(new, total),
-                                             scale=scale)
+        out = F.scaled_dot_product_attention(query, keys, values, attn_mask=causal_lower_right(new, total), scale=scale)
     return out.permute(2, 0, 1, 3).reshape(new, heads, value_dim)  # [Hkv, groups, T, Dv] -> [T, Hq, Dv]

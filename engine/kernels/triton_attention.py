@@ -28,10 +28,27 @@ MERGE = 16  # ranges the merge kernel reads at a time
 
 
 @triton.jit
-def _split_kernel(q_ptr, k_ptr, v_ptr, position_ptr, acc_ptr, m_ptr, l_ptr, scale,
-                  stride_kn, stride_kh, stride_vn, stride_vh,
-                  GROUP: tl.constexpr, GROUP_PAD: tl.constexpr, D: tl.constexpr, DV: tl.constexpr,
-                  BLOCK_N: tl.constexpr, SPLITS: tl.constexpr, PRECISION: tl.constexpr):
+def _split_kernel(
+    q_ptr,
+    k_ptr,
+    v_ptr,
+    position_ptr,
+    acc_ptr,
+    m_ptr,
+    l_ptr,
+    scale,
+    stride_kn,
+    stride_kh,
+    stride_vn,
+    stride_vh,
+    GROUP: tl.constexpr,
+    GROUP_PAD: tl.constexpr,
+    D: tl.constexpr,
+    DV: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    SPLITS: tl.constexpr,
+    PRECISION: tl.constexpr,
+):
     head, split = tl.program_id(0), tl.program_id(1)
     length = tl.load(position_ptr).to(tl.int32) + 1
     per_split = tl.cdiv(tl.cdiv(length, SPLITS), BLOCK_N) * BLOCK_N
@@ -48,16 +65,18 @@ def _split_kernel(q_ptr, k_ptr, v_ptr, position_ptr, acc_ptr, m_ptr, l_ptr, scal
     for first in range(start, end, BLOCK_N):
         n = first + tl.arange(0, BLOCK_N)
         valid = n < end
-        keys = tl.load(k_ptr + n[:, None].to(tl.int64) * stride_kn + head * stride_kh + d[None, :],
-                       mask=valid[:, None], other=0.0).to(tl.float32)
+        keys = tl.load(
+            k_ptr + n[:, None].to(tl.int64) * stride_kn + head * stride_kh + d[None, :], mask=valid[:, None], other=0.0
+        ).to(tl.float32)
         scores = tl.dot(q, tl.trans(keys), input_precision=PRECISION) * scale
         scores = tl.where(valid[None, :], scores, float("-inf"))
         m_new = tl.maximum(m, tl.max(scores, axis=1))
         p = tl.exp(scores - m_new[:, None])
         alpha = tl.exp(m - m_new)
         total = total * alpha + tl.sum(p, axis=1)
-        values = tl.load(v_ptr + n[:, None].to(tl.int64) * stride_vn + head * stride_vh + dv[None, :],
-                         mask=valid[:, None], other=0.0).to(tl.float32)
+        values = tl.load(
+            v_ptr + n[:, None].to(tl.int64) * stride_vn + head * stride_vh + dv[None, :], mask=valid[:, None], other=0.0
+        ).to(tl.float32)
         acc = acc * alpha[:, None] + tl.dot(p, values, input_precision=PRECISION)
         m = m_new
     keep = g < GROUP
@@ -105,12 +124,18 @@ def decode_attention_capturable(q: torch.Tensor, keys: torch.Tensor, values: tor
     """Whether the kernel takes these shapes (head sizes powers of two, heads grouped evenly)."""
     heads, dim = q.shape[1], q.shape[2]
     kv_heads, value_dim = keys.shape[1], values.shape[2]
-    return (q.shape[0] == 1 and heads % kv_heads == 0 and dim == triton.next_power_of_2(dim) >= 16
-            and value_dim == triton.next_power_of_2(value_dim) >= 16 and keys.stride(-1) == values.stride(-1) == 1)
+    return (
+        q.shape[0] == 1
+        and heads % kv_heads == 0
+        and dim == triton.next_power_of_2(dim) >= 16
+        and value_dim == triton.next_power_of_2(value_dim) >= 16
+        and keys.stride(-1) == values.stride(-1) == 1
+    )
 
 
-def decode_attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, position: torch.Tensor,
-                     scale: float) -> torch.Tensor:
+def decode_attention(
+    q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, position: torch.Tensor, scale: float
+) -> torch.Tensor:
     if not decode_attention_capturable(q, keys, values):
         return reference.decode_attention(q, keys, values, position, scale)
     heads, dim = q.shape[1], q.shape[2]
@@ -123,11 +148,28 @@ def decode_attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, 
     acc = torch.empty(heads, splits, value_dim, dtype=torch.float32, device=q.device)
     m = torch.empty(heads, splits, dtype=torch.float32, device=q.device)
     total = torch.empty_like(m)
-    _split_kernel[(kv_heads, splits)](q, keys, values, position, acc, m, total, scale,
-                                      keys.stride(0), keys.stride(1), values.stride(0), values.stride(1),
-                                      GROUP=group, GROUP_PAD=max(16, triton.next_power_of_2(group)), D=dim,
-                                      DV=value_dim, BLOCK_N=block_n, SPLITS=splits,
-                                      PRECISION=precision, num_warps=warps)
+    _split_kernel[(kv_heads, splits)](
+        q,
+        keys,
+        values,
+        position,
+        acc,
+        m,
+        total,
+        scale,
+        keys.stride(0),
+        keys.stride(1),
+        values.stride(0),
+        values.stride(1),
+        GROUP=group,
+        GROUP_PAD=max(16, triton.next_power_of_2(group)),
+        D=dim,
+        DV=value_dim,
+        BLOCK_N=block_n,
+        SPLITS=splits,
+        PRECISION=precision,
+        num_warps=warps,
+    )
     out = torch.empty(1, heads, value_dim, dtype=q.dtype, device=q.device)
     _merge_kernel[(heads,)](acc, m, total, out, DV=value_dim, SPLITS=splits, MERGE=min(MERGE, splits), num_warps=4)
     return out

@@ -16,17 +16,32 @@ BLOCK = 1024  # hidden values per program
 
 
 @triton.jit
-def _combine_kernel(h_ptr, routed_ptr, weights_ptr, rows_ptr, shared_ptr, cpu_ptr, out_ptr, hidden, stride_routed,
-                    K: tl.constexpr, K_BLOCK: tl.constexpr, BLOCK: tl.constexpr, ROWS: tl.constexpr,
-                    SHARED: tl.constexpr, CPU: tl.constexpr):
+def _combine_kernel(
+    h_ptr,
+    routed_ptr,
+    weights_ptr,
+    rows_ptr,
+    shared_ptr,
+    cpu_ptr,
+    out_ptr,
+    hidden,
+    stride_routed,
+    K: tl.constexpr,
+    K_BLOCK: tl.constexpr,
+    BLOCK: tl.constexpr,
+    ROWS: tl.constexpr,
+    SHARED: tl.constexpr,
+    CPU: tl.constexpr,
+):
     cols = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     col_ok = cols < hidden
     j = tl.arange(0, K_BLOCK)
     weight = tl.load(weights_ptr + j, mask=j < K, other=0.0).to(tl.float32)
     if ROWS:  # the CPU's rows read any slot: masked, not weighed, so no NaN comes through
         weight = tl.where(tl.load(rows_ptr + j, mask=j < K, other=0.0) > 0, weight, 0.0)
-    routed = tl.load(routed_ptr + j[:, None] * stride_routed + cols[None, :], mask=(j < K)[:, None] & col_ok[None, :],
-                     other=0.0).to(tl.float32)
+    routed = tl.load(
+        routed_ptr + j[:, None] * stride_routed + cols[None, :], mask=(j < K)[:, None] & col_ok[None, :], other=0.0
+    ).to(tl.float32)
     total = tl.sum(tl.where(weight[:, None] != 0.0, routed * weight[:, None], 0.0), axis=0)
     total += tl.load(h_ptr + cols, mask=col_ok, other=0.0).to(tl.float32)
     if SHARED:
@@ -36,16 +51,35 @@ def _combine_kernel(h_ptr, routed_ptr, weights_ptr, rows_ptr, shared_ptr, cpu_pt
     tl.store(out_ptr + cols, total.to(out_ptr.dtype.element_ty), mask=col_ok)
 
 
-def combine_experts(h: torch.Tensor, routed: torch.Tensor, weights: torch.Tensor, gpu_rows: torch.Tensor | None = None,
-                    shared: torch.Tensor | None = None, cpu_routed: torch.Tensor | None = None) -> torch.Tensor:
+def combine_experts(
+    h: torch.Tensor,
+    routed: torch.Tensor,
+    weights: torch.Tensor,
+    gpu_rows: torch.Tensor | None = None,
+    shared: torch.Tensor | None = None,
+    cpu_routed: torch.Tensor | None = None,
+) -> torch.Tensor:
     hidden, k = h.shape[-1], routed.shape[0]
     out = torch.empty_like(h)
     if routed.stride(-1) != 1:
         routed = routed.contiguous()
     weights = weights.reshape(-1)
     _combine_kernel[(triton.cdiv(hidden, BLOCK),)](
-        h, routed, weights, gpu_rows if gpu_rows is not None else weights,
-        shared if shared is not None else h, cpu_routed if cpu_routed is not None else h, out, hidden,
-        routed.stride(0), K=k, K_BLOCK=triton.next_power_of_2(k), BLOCK=BLOCK, ROWS=gpu_rows is not None,
-        SHARED=shared is not None, CPU=cpu_routed is not None, num_warps=4)
+        h,
+        routed,
+        weights,
+        gpu_rows if gpu_rows is not None else weights,
+        shared if shared is not None else h,
+        cpu_routed if cpu_routed is not None else h,
+        out,
+        hidden,
+        routed.stride(0),
+        K=k,
+        K_BLOCK=triton.next_power_of_2(k),
+        BLOCK=BLOCK,
+        ROWS=gpu_rows is not None,
+        SHARED=shared is not None,
+        CPU=cpu_routed is not None,
+        num_warps=4,
+    )
     return out

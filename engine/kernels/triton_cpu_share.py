@@ -18,8 +18,22 @@ BLOCK = 1024  # hidden values moved per iteration
 
 
 @triton.jit
-def _post_kernel(ids_ptr, weights_ptr, gpu_rows_ptr, y_ptr, base_ptr, ordinal, box_ids_ptr, box_weights_ptr,
-                 box_x_ptr, flags_ptr, hidden, K: tl.constexpr, K_BLOCK: tl.constexpr, BLOCK: tl.constexpr):
+def _post_kernel(
+    ids_ptr,
+    weights_ptr,
+    gpu_rows_ptr,
+    y_ptr,
+    base_ptr,
+    ordinal,
+    box_ids_ptr,
+    box_weights_ptr,
+    box_x_ptr,
+    flags_ptr,
+    hidden,
+    K: tl.constexpr,
+    K_BLOCK: tl.constexpr,
+    BLOCK: tl.constexpr,
+):
     j = tl.arange(0, K_BLOCK)
     inside = j < K
     on_cpu = (tl.load(gpu_rows_ptr + j, mask=inside, other=1.0) == 0.0) & inside
@@ -35,8 +49,19 @@ def _post_kernel(ids_ptr, weights_ptr, gpu_rows_ptr, y_ptr, base_ptr, ordinal, b
 
 
 @triton.jit
-def _wait_kernel(gpu_rows_ptr, base_ptr, ordinal, flags_ptr, box_out_ptr, routed_ptr, waits_ptr, hidden,
-                 K: tl.constexpr, K_BLOCK: tl.constexpr, BLOCK: tl.constexpr):
+def _wait_kernel(
+    gpu_rows_ptr,
+    base_ptr,
+    ordinal,
+    flags_ptr,
+    box_out_ptr,
+    routed_ptr,
+    waits_ptr,
+    hidden,
+    K: tl.constexpr,
+    K_BLOCK: tl.constexpr,
+    BLOCK: tl.constexpr,
+):
     sequence = tl.load(base_ptr) + ordinal
     done = tl.atomic_add(flags_ptr + 1, 0, sem="acquire", scope="sys")
     cancelled = tl.load(flags_ptr + 2, volatile=True)
@@ -61,15 +86,55 @@ def _wait_kernel(gpu_rows_ptr, base_ptr, ordinal, flags_ptr, box_out_ptr, routed
             tl.store(routed_ptr + h, tl.zeros([BLOCK], tl.float32), mask=h < hidden)
 
 
-def post_cpu_share(ids: torch.Tensor, weights: torch.Tensor, gpu_rows: torch.Tensor, y: torch.Tensor,
-                   sequence_base: torch.Tensor, ordinal: int, mailbox) -> None:
+def post_cpu_share(
+    ids: torch.Tensor,
+    weights: torch.Tensor,
+    gpu_rows: torch.Tensor,
+    y: torch.Tensor,
+    sequence_base: torch.Tensor,
+    ordinal: int,
+    mailbox,
+) -> None:
     k = gpu_rows.numel()
-    _post_kernel[(1,)](ids, weights, gpu_rows, y, sequence_base, ordinal, mailbox.ids, mailbox.weights, mailbox.x,
-                       mailbox.flags, y.numel(), K=k, K_BLOCK=triton.next_power_of_2(k), BLOCK=BLOCK, num_warps=4)
+    _post_kernel[(1,)](
+        ids,
+        weights,
+        gpu_rows,
+        y,
+        sequence_base,
+        ordinal,
+        mailbox.ids,
+        mailbox.weights,
+        mailbox.x,
+        mailbox.flags,
+        y.numel(),
+        K=k,
+        K_BLOCK=triton.next_power_of_2(k),
+        BLOCK=BLOCK,
+        num_warps=4,
+    )
 
 
-def wait_cpu_share(gpu_rows: torch.Tensor, sequence_base: torch.Tensor, ordinal: int, mailbox,
-                   cpu_routed: torch.Tensor, waits: torch.Tensor) -> None:
+def wait_cpu_share(
+    gpu_rows: torch.Tensor,
+    sequence_base: torch.Tensor,
+    ordinal: int,
+    mailbox,
+    cpu_routed: torch.Tensor,
+    waits: torch.Tensor,
+) -> None:
     k = gpu_rows.numel()
-    _wait_kernel[(1,)](gpu_rows, sequence_base, ordinal, mailbox.flags, mailbox.out, cpu_routed, waits,
-                       cpu_routed.numel(), K=k, K_BLOCK=triton.next_power_of_2(k), BLOCK=BLOCK, num_warps=4)
+    _wait_kernel[(1,)](
+        gpu_rows,
+        sequence_base,
+        ordinal,
+        mailbox.flags,
+        mailbox.out,
+        cpu_routed,
+        waits,
+        cpu_routed.numel(),
+        K=k,
+        K_BLOCK=triton.next_power_of_2(k),
+        BLOCK=BLOCK,
+        num_warps=4,
+    )

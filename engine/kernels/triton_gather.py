@@ -40,8 +40,13 @@ def _gather_kernel(records_ptr, pool_ptr, table_ptr, words, BLOCK: tl.constexpr)
 
 def gather_records_capturable(records: torch.Tensor, pool: torch.Tensor) -> bool:
     """Whether the kernel reads these records in place: pinned host memory (or device memory), whole 32-bit words."""
-    return (records.is_pinned() or records.device == pool.device) and records.shape[1] == pool.shape[1] \
-        and records.shape[1] % 4 == 0 and records.is_contiguous() and pool.is_contiguous()
+    return (
+        (records.is_pinned() or records.device == pool.device)
+        and records.shape[1] == pool.shape[1]
+        and records.shape[1] % 4 == 0
+        and records.is_contiguous()
+        and pool.is_contiguous()
+    )
 
 
 def gather_records(records: torch.Tensor, pool: torch.Tensor, table: torch.Tensor) -> None:
@@ -50,5 +55,6 @@ def gather_records(records: torch.Tensor, pool: torch.Tensor, table: torch.Tenso
         return
     words = records.shape[1] // 4
     programs = min(PROGRAMS_PER_RECORD, triton.cdiv(words, BLOCK))
-    _gather_kernel[(table.shape[0], programs)](records.view(torch.int32), pool.view(torch.int32), table, words,
-                                               BLOCK=BLOCK, num_warps=4)
+    _gather_kernel[(table.shape[0], programs)](
+        records.view(torch.int32), pool.view(torch.int32), table, words, BLOCK=BLOCK, num_warps=4
+    )

@@ -39,18 +39,37 @@ def _conv_silu(qkv_ptr, conv_state_ptr, weight_ptr, channels, inside, kernel_siz
     saved = inside[:, None] & (taps < kernel_size - 1)[None, :]
     history = tl.load(conv_state_ptr + channels[:, None] * (kernel_size - 1) + taps[None, :], mask=saved, other=0.0)
     x = tl.load(qkv_ptr + channels, mask=inside, other=0.0)
-    history = tl.where((taps == kernel_size - 1)[None, :], x[:, None].to(tl.float32),
-                       history.to(act).to(tl.float32))
-    weight = tl.load(weight_ptr + channels[:, None] * kernel_size + taps[None, :],
-                     mask=inside[:, None] & (taps < kernel_size)[None, :], other=0.0)
+    history = tl.where((taps == kernel_size - 1)[None, :], x[:, None].to(tl.float32), history.to(act).to(tl.float32))
+    weight = tl.load(
+        weight_ptr + channels[:, None] * kernel_size + taps[None, :],
+        mask=inside[:, None] & (taps < kernel_size)[None, :],
+        other=0.0,
+    )
     conv = tl.sum(history * weight.to(act).to(tl.float32), axis=1).to(act).to(tl.float32)
     return _silu(conv).to(act).to(tl.float32)
 
 
 @triton.jit
-def _delta_kernel(qkv_ptr, b_ptr, a_ptr, conv_state_ptr, conv_weight_ptr, state_ptr, a_log_ptr, dt_bias_ptr, o_ptr,
-                  keys, key_dim, value_dim, group, kernel_size, q_scale,
-                  BLOCK_DK: tl.constexpr, BLOCK_DV: tl.constexpr, BLOCK_K: tl.constexpr):
+def _delta_kernel(
+    qkv_ptr,
+    b_ptr,
+    a_ptr,
+    conv_state_ptr,
+    conv_weight_ptr,
+    state_ptr,
+    a_log_ptr,
+    dt_bias_ptr,
+    o_ptr,
+    keys,
+    key_dim,
+    value_dim,
+    group,
+    kernel_size,
+    q_scale,
+    BLOCK_DK: tl.constexpr,
+    BLOCK_DV: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+):
     head = tl.program_id(0)
     key_head = head // group
     rows = tl.arange(0, BLOCK_DK)
@@ -59,17 +78,20 @@ def _delta_kernel(qkv_ptr, b_ptr, a_ptr, conv_state_ptr, conv_weight_ptr, state_
     col_in = cols < value_dim
 
     q = _conv_silu(qkv_ptr, conv_state_ptr, conv_weight_ptr, key_head * key_dim + rows, row_in, kernel_size, BLOCK_K)
-    k = _conv_silu(qkv_ptr, conv_state_ptr, conv_weight_ptr, keys + key_head * key_dim + rows, row_in, kernel_size,
-                   BLOCK_K)
-    v = _conv_silu(qkv_ptr, conv_state_ptr, conv_weight_ptr, 2 * keys + head * value_dim + cols, col_in,
-                   kernel_size, BLOCK_K)
+    k = _conv_silu(
+        qkv_ptr, conv_state_ptr, conv_weight_ptr, keys + key_head * key_dim + rows, row_in, kernel_size, BLOCK_K
+    )
+    v = _conv_silu(
+        qkv_ptr, conv_state_ptr, conv_weight_ptr, 2 * keys + head * value_dim + cols, col_in, kernel_size, BLOCK_K
+    )
     q = q * tl.math.div_rn(1.0, tl.sqrt_rn(tl.sum(q * q, axis=0) + L2_EPS)) * q_scale
     k = k * tl.math.div_rn(1.0, tl.sqrt_rn(tl.sum(k * k, axis=0) + L2_EPS))
 
     beta = tl.math.div_rn(1.0, 1.0 + tl.exp(-tl.load(b_ptr + head).to(tl.float32)))
     gate_in = tl.load(a_ptr + head).to(tl.float32) + tl.load(dt_bias_ptr + head).to(tl.float32)
-    softplus = tl.where(gate_in > SOFTPLUS_THRESHOLD, gate_in,
-                        tl.log(1.0 + tl.exp(tl.minimum(gate_in, SOFTPLUS_THRESHOLD))))
+    softplus = tl.where(
+        gate_in > SOFTPLUS_THRESHOLD, gate_in, tl.log(1.0 + tl.exp(tl.minimum(gate_in, SOFTPLUS_THRESHOLD)))
+    )
     decay = tl.exp(-tl.exp(tl.load(a_log_ptr + head).to(tl.float32)) * softplus)
 
     offsets = head.to(tl.int64) * key_dim * value_dim + rows[:, None] * value_dim + cols[None, :]
@@ -83,8 +105,21 @@ def _delta_kernel(qkv_ptr, b_ptr, a_ptr, conv_state_ptr, conv_weight_ptr, state_
 
 
 @triton.jit
-def _gate_norm_kernel(o_ptr, z_ptr, norm_weight_ptr, out_ptr, qkv_ptr, conv_state_ptr, value_dim, channels,
-                      kernel_size, eps, BLOCK_DV: tl.constexpr, BLOCK_C: tl.constexpr, BLOCK_K: tl.constexpr):
+def _gate_norm_kernel(
+    o_ptr,
+    z_ptr,
+    norm_weight_ptr,
+    out_ptr,
+    qkv_ptr,
+    conv_state_ptr,
+    value_dim,
+    channels,
+    kernel_size,
+    eps,
+    BLOCK_DV: tl.constexpr,
+    BLOCK_C: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+):
     act = out_ptr.dtype.element_ty
     head = tl.program_id(0)
     cols = tl.arange(0, BLOCK_DV)
@@ -105,30 +140,98 @@ def _gate_norm_kernel(o_ptr, z_ptr, norm_weight_ptr, out_ptr, qkv_ptr, conv_stat
     x = tl.load(qkv_ptr + chans, mask=chan_in, other=0.0)
     moved = tl.where((taps + 1 == kernel_size - 1)[None, :], x[:, None], later.to(qkv_ptr.dtype.element_ty))
     tl.debug_barrier()  # every tap is read before any is overwritten, whichever thread holds it
-    tl.store(row + taps[None, :], moved.to(conv_state_ptr.dtype.element_ty),
-             mask=chan_in[:, None] & (taps < kernel_size - 1)[None, :])
+    tl.store(
+        row + taps[None, :],
+        moved.to(conv_state_ptr.dtype.element_ty),
+        mask=chan_in[:, None] & (taps < kernel_size - 1)[None, :],
+    )
 
 
-def gated_deltanet(qkv, z, b, a, conv_state, conv_weight, recurrent, a_log, dt_bias, norm_weight, eps, key_heads,
-                    value_heads, key_dim, value_dim):
+def gated_deltanet(
+    qkv,
+    z,
+    b,
+    a,
+    conv_state,
+    conv_weight,
+    recurrent,
+    a_log,
+    dt_bias,
+    norm_weight,
+    eps,
+    key_heads,
+    value_heads,
+    key_dim,
+    value_dim,
+):
     kernel_size = conv_weight.shape[-1]
-    laid_out = all(t.is_contiguous() for t in (conv_state, conv_weight, recurrent, a_log, dt_bias, norm_weight)) and \
-        all(t.stride(-1) == 1 for t in (qkv, z, b, a))
-    if qkv.shape[0] != 1 or not laid_out or key_dim > MAX_KEY_DIM or value_dim > MAX_VALUE_DIM or \
-            recurrent.dtype != torch.float32:
-        return reference.gated_deltanet(qkv, z, b, a, conv_state, conv_weight, recurrent, a_log, dt_bias,
-                                         norm_weight, eps, key_heads, value_heads, key_dim, value_dim)
+    laid_out = all(
+        t.is_contiguous() for t in (conv_state, conv_weight, recurrent, a_log, dt_bias, norm_weight)
+    ) and all(t.stride(-1) == 1 for t in (qkv, z, b, a))
+    if (
+        qkv.shape[0] != 1
+        or not laid_out
+        or key_dim > MAX_KEY_DIM
+        or value_dim > MAX_VALUE_DIM
+        or recurrent.dtype != torch.float32
+    ):
+        return reference.gated_deltanet(
+            qkv,
+            z,
+            b,
+            a,
+            conv_state,
+            conv_weight,
+            recurrent,
+            a_log,
+            dt_bias,
+            norm_weight,
+            eps,
+            key_heads,
+            value_heads,
+            key_dim,
+            value_dim,
+        )
     channels, values = qkv.shape[1], value_heads * value_dim
     o = torch.empty(values, dtype=qkv.dtype, device=qkv.device)
     out = torch.empty(1, values, dtype=qkv.dtype, device=qkv.device)
     block_dk = triton.next_power_of_2(key_dim)
     block_dv = min(triton.next_power_of_2(value_dim), max(16, 4096 // block_dk))  # ~4K state elements a program
     _delta_kernel[(value_heads, triton.cdiv(value_dim, block_dv))](
-        qkv, b, a, conv_state, conv_weight, recurrent, a_log, dt_bias, o,
-        key_heads * key_dim, key_dim, value_dim, value_heads // key_heads, kernel_size, key_dim ** -0.5,
-        BLOCK_DK=block_dk, BLOCK_DV=block_dv, BLOCK_K=triton.next_power_of_2(kernel_size), num_warps=4)
+        qkv,
+        b,
+        a,
+        conv_state,
+        conv_weight,
+        recurrent,
+        a_log,
+        dt_bias,
+        o,
+        key_heads * key_dim,
+        key_dim,
+        value_dim,
+        value_heads // key_heads,
+        kernel_size,
+        key_dim**-0.5,
+        BLOCK_DK=block_dk,
+        BLOCK_DV=block_dv,
+        BLOCK_K=triton.next_power_of_2(kernel_size),
+        num_warps=4,
+    )
     _gate_norm_kernel[(value_heads,)](
-        o, z, norm_weight, out, qkv, conv_state, value_dim, channels, kernel_size, eps,
-        BLOCK_DV=triton.next_power_of_2(value_dim), BLOCK_C=triton.next_power_of_2(triton.cdiv(channels, value_heads)),
-        BLOCK_K=triton.next_power_of_2(kernel_size - 1), num_warps=4)
+        o,
+        z,
+        norm_weight,
+        out,
+        qkv,
+        conv_state,
+        value_dim,
+        channels,
+        kernel_size,
+        eps,
+        BLOCK_DV=triton.next_power_of_2(value_dim),
+        BLOCK_C=triton.next_power_of_2(triton.cdiv(channels, value_heads)),
+        BLOCK_K=triton.next_power_of_2(kernel_size - 1),
+        num_warps=4,
+    )
     return out

@@ -59,19 +59,40 @@ def _e4m3_bits16(byte):
 
 
 @triton.jit
-def _block_scales(s_ptr, cols, col_ok, kk, k0, K, block_rows, block_cols, stride_sn, stride_sk, in_ok,
-                  BN: tl.constexpr, BK: tl.constexpr, SCALE_COLS: tl.constexpr, SCALE_GROUPS: tl.constexpr):
+def _block_scales(
+    s_ptr,
+    cols,
+    col_ok,
+    kk,
+    k0,
+    K,
+    block_rows,
+    block_cols,
+    stride_sn,
+    stride_sk,
+    in_ok,
+    BN: tl.constexpr,
+    BK: tl.constexpr,
+    SCALE_COLS: tl.constexpr,
+    SCALE_GROUPS: tl.constexpr,
+):
     """FP8_BLOCK: the scale (stored bf16 or float32, computed in float32) of each element of the [BN, BK] weight tile at inputs kk = k0 + 0..BK-1.
     SCALE_COLS > 0 (block columns a power of two): load the SCALE_GROUPS block columns the tile touches once per
     row and broadcast them; else load one scale per element."""
     if SCALE_COLS > 0:
         column = k0 // SCALE_COLS + tl.arange(0, SCALE_GROUPS)
-        scale = tl.load(s_ptr + (cols // block_rows)[:, None] * stride_sn + column[None, :] * stride_sk,
-                        mask=col_ok[:, None] & (column * SCALE_COLS < K)[None, :], other=0.0).to(tl.float32)
+        scale = tl.load(
+            s_ptr + (cols // block_rows)[:, None] * stride_sn + column[None, :] * stride_sk,
+            mask=col_ok[:, None] & (column * SCALE_COLS < K)[None, :],
+            other=0.0,
+        ).to(tl.float32)
         return tl.reshape(tl.broadcast_to(scale[:, :, None], (BN, SCALE_GROUPS, BK // SCALE_GROUPS)), (BN, BK))
     else:
-        return tl.load(s_ptr + (cols // block_rows)[:, None] * stride_sn + (kk // block_cols)[None, :] * stride_sk,
-                       mask=col_ok[:, None] & in_ok[None, :], other=0.0).to(tl.float32)
+        return tl.load(
+            s_ptr + (cols // block_rows)[:, None] * stride_sn + (kk // block_cols)[None, :] * stride_sk,
+            mask=col_ok[:, None] & in_ok[None, :],
+            other=0.0,
+        ).to(tl.float32)
 
 
 @triton.jit
@@ -101,13 +122,43 @@ def _gemv_input(x_row, offsets, mask, K, SWIGLU: tl.constexpr):
 
 
 @triton.jit(do_not_specialize=_NOT_SPECIALISED)
-def _linear_kernel(x_ptr, w_ptr, s_ptr, r_ptr, out_ptr, table_ptr, M, N, K, split_steps,
-                   stride_xm, stride_om, stride_w_slot, stride_wn, stride_s_slot, stride_sn, stride_sk,
-                   stride_r_slot, stride_rn, block_rows, block_cols,
-                   FORMAT: tl.constexpr, TABLE: tl.constexpr, SWIGLU: tl.constexpr, BM: tl.constexpr,
-                   BN: tl.constexpr, BK: tl.constexpr, ATOMIC: tl.constexpr, DOT_DTYPE: tl.constexpr, PRECISION: tl.constexpr,
-                   ROW_SCALE: tl.constexpr, DIVIDE: tl.constexpr, SCALE_COLS: tl.constexpr,
-                   SCALE_GROUPS: tl.constexpr, EVEN_K: tl.constexpr):
+def _linear_kernel(
+    x_ptr,
+    w_ptr,
+    s_ptr,
+    r_ptr,
+    out_ptr,
+    table_ptr,
+    M,
+    N,
+    K,
+    split_steps,
+    stride_xm,
+    stride_om,
+    stride_w_slot,
+    stride_wn,
+    stride_s_slot,
+    stride_sn,
+    stride_sk,
+    stride_r_slot,
+    stride_rn,
+    block_rows,
+    block_cols,
+    FORMAT: tl.constexpr,
+    TABLE: tl.constexpr,
+    SWIGLU: tl.constexpr,
+    BM: tl.constexpr,
+    BN: tl.constexpr,
+    BK: tl.constexpr,
+    ATOMIC: tl.constexpr,
+    DOT_DTYPE: tl.constexpr,
+    PRECISION: tl.constexpr,
+    ROW_SCALE: tl.constexpr,
+    DIVIDE: tl.constexpr,
+    SCALE_COLS: tl.constexpr,
+    SCALE_GROUPS: tl.constexpr,
+    EVEN_K: tl.constexpr,
+):
     """out[rows, cols] (+)= x[rows, k-range] @ W[cols, k-range]^T for one (row tile, column tile, K split).
 
     TABLE 1 (grouped): program_id(0) indexes a table of (slot, first row, group end row); the weight tensors are
@@ -153,14 +204,18 @@ def _linear_kernel(x_ptr, w_ptr, s_ptr, r_ptr, out_ptr, table_ptr, M, N, K, spli
             for k0 in range(k_lo, k_hi, BK):
                 byte = k0 // 2 + half
                 byte_ok = _below(2 * byte, K, EVEN_K)
-                packed = tl.load(w_ptr + cols[:, None] * stride_wn + byte[None, :],
-                                 mask=col_ok[:, None] & byte_ok[None, :], other=0).to(tl.int32)
+                packed = tl.load(
+                    w_ptr + cols[:, None] * stride_wn + byte[None, :], mask=col_ok[:, None] & byte_ok[None, :], other=0
+                ).to(tl.int32)
                 pair = _gemv_input(x_row, 2 * byte[:, None] + tl.arange(0, 2)[None, :], byte_ok[:, None], K, SWIGLU)
                 x_even, x_odd = tl.split(pair)
                 group = k0 // 16 + groups
                 group_ok = _below(16 * group, K, EVEN_K)
-                scale_bits = tl.load(s_ptr + cols[:, None] * stride_sn + group[None, :],
-                                     mask=col_ok[:, None] & group_ok[None, :], other=0).to(tl.int32)
+                scale_bits = tl.load(
+                    s_ptr + cols[:, None] * stride_sn + group[None, :],
+                    mask=col_ok[:, None] & group_ok[None, :],
+                    other=0,
+                ).to(tl.int32)
                 scale = _e4m3_bits16(scale_bits).to(tl.float32)
                 scale = tl.reshape(tl.broadcast_to(scale[:, :, None], (BN, BK // 16, 8)), (BN, BK // 2))
                 acc2 += (_e2m1_bits(packed & 15) * x_even[None, :] + _e2m1_bits(packed >> 4) * x_odd[None, :]) * scale
@@ -172,15 +227,31 @@ def _linear_kernel(x_ptr, w_ptr, s_ptr, r_ptr, out_ptr, table_ptr, M, N, K, spli
                 kk = k0 + ks
                 in_ok = _below(kk, K, EVEN_K)
                 xv = _gemv_input(x_row, kk, in_ok, K, SWIGLU)
-                raw = tl.load(w_ptr + cols[:, None] * stride_wn + kk[None, :],
-                              mask=col_ok[:, None] & in_ok[None, :], other=0)
+                raw = tl.load(
+                    w_ptr + cols[:, None] * stride_wn + kk[None, :], mask=col_ok[:, None] & in_ok[None, :], other=0
+                )
                 if FORMAT == 0:
                     w = raw.to(tl.float32)
                 else:
                     w = _e4m3_bits16(raw.to(tl.int32)).to(tl.float32)
                 if FORMAT == 2:
-                    w = w * _block_scales(s_ptr, cols, col_ok, kk, k0, K, block_rows, block_cols, stride_sn,
-                                          stride_sk, in_ok, BN, BK, SCALE_COLS, SCALE_GROUPS)
+                    w = w * _block_scales(
+                        s_ptr,
+                        cols,
+                        col_ok,
+                        kk,
+                        k0,
+                        K,
+                        block_rows,
+                        block_cols,
+                        stride_sn,
+                        stride_sk,
+                        in_ok,
+                        BN,
+                        BK,
+                        SCALE_COLS,
+                        SCALE_GROUPS,
+                    )
                 acc2 += w * xv[None, :]
             acc = tl.sum(acc2, axis=1)
             if FORMAT != 0:
@@ -206,13 +277,19 @@ def _linear_kernel(x_ptr, w_ptr, s_ptr, r_ptr, out_ptr, table_ptr, M, N, K, spli
             ks = tl.arange(0, BK)
             for k0 in range(k_lo, k_hi, BK):
                 byte = k0 // 2 + half
-                packed = tl.load(w_ptr + cols[:, None] * stride_wn + byte[None, :],
-                                 mask=col_ok[:, None] & _below(2 * byte, K, EVEN_K)[None, :], other=0).to(tl.int32)
+                packed = tl.load(
+                    w_ptr + cols[:, None] * stride_wn + byte[None, :],
+                    mask=col_ok[:, None] & _below(2 * byte, K, EVEN_K)[None, :],
+                    other=0,
+                ).to(tl.int32)
                 codes = tl.reshape(tl.join(_e2m1_bits(packed & 15), _e2m1_bits(packed >> 4)), (BN, BK))
                 group = k0 // 16 + groups
                 group_ok = _below(16 * group, K, EVEN_K)
-                scale_bits = tl.load(s_ptr + cols[:, None] * stride_sn + group[None, :],
-                                     mask=col_ok[:, None] & group_ok[None, :], other=0).to(tl.int32)
+                scale_bits = tl.load(
+                    s_ptr + cols[:, None] * stride_sn + group[None, :],
+                    mask=col_ok[:, None] & group_ok[None, :],
+                    other=0,
+                ).to(tl.int32)
                 scale = _e4m3_bits16(scale_bits).to(tl.float32) * (_E2M1_UNIT * _E4M3_UNIT)
                 scale = tl.reshape(tl.broadcast_to(scale[:, :, None], (BN, BK // 16, 16)), (BN, BK))
                 w = (codes * scale).to(DOT_DTYPE)
@@ -224,8 +301,9 @@ def _linear_kernel(x_ptr, w_ptr, s_ptr, r_ptr, out_ptr, table_ptr, M, N, K, spli
             for k0 in range(k_lo, k_hi, BK):
                 kk = k0 + ks
                 in_ok = _below(kk, K, EVEN_K)
-                raw = tl.load(w_ptr + cols[:, None] * stride_wn + kk[None, :],
-                              mask=col_ok[:, None] & in_ok[None, :], other=0)
+                raw = tl.load(
+                    w_ptr + cols[:, None] * stride_wn + kk[None, :], mask=col_ok[:, None] & in_ok[None, :], other=0
+                )
                 xv = tl.load(x_rows + kk[None, :], mask=row_ok[:, None] & in_ok[None, :], other=0.0).to(DOT_DTYPE)
                 if FORMAT == 0:
                     acc += tl.dot(xv, tl.trans(raw.to(DOT_DTYPE)), input_precision=PRECISION)
@@ -233,8 +311,23 @@ def _linear_kernel(x_ptr, w_ptr, s_ptr, r_ptr, out_ptr, table_ptr, M, N, K, spli
                     w = _e4m3_bits16(raw.to(tl.int32)).to(tl.float32).to(DOT_DTYPE)
                     acc += tl.dot(xv, tl.trans(w), input_precision=PRECISION)
                 else:  # scaled before the dot (as the reference decodes to the input dtype): acc stays the dot's
-                    scale = _block_scales(s_ptr, cols, col_ok, kk, k0, K, block_rows, block_cols, stride_sn,
-                                          stride_sk, in_ok, BN, BK, SCALE_COLS, SCALE_GROUPS)
+                    scale = _block_scales(
+                        s_ptr,
+                        cols,
+                        col_ok,
+                        kk,
+                        k0,
+                        K,
+                        block_rows,
+                        block_cols,
+                        stride_sn,
+                        stride_sk,
+                        in_ok,
+                        BN,
+                        BK,
+                        SCALE_COLS,
+                        SCALE_GROUPS,
+                    )
                     w = (_e4m3_bits16(raw.to(tl.int32)).to(tl.float32) * scale).to(DOT_DTYPE)
                     acc += tl.dot(xv, tl.trans(w), input_precision=PRECISION)
             if FORMAT != 0:
@@ -251,6 +344,7 @@ def _linear_kernel(x_ptr, w_ptr, s_ptr, r_ptr, out_ptr, table_ptr, M, N, K, spli
 
 
 # -------------------------------------------------------------------------------------------------- host side
+
 
 def _dot_dtype(x: torch.Tensor):
     if x.dtype == torch.float32:
@@ -344,10 +438,20 @@ def _operands(weight: StoredWeight, stacked: bool) -> _Operands | None:
         scales = tensors["weight_scale"]
         if k_in % NVFP4_GROUP or not (inner_ok(codes) and inner_ok(scales)):
             return None
-        r, r_slot, r_row = _row_scale(tensors["weight_scale_2" if fmt == NVFP4 else "weight_global_scale"],
-                                      n_out, stacked)
-        return _Operands(_F_NVFP4, codes, scales.view(torch.uint8), r, strides(codes), (*strides(scales), 1),
-                         (r_slot, r_row), fmt == NVFP4_CT, (1, 1))
+        r, r_slot, r_row = _row_scale(
+            tensors["weight_scale_2" if fmt == NVFP4 else "weight_global_scale"], n_out, stacked
+        )
+        return _Operands(
+            _F_NVFP4,
+            codes,
+            scales.view(torch.uint8),
+            r,
+            strides(codes),
+            (*strides(scales), 1),
+            (r_slot, r_row),
+            fmt == NVFP4_CT,
+            (1, 1),
+        )
     if fmt == FP8_TENSOR:
         w = tensors["weight"]
         if w.dtype != torch.float8_e4m3fn or not inner_ok(w):
@@ -358,9 +462,17 @@ def _operands(weight: StoredWeight, stacked: bool) -> _Operands | None:
         w, s = tensors["weight"], tensors["weight_scale_inv"]
         if w.dtype != torch.float8_e4m3fn or not inner_ok(w) or s.dim() != dims:
             return None
-        return _Operands(_F_FP8_BLOCK, w.view(torch.uint8), s, w, strides(w),
-                         (s.stride(0) if stacked else 0, s.stride(-2), s.stride(-1)), (0, 0), False,
-                         tuple(weight.block_size))
+        return _Operands(
+            _F_FP8_BLOCK,
+            w.view(torch.uint8),
+            s,
+            w,
+            strides(w),
+            (s.stride(0) if stacked else 0, s.stride(-2), s.stride(-1)),
+            (0, 0),
+            False,
+            tuple(weight.block_size),
+        )
     if fmt == DENSE:
         w = tensors["weight"]
         if not w.is_floating_point() or w.dtype in (torch.float8_e4m3fn, torch.float8_e5m2) or not inner_ok(w):
@@ -407,8 +519,19 @@ def _split_k(programs: int, k_in: int, bk: int, sms: int) -> tuple[int, int]:
     return _cdiv(k_in, per_split), per_split
 
 
-def _launch(x: torch.Tensor, ops: _Operands, n_out: int, k_in: int, table: torch.Tensor | None, tiles_m: int,
-            bm: int, gemv: bool, splits: int | None = None, table_kind: int = 0, swiglu: bool = False) -> torch.Tensor:
+def _launch(
+    x: torch.Tensor,
+    ops: _Operands,
+    n_out: int,
+    k_in: int,
+    table: torch.Tensor | None,
+    tiles_m: int,
+    bm: int,
+    gemv: bool,
+    splits: int | None = None,
+    table_kind: int = 0,
+    swiglu: bool = False,
+) -> torch.Tensor:
     """Run the kernel over x [M, K] (row-contiguous; [M, 2K] of gate and up with swiglu); table: the grouped
     tile table (table_kind 1) or one slot per row (2), else None (0)."""
     rows = x.shape[0]
@@ -424,17 +547,40 @@ def _launch(x: torch.Tensor, ops: _Operands, n_out: int, k_in: int, table: torch
         per_split = _cdiv(_cdiv(k_in, bk), splits) * bk
         splits = _cdiv(k_in, per_split)
     atomic = splits > 1
-    out = (torch.zeros if atomic else torch.empty)(rows, n_out, device=x.device,
-                                                   dtype=torch.float32 if atomic else x.dtype)
+    out = (torch.zeros if atomic else torch.empty)(
+        rows, n_out, device=x.device, dtype=torch.float32 if atomic else x.dtype
+    )
     if rows == 0 or tiles_m == 0:
         return out.to(x.dtype)
     dot_dtype = _dot_dtype(x)
     tensors = (x, ops.w, ops.s, ops.r, out, table if table is not None else x)
-    scalars = (rows, n_out, k_in, per_split // bk, x.stride(0), out.stride(0), *ops.w_strides, *ops.s_strides,
-               *ops.r_strides, *ops.block)
-    constexprs = (ops.fmt, table_kind, swiglu, 1 if gemv else bm, bn, bk, atomic, dot_dtype,
-                  "ieee" if dot_dtype == tl.float32 else "tf32", ops.fmt in (_F_NVFP4, _F_FP8), ops.divide,
-                  *_scale_columns(ops, bk), k_in % bk == 0)
+    scalars = (
+        rows,
+        n_out,
+        k_in,
+        per_split // bk,
+        x.stride(0),
+        out.stride(0),
+        *ops.w_strides,
+        *ops.s_strides,
+        *ops.r_strides,
+        *ops.block,
+    )
+    constexprs = (
+        ops.fmt,
+        table_kind,
+        swiglu,
+        1 if gemv else bm,
+        bn,
+        bk,
+        atomic,
+        dot_dtype,
+        "ieee" if dot_dtype == tl.float32 else "tf32",
+        ops.fmt in (_F_NVFP4, _F_FP8),
+        ops.divide,
+        *_scale_columns(ops, bk),
+        k_in % bk == 0,
+    )
     _run((tiles_m, tiles_n, splits), tensors, scalars, constexprs, warps, stages)
     return out if out.dtype == x.dtype else out.to(x.dtype)
 
@@ -448,12 +594,49 @@ def _scale_columns(ops: _Operands, bk: int) -> tuple[int, int]:
     return cols, max(1, bk // cols)
 
 
-_CONSTEXPR_NAMES = ("FORMAT", "TABLE", "SWIGLU", "BM", "BN", "BK", "ATOMIC", "DOT_DTYPE", "PRECISION", "ROW_SCALE",
-                    "DIVIDE", "SCALE_COLS", "SCALE_GROUPS", "EVEN_K")
-_SCALAR_NAMES = ("M", "N", "K", "split_steps", "stride_xm", "stride_om", "stride_w_slot", "stride_wn", "stride_s_slot",
-                 "stride_sn", "stride_sk", "stride_r_slot", "stride_rn", "block_rows", "block_cols")
-assert tuple(_linear_kernel.arg_names) == ("x_ptr", "w_ptr", "s_ptr", "r_ptr", "out_ptr", "table_ptr",
-                                           *_SCALAR_NAMES, *_CONSTEXPR_NAMES)
+_CONSTEXPR_NAMES = (
+    "FORMAT",
+    "TABLE",
+    "SWIGLU",
+    "BM",
+    "BN",
+    "BK",
+    "ATOMIC",
+    "DOT_DTYPE",
+    "PRECISION",
+    "ROW_SCALE",
+    "DIVIDE",
+    "SCALE_COLS",
+    "SCALE_GROUPS",
+    "EVEN_K",
+)
+_SCALAR_NAMES = (
+    "M",
+    "N",
+    "K",
+    "split_steps",
+    "stride_xm",
+    "stride_om",
+    "stride_w_slot",
+    "stride_wn",
+    "stride_s_slot",
+    "stride_sn",
+    "stride_sk",
+    "stride_r_slot",
+    "stride_rn",
+    "block_rows",
+    "block_cols",
+)
+assert tuple(_linear_kernel.arg_names) == (
+    "x_ptr",
+    "w_ptr",
+    "s_ptr",
+    "r_ptr",
+    "out_ptr",
+    "table_ptr",
+    *_SCALAR_NAMES,
+    *_CONSTEXPR_NAMES,
+)
 _SPECIALISED = tuple(i for i, name in enumerate(_SCALAR_NAMES) if name not in _NOT_SPECIALISED)
 _COMPILED: dict[tuple, object] = {}  # our own specialisation key -> Triton's compiled kernel
 _fast_launch = True
@@ -467,11 +650,20 @@ def _run(grid, tensors, scalars, constexprs, warps, stages) -> None:
     global _fast_launch
     device = tensors[0].device
     key = None
-    if device.type == "cuda" and _fast_launch and all(-(1 << 31) <= v < (1 << 31) for v in scalars) \
-            and device.index == torch.cuda.current_device():
-        key = (device.index, constexprs, warps, stages,
-               tuple((t.dtype, t.data_ptr() % 16 == 0) for t in tensors),
-               tuple((scalars[i] == 1, scalars[i] % 16 == 0) for i in _SPECIALISED))
+    if (
+        device.type == "cuda"
+        and _fast_launch
+        and all(-(1 << 31) <= v < (1 << 31) for v in scalars)
+        and device.index == torch.cuda.current_device()
+    ):
+        key = (
+            device.index,
+            constexprs,
+            warps,
+            stages,
+            tuple((t.dtype, t.data_ptr() % 16 == 0) for t in tensors),
+            tuple((scalars[i] == 1, scalars[i] % 16 == 0) for i in _SPECIALISED),
+        )
         compiled = _COMPILED.get(key)
         if compiled is not None:
             try:
@@ -480,8 +672,9 @@ def _run(grid, tensors, scalars, constexprs, warps, stages) -> None:
             except TypeError:  # a Triton whose launcher takes other arguments: its own path from now on
                 _fast_launch = False
                 key = None
-    compiled = _linear_kernel[grid](*tensors, *scalars, **dict(zip(_CONSTEXPR_NAMES, constexprs)),
-                                    num_warps=warps, num_stages=stages)
+    compiled = _linear_kernel[grid](
+        *tensors, *scalars, **dict(zip(_CONSTEXPR_NAMES, constexprs)), num_warps=warps, num_stages=stages
+    )
     if key is not None and compiled is not None and hasattr(compiled, "function"):
         _COMPILED[key] = compiled
 
@@ -489,8 +682,14 @@ def _run(grid, tensors, scalars, constexprs, warps, stages) -> None:
 GEMV_MAX_ROWS = 1  # up to this many rows (per group, for grouped) take the GEMV path
 
 
-def linear(x: torch.Tensor, weight: StoredWeight, *, gemv: bool | None = None, block_m: int | None = None,
-           splits: int | None = None) -> torch.Tensor:
+def linear(
+    x: torch.Tensor,
+    weight: StoredWeight,
+    *,
+    gemv: bool | None = None,
+    block_m: int | None = None,
+    splits: int | None = None,
+) -> torch.Tensor:
     """x [..., K] @ W^T for a quantised weight [N, K]; float32 accumulation, output in x's dtype. Formats the
     kernels do not take (dense among them) go to the reference. gemv/block_m/splits force a tiling (tests)."""
     ops = _operands(weight, stacked=False) if len(weight.shape) == 2 and weight.format != DENSE else None
@@ -553,8 +752,14 @@ def _stacked_inputs(x: torch.Tensor, weight: StoredWeight):
     return ops, x if x.stride(-1) == 1 else x.contiguous(), n_out, k_in
 
 
-def grouped_linear(x: torch.Tensor, weight: StoredWeight, groups: ExpertGroups, *, block_m: int | None = None,
-                   splits: int | None = None) -> torch.Tensor:
+def grouped_linear(
+    x: torch.Tensor,
+    weight: StoredWeight,
+    groups: ExpertGroups,
+    *,
+    block_m: int | None = None,
+    splits: int | None = None,
+) -> torch.Tensor:
     """Rows of x [M, K] sorted by group, each times its own slot of the stacked weight [S, N, K]; [M, N] in x's
     dtype. Stacked NVFP4, FP8 per-tensor/per-row and dense weights run here; other formats on the reference.
     block_m/splits force a tiling (for tests)."""
@@ -571,8 +776,9 @@ def slot_linear_capturable(weight: StoredWeight) -> bool:
     return _stacked_operands(weight) is not None
 
 
-def slot_linear(x: torch.Tensor, weight: StoredWeight, slots: torch.Tensor, *, swiglu: bool = False,
-                splits: int | None = None) -> torch.Tensor:
+def slot_linear(
+    x: torch.Tensor, weight: StoredWeight, slots: torch.Tensor, *, swiglu: bool = False, splits: int | None = None
+) -> torch.Tensor:
     """Row r of x [M, K] (a zero row stride is fine) times slot slots[r] of the stacked weight [S, N, K], by the
     GEMV path, which reads `slots` (int32) on the device: nothing here reads them on the host. With swiglu, x
     is [M, 2K] of gate and up and the input silu(gate) * up (reference.slot_linear)."""

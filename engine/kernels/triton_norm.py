@@ -38,6 +38,15 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, offset: float = 
     out = torch.empty(x.shape, dtype=x.dtype, device=x.device)
     if rows.shape[0]:
         block = triton.next_power_of_2(features)
-        _rms_norm_kernel[(rows.shape[0],)](rows, weight, out, rows.stride(0), features, eps, offset, BLOCK=block,
-                                          num_warps=min(8, max(1, block // 256)))
+        _rms_norm_kernel[(rows.shape[0],)](
+            rows,
+            weight,
+            out,
+            rows.stride(0),
+            features,
+            eps,
+            offset,
+            BLOCK=block,
+            num_warps=min(8, max(1, block // 256)),
+        )
     return out

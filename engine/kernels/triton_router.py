@@ -19,8 +19,17 @@ MAX_EXPERTS = 4096
 
 
 @triton.jit
-def _router_kernel(logits_ptr, ids_ptr, weights_ptr, experts, stride, K: tl.constexpr, K_PAD: tl.constexpr,
-                   BLOCK: tl.constexpr, NORMALISE: tl.constexpr):
+def _router_kernel(
+    logits_ptr,
+    ids_ptr,
+    weights_ptr,
+    experts,
+    stride,
+    K: tl.constexpr,
+    K_PAD: tl.constexpr,
+    BLOCK: tl.constexpr,
+    NORMALISE: tl.constexpr,
+):
     row = tl.program_id(0).to(tl.int64)
     e = tl.arange(0, BLOCK)
     inside = e < experts
@@ -50,7 +59,16 @@ def router_topk(logits: torch.Tensor, top_k: int, normalise: bool) -> tuple[torc
     ids = torch.empty(tokens, top_k, dtype=torch.int64, device=logits.device)
     weights = torch.empty(tokens, top_k, dtype=torch.float32, device=logits.device)
     if tokens:
-        _router_kernel[(tokens,)](logits, ids, weights, experts, logits.stride(0), K=top_k,
-                                  K_PAD=triton.next_power_of_2(top_k), BLOCK=triton.next_power_of_2(experts),
-                                  NORMALISE=normalise, num_warps=4)
+        _router_kernel[(tokens,)](
+            logits,
+            ids,
+            weights,
+            experts,
+            logits.stride(0),
+            K=top_k,
+            K_PAD=triton.next_power_of_2(top_k),
+            BLOCK=triton.next_power_of_2(experts),
+            NORMALISE=normalise,
+            num_warps=4,
+        )
     return ids, weights

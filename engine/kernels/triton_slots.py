@@ -21,8 +21,22 @@ MAX_SLOTS = 16384  # one program's registers; bigger caches keep the host's choi
 
 
 @triton.jit
-def _assign_kernel(ids_ptr, keys_ptr, ages_ptr, clock_ptr, slots_ptr, table_ptr, counts_ptr, cpu_counts_ptr,
-                   gpu_rows_ptr, key_base, slots, K: tl.constexpr, BLOCK: tl.constexpr, SPLIT: tl.constexpr):
+def _assign_kernel(
+    ids_ptr,
+    keys_ptr,
+    ages_ptr,
+    clock_ptr,
+    slots_ptr,
+    table_ptr,
+    counts_ptr,
+    cpu_counts_ptr,
+    gpu_rows_ptr,
+    key_base,
+    slots,
+    K: tl.constexpr,
+    BLOCK: tl.constexpr,
+    SPLIT: tl.constexpr,
+):
     s = tl.arange(0, BLOCK)
     inside = s < slots
     keys = tl.load(keys_ptr + s, mask=inside, other=-2)
@@ -77,17 +91,40 @@ def assign_slots_capturable(keys: torch.Tensor) -> bool:
     return keys.numel() <= MAX_SLOTS
 
 
-def assign_slots(ids: torch.Tensor, key_base: int, keys: torch.Tensor, ages: torch.Tensor, clock: torch.Tensor,
-                 slots: torch.Tensor, table: torch.Tensor, counts: torch.Tensor, cpu_counts: torch.Tensor | None = None,
-                 gpu_rows: torch.Tensor | None = None) -> None:
+def assign_slots(
+    ids: torch.Tensor,
+    key_base: int,
+    keys: torch.Tensor,
+    ages: torch.Tensor,
+    clock: torch.Tensor,
+    slots: torch.Tensor,
+    table: torch.Tensor,
+    counts: torch.Tensor,
+    cpu_counts: torch.Tensor | None = None,
+    gpu_rows: torch.Tensor | None = None,
+) -> None:
     if not assign_slots_capturable(keys):
         reference.assign_slots(ids, key_base, keys, ages, clock, slots, table, counts, cpu_counts, gpu_rows)
         return
     split = cpu_counts is not None
     block = triton.next_power_of_2(keys.numel())
-    _assign_kernel[(1,)](ids, keys, ages, clock, slots, table, counts, cpu_counts if split else counts,
-                         gpu_rows if split else counts, key_base, keys.numel(), K=ids.numel(), BLOCK=block,
-                         SPLIT=split, num_warps=_warps(block))
+    _assign_kernel[(1,)](
+        ids,
+        keys,
+        ages,
+        clock,
+        slots,
+        table,
+        counts,
+        cpu_counts if split else counts,
+        gpu_rows if split else counts,
+        key_base,
+        keys.numel(),
+        K=ids.numel(),
+        BLOCK=block,
+        SPLIT=split,
+        num_warps=_warps(block),
+    )
 
 
 def _warps(block: int) -> int:

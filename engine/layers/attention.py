@@ -50,8 +50,8 @@ class KVCache:
             grown = max(end, 2 * self.keys.shape[0])
             self.keys = _grow(self.keys, grown)
             self.values = _grow(self.values, grown)
-        self.keys[self.length:end] = keys
-        self.values[self.length:end] = values
+        self.keys[self.length : end] = keys
+        self.values[self.length : end] = values
         self.length = end
         return self.keys[:end], self.values[:end]
 
@@ -83,8 +83,8 @@ class KVCache:
         shared = (after.keys, after.values) if after is not None else ((), ())
         if start == self.length:
             return HostRows(*shared)
-        keys = self.keys[start:self.length].to("cpu", copy=True)
-        values = self.values[start:self.length].to("cpu", copy=True)
+        keys = self.keys[start : self.length].to("cpu", copy=True)
+        values = self.values[start : self.length].to("cpu", copy=True)
         return HostRows(shared[0] + (keys,), shared[1] + (values,))
 
     def load(self, saved: HostRows) -> None:
@@ -113,13 +113,14 @@ class Attention:
         self.output_gate = c.attention_output_gate
         q_out = self.heads * self.head_dim * (2 if self.output_gate else 1)
         kv_out = self.kv_heads * self.head_dim
-        self.qkv_proj = JoinedLinear(source, [f"{prefix}.q_proj", f"{prefix}.k_proj", f"{prefix}.v_proj"],
-                                     c.hidden_size, [q_out, kv_out, kv_out])
+        self.qkv_proj = JoinedLinear(
+            source, [f"{prefix}.q_proj", f"{prefix}.k_proj", f"{prefix}.v_proj"], c.hidden_size, [q_out, kv_out, kv_out]
+        )
         self.o_proj = Linear(source, f"{prefix}.o_proj", self.heads * self.head_dim, c.hidden_size)
         self.q_norm = RMSNorm(source, f"{prefix}.q_norm.weight", self.head_dim, c.zero_centered_norms)
         self.k_norm = RMSNorm(source, f"{prefix}.k_norm.weight", self.head_dim, c.zero_centered_norms)
         self.rotary = rotary
-        self.scale = self.head_dim ** -0.5
+        self.scale = self.head_dim**-0.5
 
     def new_state(self, max_tokens: int | None, device, dtype) -> KVCache:
         return KVCache(self.kv_heads, self.head_dim, max_tokens, device, dtype)
@@ -133,8 +134,9 @@ class Attention:
         position is written and read inside the step; otherwise attention, whose length grows, runs on the
         host's side of a cut, and only the projections around it are captured."""
         q, k, v, gate = self.project(x, positions)
-        if cache.limit is not None and (not step.graphed or kernels.decode_attention_capturable(q, cache.keys,
-                                                                                               cache.values)):
+        if cache.limit is not None and (
+            not step.graphed or kernels.decode_attention_capturable(q, cache.keys, cache.values)
+        ):
             cache.write_at(positions, k, v)
             step.at_end(cache.advance)
             return self.output(kernels.decode_attention(q, cache.keys, cache.values, positions, self.scale), gate)

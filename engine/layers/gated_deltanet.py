@@ -62,10 +62,12 @@ class GatedDeltaNet:
         keys, values = self.key_heads * self.key_dim, self.value_heads * self.value_dim
         self.conv_channels = 2 * keys + values
         self.kernel_size = c.linear_conv_kernel_dim
-        self.in_proj_qkvz = JoinedLinear(source, [f"{prefix}.in_proj_qkv", f"{prefix}.in_proj_z"], c.hidden_size,
-                                         [self.conv_channels, values])
-        self.in_proj_ba = JoinedLinear(source, [f"{prefix}.in_proj_b", f"{prefix}.in_proj_a"], c.hidden_size,
-                                       [self.value_heads, self.value_heads])
+        self.in_proj_qkvz = JoinedLinear(
+            source, [f"{prefix}.in_proj_qkv", f"{prefix}.in_proj_z"], c.hidden_size, [self.conv_channels, values]
+        )
+        self.in_proj_ba = JoinedLinear(
+            source, [f"{prefix}.in_proj_b", f"{prefix}.in_proj_a"], c.hidden_size, [self.value_heads, self.value_heads]
+        )
         self.out_proj = Linear(source, f"{prefix}.out_proj", values, c.hidden_size)
         self.conv_weight = source.param(f"{prefix}.conv1d.weight", (self.conv_channels, 1, self.kernel_size))[:, 0]
         self.a_log = source.param(f"{prefix}.A_log", (self.value_heads,))
@@ -83,9 +85,23 @@ class GatedDeltaNet:
     def __call__(self, x: torch.Tensor, positions: torch.Tensor, state: DeltaNetState) -> torch.Tensor:
         qkv, z = self.in_proj_qkvz(x)
         b, a = self.in_proj_ba(x)
-        out = kernels.gated_deltanet(qkv, z, b, a, state.conv, self.conv_weight, state.recurrent, self.a_log,
-                                     self.dt_bias, self.norm_weight, self.eps, self.key_heads, self.value_heads,
-                                     self.key_dim, self.value_dim)
+        out = kernels.gated_deltanet(
+            qkv,
+            z,
+            b,
+            a,
+            state.conv,
+            self.conv_weight,
+            state.recurrent,
+            self.a_log,
+            self.dt_bias,
+            self.norm_weight,
+            self.eps,
+            self.key_heads,
+            self.value_heads,
+            self.key_dim,
+            self.value_dim,
+        )
         return self.out_proj(out)
 
     def decode_step(self, x: torch.Tensor, positions: torch.Tensor, state: DeltaNetState, step) -> torch.Tensor:

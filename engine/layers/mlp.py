@@ -11,8 +11,9 @@ from engine.layers.source import WeightSource
 
 class SwiGLU:
     def __init__(self, source: WeightSource, prefix: str, hidden: int, intermediate: int):
-        self.gate_up_proj = JoinedLinear(source, [f"{prefix}.gate_proj", f"{prefix}.up_proj"], hidden,
-                                         [intermediate, intermediate])
+        self.gate_up_proj = JoinedLinear(
+            source, [f"{prefix}.gate_proj", f"{prefix}.up_proj"], hidden, [intermediate, intermediate]
+        )
         self.down_proj = Linear(source, f"{prefix}.down_proj", intermediate, hidden)
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:

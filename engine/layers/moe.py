@@ -24,8 +24,9 @@ class SparseMoe:
         self.forced_routing = None  # an engine.experts.routing.ForcedRouting a benchmark put in the router's place
         self.shared_expert = self.shared_expert_gate = None
         if c.shared_expert_intermediate_size:
-            self.shared_expert = SwiGLU(source, f"{prefix}.shared_expert", c.hidden_size,
-                                        c.shared_expert_intermediate_size)
+            self.shared_expert = SwiGLU(
+                source, f"{prefix}.shared_expert", c.hidden_size, c.shared_expert_intermediate_size
+            )
             self.shared_expert_gate = Linear(source, f"{prefix}.shared_expert_gate", c.hidden_size, 1)
 
     def route(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

@@ -13,7 +13,7 @@ class Rotary:
     def __init__(self, rotary_dim: int, theta: float, device: torch.device):
         self.rotary_dim = rotary_dim
         exponents = torch.arange(0, rotary_dim, 2, dtype=torch.float32, device=device) / rotary_dim
-        self.inv_freq = 1.0 / (theta ** exponents)
+        self.inv_freq = 1.0 / (theta**exponents)
 
     def cos_sin(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
         freqs = positions.float()[:, None] * self.inv_freq[None, :]
@@ -22,7 +22,7 @@ class Rotary:
 
     def apply(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
         """x [T, H, D]; rotates x[..., :rotary_dim] and passes the rest through."""
-        rot, rest = x[..., : self.rotary_dim], x[..., self.rotary_dim:]
+        rot, rest = x[..., : self.rotary_dim], x[..., self.rotary_dim :]
         first, second = rot.chunk(2, dim=-1)
         rotated = rot * cos + torch.cat([-second, first], dim=-1) * sin
         return torch.cat([rotated, rest], dim=-1)

@@ -15,8 +15,12 @@ class DecodeStep:
     Run eagerly (`cut` None) every action runs where it is asked for. Under a graph runner's capture, `cut`
     ends the graph being captured at a host action and starts the next one, so replay runs the action there."""
 
-    def __init__(self, graphed: bool, cut: Callable[[HostAction], None] | None = None,
-                 queued: Callable[[HostAction], None] | None = None):
+    def __init__(
+        self,
+        graphed: bool,
+        cut: Callable[[HostAction], None] | None = None,
+        queued: Callable[[HostAction], None] | None = None,
+    ):
         self.graphed = graphed  # whether the step is meant for capture: layers then keep to capturable kernels
         self._cut, self._queued = cut, queued
         self.after: list[HostAction] = []  # host work once the step's device work is queued, every step

@@ -25,10 +25,12 @@ class DecoderLayer:
     def __init__(self, source: WeightSource, index: int, mixer, mlp):
         c = source.config
         self.index, self.mixer, self.mlp = index, mixer, mlp
-        self.input_norm = RMSNorm(source, f"layers.{index}.input_layernorm.weight", c.hidden_size,
-                                  c.zero_centered_norms)
-        self.post_attention_norm = RMSNorm(source, f"layers.{index}.post_attention_layernorm.weight",
-                                           c.hidden_size, c.zero_centered_norms)
+        self.input_norm = RMSNorm(
+            source, f"layers.{index}.input_layernorm.weight", c.hidden_size, c.zero_centered_norms
+        )
+        self.post_attention_norm = RMSNorm(
+            source, f"layers.{index}.post_attention_layernorm.weight", c.hidden_size, c.zero_centered_norms
+        )
 
     def __call__(self, x: torch.Tensor, positions: torch.Tensor, mixer_state) -> torch.Tensor:
         x = x + self.mixer(self.input_norm(x), positions, mixer_state)
@@ -66,7 +68,6 @@ class ModelState:
         for layer_state, saved in zip(self.layers, snapshot.layers):
             layer_state.restore(saved)
         self.position = snapshot.position
-
 
     def host_copy(self, after: HostState | None = None) -> HostState:
         """A full copy in host RAM (KV rows as well as recurrent states), so it stays valid while this state
@@ -117,8 +118,9 @@ class CausalLM:
         self.config: ModelConfig = c
         self.device, self.dtype = source.device, source.dtype
         self.expert_executor = executor
-        executor.prepare({layer.index: layer.mlp.experts for layer in layers if isinstance(layer.mlp, SparseMoe)},
-                         self.dtype)
+        executor.prepare(
+            {layer.index: layer.mlp.experts for layer in layers if isinstance(layer.mlp, SparseMoe)}, self.dtype
+        )
         if self.device.type == "cuda":  # hand back what loading left cached, so the plan's KV cache finds room
             torch.cuda.empty_cache()
         # The table stays in host RAM (1 GB in bf16 for a 248K vocabulary): a chunk copies up only its rows.
@@ -134,8 +136,9 @@ class CausalLM:
 
     def new_state(self, max_tokens: int | None = None) -> ModelState:
         with self._compute_stream():
-            return ModelState([layer.mixer.new_state(max_tokens, self.device, self.dtype) for layer in self.layers],
-                              max_tokens)
+            return ModelState(
+                [layer.mixer.new_state(max_tokens, self.device, self.dtype) for layer in self.layers], max_tokens
+            )
 
     @contextmanager
     def _compute_stream(self):
@@ -190,8 +193,9 @@ class CausalLM:
         """Start a planned step's host work that comes before its device work."""
         self.expert_executor.begin_decode()
 
-    def decode_step(self, embedding: torch.Tensor, positions: torch.Tensor, state: ModelState,
-                    step: DecodeStep) -> torch.Tensor:
+    def decode_step(
+        self, embedding: torch.Tensor, positions: torch.Tensor, state: ModelState, step: DecodeStep
+    ) -> torch.Tensor:
         """Float32 logits [1, vocab] of one token, `embedding` [1, H] at positions [1] (device tensors), fed to
         `state`: the one definition of a decode step, run eagerly or captured whole by a graph runner."""
         x = embedding

@@ -26,29 +26,39 @@ class Placement:
     note: str  # for the user: what runs where, and why
 
     def to_dict(self) -> dict:
-        return {"device": self.device, "dtype": str(self.dtype).removeprefix("torch."), "note": self.note,
-                "plan": self.plan.to_dict() if self.plan else None}
+        return {
+            "device": self.device,
+            "dtype": str(self.dtype).removeprefix("torch."),
+            "note": self.note,
+            "plan": self.plan.to_dict() if self.plan else None,
+        }
 
 
 def gpu_status() -> tuple[bool, str]:
     """(usable, the GPU's name or why there is none usable)."""
     if torch.version.cuda is None:
-        return False, ("this PyTorch build has no CUDA support (a CPU-only build): reinstall MoE Desk with an "
-                       "NVIDIA driver present to get the CUDA build")
+        return False, (
+            "this PyTorch build has no CUDA support (a CPU-only build): reinstall MoE Desk with an "
+            "NVIDIA driver present to get the CUDA build"
+        )
     if not torch.cuda.is_available():
         return False, "no NVIDIA GPU or driver was found (install or update the NVIDIA driver to use the GPU)"
     from engine.runtime.reserve import note_card_baseline
+
     note_card_baseline()  # the card's memory before this process's CUDA context, for measuring the reserve
     major, minor = torch.cuda.get_device_capability()
     name = torch.cuda.get_device_name()
     if (major, minor) < MIN_COMPUTE_CAPABILITY:
-        return False, (f"{name} is compute capability {major}.{minor}; MoE Desk's GPU kernels need "
-                       f"{MIN_COMPUTE_CAPABILITY[0]}.{MIN_COMPUTE_CAPABILITY[1]} (RTX 20 series) or newer")
+        return False, (
+            f"{name} is compute capability {major}.{minor}; MoE Desk's GPU kernels need "
+            f"{MIN_COMPUTE_CAPABILITY[0]}.{MIN_COMPUTE_CAPABILITY[1]} (RTX 20 series) or newer"
+        )
     return True, name
 
 
-def plan_placement(folder: str | Path, preset: str, budget_bytes: int | None = None, custom: dict | None = None,
-                   device: str = "auto") -> Placement:
+def plan_placement(
+    folder: str | Path, preset: str, budget_bytes: int | None = None, custom: dict | None = None, device: str = "auto"
+) -> Placement:
     """The placement of the checkpoint at `folder`. PlanError when the GPU is usable but no plan fits."""
     usable, status = gpu_status()
     if device == "cpu" or not usable:
@@ -59,8 +69,14 @@ def plan_placement(folder: str | Path, preset: str, budget_bytes: int | None = N
     reserve = runtime_reserve()  # before the free memory is read: a first measurement frees what it used
     if budget_bytes is None:
         budget_bytes = preset_budget_bytes(preset) or torch.cuda.mem_get_info()[0]
-    plan = plan_memory(footprint_from_checkpoint(folder), budget_bytes, preset, custom,
-                       reserve_bytes=reserve.reserve_bytes, reserve_source=reserve.source)
+    plan = plan_memory(
+        footprint_from_checkpoint(folder),
+        budget_bytes,
+        preset,
+        custom,
+        reserve_bytes=reserve.reserve_bytes,
+        reserve_source=reserve.source,
+    )
     return Placement("cuda", gpu_dtype(), plan, f"GPU mode on {status}: {plan.summary()}")
 
 
@@ -69,8 +85,20 @@ def gpu_dtype() -> torch.dtype:
     return torch.bfloat16 if torch.cuda.get_device_capability()[0] >= 8 else torch.float16
 
 
-def load_placed(folder: str | Path, placement: Placement, pin_budget_bytes: int | None = None,
-                expert_backend: str = "auto", cpu_threads: int | None = None) -> CausalLM:
+def load_placed(
+    folder: str | Path,
+    placement: Placement,
+    pin_budget_bytes: int | None = None,
+    expert_backend: str = "auto",
+    cpu_threads: int | None = None,
+) -> CausalLM:
     slots = placement.plan.expert_slots if placement.plan is not None else None
-    return load_model(folder, placement.device, placement.dtype, expert_cache_slots=slots,
-                      pin_budget_bytes=pin_budget_bytes, expert_backend=expert_backend, cpu_threads=cpu_threads)
+    return load_model(
+        folder,
+        placement.device,
+        placement.dtype,
+        expert_cache_slots=slots,
+        pin_budget_bytes=pin_budget_bytes,
+        expert_backend=expert_backend,
+        cpu_threads=cpu_threads,
+    )

@@ -49,7 +49,7 @@ from engine.kernels.reference import GDN_CHUNK
 from engine.layers.source import WeightSource
 from engine.synthetic import SYNTHETIC_MODELS
 
-KIB, MIB, GIB = 2 ** 10, 2 ** 20, 2 ** 30
+KIB, MIB, GIB = 2**10, 2**20, 2**30
 
 # ---- element sizes -------------------------------------------------------------------------
 BF16_BYTES = 2
@@ -100,8 +100,9 @@ PREFILL_CHUNK_MIN = 128  # two GDN scan blocks; smaller chunks re-stream every e
 # Beyond ~2048 tokens a chunk's GPU work on a consumer card already takes about as long as
 # streaming all routed experts over PCIe once, so bigger chunks stop speeding prefill up.
 PREFILL_CHUNK_MAX = 2048
-PREFILL_CHUNK_CHOICES = tuple(PREFILL_CHUNK_MIN * 2 ** i
-                              for i in range(int(math.log2(PREFILL_CHUNK_MAX // PREFILL_CHUNK_MIN)) + 1))
+PREFILL_CHUNK_CHOICES = tuple(
+    PREFILL_CHUNK_MIN * 2**i for i in range(int(math.log2(PREFILL_CHUNK_MAX // PREFILL_CHUNK_MIN)) + 1)
+)
 PRESETS = ("4gb", "8gb", "12gb", "auto", "custom")
 # The card each size preset is named for; the caller passes less when the card's memory is not all free.
 PRESET_BUDGET_BYTES = {"4gb": 4 * GIB, "8gb": 8 * GIB, "12gb": 12 * GIB}
@@ -135,12 +136,15 @@ def runtime_reserve_bytes(multiprocessors: int, threads_per_multiprocessor: int)
 
 DEFAULT_RUNTIME_RESERVE_BYTES = runtime_reserve_bytes(REFERENCE_MULTIPROCESSORS, REFERENCE_THREADS_PER_MULTIPROCESSOR)
 # Where a plan's reserve came from (MemoryPlan.reserve_source): engine/runtime/reserve.py measures it on a GPU.
-DEFAULT_RESERVE_SOURCE = (f"estimate for the reference card, an {REFERENCE_CARD} with {REFERENCE_MULTIPROCESSORS} SMs "
-                          f"x {REFERENCE_THREADS_PER_MULTIPROCESSOR:,} threads")
+DEFAULT_RESERVE_SOURCE = (
+    f"estimate for the reference card, an {REFERENCE_CARD} with {REFERENCE_MULTIPROCESSORS} SMs "
+    f"x {REFERENCE_THREADS_PER_MULTIPROCESSOR:,} threads"
+)
 GIVEN_RESERVE_SOURCE = "given by the caller"
 
 
 # ---- what a model needs --------------------------------------------------------------------
+
 
 @dataclass(frozen=True)
 class ModelFootprint:
@@ -194,9 +198,16 @@ class ModelFootprint:
 
     def to_dict(self) -> dict:
         fields = {k: v for k, v in asdict(self).items() if k != "config"}
-        return dict(fields, resident_bytes=self.resident_bytes, experts_per_layer=self.experts_per_layer,
-                    kv_bytes_per_token=self.kv_bytes_per_token, gdn_state_bytes=self.gdn_state_bytes,
-                    hidden_size=self.hidden_size, vocab_size=self.vocab_size, max_context=self.max_context)
+        return dict(
+            fields,
+            resident_bytes=self.resident_bytes,
+            experts_per_layer=self.experts_per_layer,
+            kv_bytes_per_token=self.kv_bytes_per_token,
+            gdn_state_bytes=self.gdn_state_bytes,
+            hidden_size=self.hidden_size,
+            vocab_size=self.vocab_size,
+            max_context=self.max_context,
+        )
 
 
 def _gdn_conv_channels(c: ModelConfig) -> int:
@@ -250,14 +261,18 @@ def footprint_of(checkpoint: Checkpoint, config: ModelConfig, folder: Path) -> M
         else:
             sizes["small"] += nbytes
     if not expert_layers:
-        raise CheckpointError(folder, "has no routed-expert weights, so it is not a mixture-of-experts checkpoint "
-                                      "the planner can place", "choose a Qwen3.5/3.6-MoE or Qwen3-MoE model")
+        raise CheckpointError(
+            folder,
+            "has no routed-expert weights, so it is not a mixture-of-experts checkpoint the planner can place",
+            "choose a Qwen3.5/3.6-MoE or Qwen3-MoE model",
+        )
     if config.tie_word_embeddings and not sizes["lm_head"]:  # the head is the embedding table, then resident too
         sizes["lm_head"] = sizes["embedding"]
     largest = max(expert_layers, key=expert_layers.get)
     record_bytes = expert_record_bytes(checkpoint, config, largest)
     return ModelFootprint(
-        name=folder.name, config=config,
+        name=folder.name,
+        config=config,
         projection_bytes=sizes["projection"],
         shared_mlp_bytes=sizes["shared"],
         small_bytes=sizes["small"],
@@ -273,12 +288,14 @@ def expert_record_bytes(checkpoint: Checkpoint, config: ModelConfig, layer: int)
     """Bytes of one cache slot: the record the runtime packs an expert of `layer` into (engine/experts/packed.py),
     which joins gate and up and keeps a global scale per row, so it is larger than the expert's stored bytes."""
     source = WeightSource(checkpoint.headers_only(), config, torch.device("meta"), torch.float32)
-    bank = ExpertBank(source, f"layers.{layer}.mlp.experts", config.num_experts, config.hidden_size,
-                      config.moe_intermediate_size)
+    bank = ExpertBank(
+        source, f"layers.{layer}.mlp.experts", config.num_experts, config.hidden_size, config.moe_intermediate_size
+    )
     return RecordLayout.of(expert_matrices(bank, 0)).record_bytes
 
 
 # ---- prefill workspace ---------------------------------------------------------------------
+
 
 def prefill_workspace(config: ModelConfig, chunk_tokens: int) -> dict[str, int]:
     """Temporary GPU bytes of one prefill chunk, by term; "total" is what a plan budgets.
@@ -297,13 +314,15 @@ def prefill_workspace(config: ModelConfig, chunk_tokens: int) -> dict[str, int]:
 def _gdn_workspace(c: ModelConfig, tokens: int) -> int:
     heads, key_dim, value_dim = c.linear_num_value_heads, c.linear_key_head_dim, c.linear_value_head_dim
     conv, values = _gdn_conv_channels(c), heads * value_dim
-    per_token = ((conv + values) * ACTIVATION_BYTES  # in_proj_qkv and in_proj_z outputs
-                 + 2 * heads * ACCUMULATOR_BYTES  # beta and decay from in_proj_b and in_proj_a
-                 + conv * ACTIVATION_BYTES  # causal conv output
-                 + (2 * heads * key_dim + heads * value_dim) * ACCUMULATOR_BYTES  # q, k (per value head), v
-                 + (heads * key_dim + 3 * heads * value_dim) * ACCUMULATOR_BYTES  # scan's w, u, new v, output
-                 + heads * (GDN_SCAN_CHUNK + 1) * ACCUMULATOR_BYTES  # intra-block matrix and cumulative decay
-                 + values * ACTIVATION_BYTES)  # gated RMSNorm output, input of out_proj
+    per_token = (
+        (conv + values) * ACTIVATION_BYTES  # in_proj_qkv and in_proj_z outputs
+        + 2 * heads * ACCUMULATOR_BYTES  # beta and decay from in_proj_b and in_proj_a
+        + conv * ACTIVATION_BYTES  # causal conv output
+        + (2 * heads * key_dim + heads * value_dim) * ACCUMULATOR_BYTES  # q, k (per value head), v
+        + (heads * key_dim + 3 * heads * value_dim) * ACCUMULATOR_BYTES  # scan's w, u, new v, output
+        + heads * (GDN_SCAN_CHUNK + 1) * ACCUMULATOR_BYTES  # intra-block matrix and cumulative decay
+        + values * ACTIVATION_BYTES
+    )  # gated RMSNorm output, input of out_proj
     block_states = math.ceil(tokens / GDN_SCAN_CHUNK) * heads * key_dim * value_dim * ACCUMULATOR_BYTES
     return tokens * per_token + block_states
 
@@ -312,29 +331,36 @@ def _attention_workspace(c: ModelConfig, tokens: int) -> int:
     heads = c.num_attention_heads
     q_width, kv_width = heads * c.head_dim, c.num_key_value_heads * c.head_dim
     gate_width = q_width if c.attention_output_gate else 0
-    per_token = ((q_width + gate_width + 2 * kv_width) * ACTIVATION_BYTES  # projection outputs
-                 + (q_width + kv_width) * ACTIVATION_BYTES  # q and k after norm and RoPE
-                 + (q_width + 2 * heads) * ACCUMULATOR_BYTES  # online-softmax output, running max and sum
-                 + q_width * ACTIVATION_BYTES)  # (gated) output, input of o_proj
+    per_token = (
+        (q_width + gate_width + 2 * kv_width) * ACTIVATION_BYTES  # projection outputs
+        + (q_width + kv_width) * ACTIVATION_BYTES  # q and k after norm and RoPE
+        + (q_width + 2 * heads) * ACCUMULATOR_BYTES  # online-softmax output, running max and sum
+        + q_width * ACTIVATION_BYTES
+    )  # (gated) output, input of o_proj
     query_block = min(tokens, ATTENTION_QUERY_BLOCK)
-    block_pair = (2 * query_block * heads * ATTENTION_KEY_BLOCK * ACCUMULATOR_BYTES  # scores and probabilities
-                  + 2 * ATTENTION_KEY_BLOCK * heads * c.head_dim * ACTIVATION_BYTES)  # K, V repeated to query heads
+    block_pair = (
+        2 * query_block * heads * ATTENTION_KEY_BLOCK * ACCUMULATOR_BYTES  # scores and probabilities
+        + 2 * ATTENTION_KEY_BLOCK * heads * c.head_dim * ACTIVATION_BYTES
+    )  # K, V repeated to query heads
     return tokens * per_token + block_pair
 
 
 def _moe_workspace(c: ModelConfig, tokens: int) -> int:
     top_k, intermediate, hidden = c.num_experts_per_tok, c.moe_intermediate_size, c.hidden_size
     always_on = max(c.shared_expert_intermediate_size, c.intermediate_size if c.dense_mlp_layers else 0)
-    per_token = (2 * c.num_experts * ACCUMULATOR_BYTES  # router logits and probabilities
-                 + top_k * (INT64_BYTES + ACCUMULATOR_BYTES)  # chosen expert ids and weights
-                 + top_k * hidden * ACTIVATION_BYTES  # tokens gathered per expert
-                 + top_k * 3 * intermediate * ACTIVATION_BYTES  # gate/up outputs and the activated product
-                 + (top_k + 1) * hidden * ACCUMULATOR_BYTES  # expert outputs and their weighted sum
-                 + (3 * always_on + hidden) * ACTIVATION_BYTES)  # shared expert: gate/up, product, output
+    per_token = (
+        2 * c.num_experts * ACCUMULATOR_BYTES  # router logits and probabilities
+        + top_k * (INT64_BYTES + ACCUMULATOR_BYTES)  # chosen expert ids and weights
+        + top_k * hidden * ACTIVATION_BYTES  # tokens gathered per expert
+        + top_k * 3 * intermediate * ACTIVATION_BYTES  # gate/up outputs and the activated product
+        + (top_k + 1) * hidden * ACCUMULATOR_BYTES  # expert outputs and their weighted sum
+        + (3 * always_on + hidden) * ACTIVATION_BYTES
+    )  # shared expert: gate/up, product, output
     return tokens * per_token
 
 
 # ---- plans ---------------------------------------------------------------------------------
+
 
 @dataclass(frozen=True)
 class MemoryPlan:
@@ -363,15 +389,21 @@ class MemoryPlan:
         return self.budget_bytes - self.breakdown["total"]
 
     def to_dict(self) -> dict:
-        return dict(asdict(self), headroom_bytes=self.headroom_bytes, reply_reserve_tokens=REPLY_RESERVE_TOKENS,
-                    reserve_measured=self.reserve_measured)
+        return dict(
+            asdict(self),
+            headroom_bytes=self.headroom_bytes,
+            reply_reserve_tokens=REPLY_RESERVE_TOKENS,
+            reserve_measured=self.reserve_measured,
+        )
 
     def summary(self) -> str:
-        return (f"{self.model} {self.preset}: {_layers(self.expert_cache_layers)} of experts "
-                f"({self.expert_slots:,} slots), overlap {'on' if self.prefill_overlap else 'off'}, "
-                f"chunk {self.prefill_chunk_tokens}, "
-                f"KV {self.kv_tokens:,} tokens, prompts up to {self.max_prompt_tokens:,} tokens; "
-                f"{_gib(self.breakdown['total'])} of {_gib(self.budget_bytes)}; runtime reserve {self.reserve_source}")
+        return (
+            f"{self.model} {self.preset}: {_layers(self.expert_cache_layers)} of experts "
+            f"({self.expert_slots:,} slots), overlap {'on' if self.prefill_overlap else 'off'}, "
+            f"chunk {self.prefill_chunk_tokens}, "
+            f"KV {self.kv_tokens:,} tokens, prompts up to {self.max_prompt_tokens:,} tokens; "
+            f"{_gib(self.breakdown['total'])} of {_gib(self.budget_bytes)}; runtime reserve {self.reserve_source}"
+        )
 
     def format_table(self) -> str:
         policy = f" (rules of {self.policy})" if self.policy != self.preset else ""
@@ -387,8 +419,7 @@ class MemoryPlan:
         for key, label in BREAKDOWN_LABELS.items():
             source = f"   ({self.reserve_source})" if key == "runtime_reserve" else ""
             lines.append(f"  {label:<18} {_size(self.breakdown[key]):>10}{source}")
-        lines.append(f"  {'total':<18} {_size(self.breakdown['total']):>10}   "
-                     f"(headroom {_size(self.headroom_bytes)})")
+        lines.append(f"  {'total':<18} {_size(self.breakdown['total']):>10}   (headroom {_size(self.headroom_bytes)})")
         return "\n".join(lines)
 
 
@@ -408,8 +439,15 @@ RULES = {
 }
 
 
-def plan_memory(footprint: ModelFootprint, budget_bytes: int, preset: str, custom: dict | None = None, *,
-                reserve_bytes: int = DEFAULT_RUNTIME_RESERVE_BYTES, reserve_source: str | None = None) -> MemoryPlan:
+def plan_memory(
+    footprint: ModelFootprint,
+    budget_bytes: int,
+    preset: str,
+    custom: dict | None = None,
+    *,
+    reserve_bytes: int = DEFAULT_RUNTIME_RESERVE_BYTES,
+    reserve_source: str | None = None,
+) -> MemoryPlan:
     """A plan that fits budget_bytes, or PlanError saying what is needed, what is there and what to change.
 
     preset: "4gb" one layer of expert slots, no overlap; "8gb" two layers with overlap;
@@ -425,11 +463,13 @@ def plan_memory(footprint: ModelFootprint, budget_bytes: int, preset: str, custo
     if isinstance(budget_bytes, bool) or not isinstance(budget_bytes, int) or budget_bytes <= 0:
         raise PlanError(f"the VRAM budget must be a positive number of bytes, not {budget_bytes!r}")
     if (custom is not None) != (preset == "custom"):
-        raise PlanError("custom values go with the custom preset, and the custom preset needs them: "
-                        f"give {', '.join(CUSTOM_KEYS)}")
+        raise PlanError(
+            f"custom values go with the custom preset, and the custom preset needs them: give {', '.join(CUSTOM_KEYS)}"
+        )
     if reserve_source is None:
-        reserve_source = DEFAULT_RESERVE_SOURCE if reserve_bytes == DEFAULT_RUNTIME_RESERVE_BYTES \
-            else GIVEN_RESERVE_SOURCE
+        reserve_source = (
+            DEFAULT_RESERVE_SOURCE if reserve_bytes == DEFAULT_RUNTIME_RESERVE_BYTES else GIVEN_RESERVE_SOURCE
+        )
     if preset == "custom":
         plan = _custom_plan(footprint, budget_bytes, custom, reserve_bytes)
     else:
@@ -462,8 +502,11 @@ def _auto_policy(footprint: ModelFootprint, budget: int, reserve_bytes: int) -> 
     target and the largest chunk; below that one layer leaves the memory to a bigger chunk,
     which speeds prefill far more than a second layer of slots would.
     """
-    needed = (_fixed_bytes(footprint, OVERLAP_MIN_LAYERS, reserve_bytes) + _workspace(footprint, PREFILL_CHUNK_MAX)
-              + _kv_target(footprint) * footprint.kv_bytes_per_token)
+    needed = (
+        _fixed_bytes(footprint, OVERLAP_MIN_LAYERS, reserve_bytes)
+        + _workspace(footprint, PREFILL_CHUNK_MAX)
+        + _kv_target(footprint) * footprint.kv_bytes_per_token
+    )
     return "12gb" if needed <= budget else "4gb"
 
 
@@ -496,16 +539,34 @@ def _preset_plan(footprint: ModelFootprint, budget: int, preset: str, policy: st
             if layers < footprint.moe_layers:  # less than a layer left over: headroom, so KV stays monotonic
                 spare = 0
         kv_tokens = kv_target + _whole_blocks(spare // per_token)
-    return _plan(footprint, budget, preset, policy, layers, rule.overlap, chunk,
-                 min(kv_tokens, footprint.max_context), reserve_bytes)
+    return _plan(
+        footprint,
+        budget,
+        preset,
+        policy,
+        layers,
+        rule.overlap,
+        chunk,
+        min(kv_tokens, footprint.max_context),
+        reserve_bytes,
+    )
 
 
 def _whole_blocks(tokens: int) -> int:
     return tokens // KV_TOKEN_GRANULE * KV_TOKEN_GRANULE
 
 
-def _plan(footprint: ModelFootprint, budget: int, preset: str, policy: str, layers: int, overlap: bool,
-          chunk: int, kv_tokens: int, reserve_bytes: int) -> MemoryPlan:
+def _plan(
+    footprint: ModelFootprint,
+    budget: int,
+    preset: str,
+    policy: str,
+    layers: int,
+    overlap: bool,
+    chunk: int,
+    kv_tokens: int,
+    reserve_bytes: int,
+) -> MemoryPlan:
     breakdown = {
         "resident_weights": footprint.resident_bytes,
         "expert_cache": layers * footprint.expert_layer_bytes,
@@ -516,9 +577,15 @@ def _plan(footprint: ModelFootprint, budget: int, preset: str, policy: str, laye
     }
     breakdown["total"] = sum(breakdown.values())
     return MemoryPlan(
-        model=footprint.name, preset=preset, policy=policy, budget_bytes=budget,
-        expert_cache_layers=layers, expert_slots=layers * footprint.experts_per_layer,
-        prefill_overlap=overlap, prefill_chunk_tokens=chunk, kv_tokens=kv_tokens,
+        model=footprint.name,
+        preset=preset,
+        policy=policy,
+        budget_bytes=budget,
+        expert_cache_layers=layers,
+        expert_slots=layers * footprint.experts_per_layer,
+        prefill_overlap=overlap,
+        prefill_chunk_tokens=chunk,
+        kv_tokens=kv_tokens,
         max_prompt_tokens=min(kv_tokens, footprint.max_context) - REPLY_RESERVE_TOKENS,
         breakdown=breakdown,
     )
@@ -528,22 +595,32 @@ def _custom_plan(footprint: ModelFootprint, budget: int, custom: dict, reserve_b
     missing = [k for k in CUSTOM_KEYS if k not in custom]
     unknown = sorted(set(custom) - set(CUSTOM_KEYS))
     if missing or unknown:
-        raise PlanError(f"a custom plan takes exactly {', '.join(CUSTOM_KEYS)}"
-                        + (f"; missing {', '.join(missing)}" if missing else "")
-                        + (f"; unknown {', '.join(unknown)}" if unknown else ""))
-    layers = _whole_number(custom, "expert_cache_layers", 1, footprint.moe_layers,
-                           f"the model has {footprint.moe_layers} MoE layers")
+        raise PlanError(
+            f"a custom plan takes exactly {', '.join(CUSTOM_KEYS)}"
+            + (f"; missing {', '.join(missing)}" if missing else "")
+            + (f"; unknown {', '.join(unknown)}" if unknown else "")
+        )
+    layers = _whole_number(
+        custom, "expert_cache_layers", 1, footprint.moe_layers, f"the model has {footprint.moe_layers} MoE layers"
+    )
     chunk = _whole_number(custom, "prefill_chunk_tokens", 1, None, "")
-    kv_tokens = _whole_number(custom, "kv_tokens", REPLY_RESERVE_TOKENS + 1, footprint.max_context,
-                              f"a prompt needs room beside the {REPLY_RESERVE_TOKENS}-token reply reserve, "
-                              f"and the model reads at most {footprint.max_context:,} positions")
+    kv_tokens = _whole_number(
+        custom,
+        "kv_tokens",
+        REPLY_RESERVE_TOKENS + 1,
+        footprint.max_context,
+        f"a prompt needs room beside the {REPLY_RESERVE_TOKENS}-token reply reserve, "
+        f"and the model reads at most {footprint.max_context:,} positions",
+    )
     overlap = custom["prefill_overlap"]
     if not isinstance(overlap, bool):
         raise PlanError(f"prefill_overlap must be true or false, not {overlap!r}")
     if overlap and layers < OVERLAP_MIN_LAYERS:
-        raise PlanError(f"prefill overlap streams layer i+1 into a second layer of slots while layer i computes, "
-                        f"so it needs at least {OVERLAP_MIN_LAYERS} expert-cache layers; this plan has {layers}: "
-                        f"set expert_cache_layers to {OVERLAP_MIN_LAYERS} or more, or prefill_overlap to false")
+        raise PlanError(
+            f"prefill overlap streams layer i+1 into a second layer of slots while layer i computes, "
+            f"so it needs at least {OVERLAP_MIN_LAYERS} expert-cache layers; this plan has {layers}: "
+            f"set expert_cache_layers to {OVERLAP_MIN_LAYERS} or more, or prefill_overlap to false"
+        )
     plan = _plan(footprint, budget, "custom", "custom", layers, overlap, chunk, kv_tokens, reserve_bytes)
     if plan.headroom_bytes < 0:
         raise PlanError(_custom_over_budget(footprint, plan))
@@ -560,6 +637,7 @@ def _whole_number(custom: dict, key: str, low: int, high: int | None, why: str) 
 
 # ---- messages ------------------------------------------------------------------------------
 
+
 def _layers(n: int) -> str:
     return f"{n} layer" if n == 1 else f"{n} layers"
 
@@ -572,21 +650,30 @@ def _size(n: int) -> str:
     return _gib(n) if abs(n) >= GIB else f"{n / MIB:.1f} MiB"
 
 
-def _does_not_fit(footprint: ModelFootprint, budget: int, preset: str, layers: int, reserve_bytes: int,
-                  min_kv: int) -> str:
+def _does_not_fit(
+    footprint: ModelFootprint, budget: int, preset: str, layers: int, reserve_bytes: int, min_kv: int
+) -> str:
     workspace = _workspace(footprint, PREFILL_CHUNK_MIN)
     kv = min_kv * footprint.kv_bytes_per_token
     needed = _fixed_bytes(footprint, layers, reserve_bytes) + workspace + kv
-    hint = ("try the 4gb preset (one cache layer, no overlap) or free GPU memory" if layers > 1 else
-            "free GPU memory, use a card with more, or a more compact build of this model")
-    parts = {"resident weights": footprint.resident_bytes,
-             f"expert cache of {_layers(layers)}": layers * footprint.expert_layer_bytes,
-             "GDN state": footprint.gdn_state_bytes, "runtime reserve": reserve_bytes,
-             f"prefill workspace for {PREFILL_CHUNK_MIN}-token chunks": workspace,
-             f"KV cache for {min_kv:,} tokens": kv}
+    hint = (
+        "try the 4gb preset (one cache layer, no overlap) or free GPU memory"
+        if layers > 1
+        else "free GPU memory, use a card with more, or a more compact build of this model"
+    )
+    parts = {
+        "resident weights": footprint.resident_bytes,
+        f"expert cache of {_layers(layers)}": layers * footprint.expert_layer_bytes,
+        "GDN state": footprint.gdn_state_bytes,
+        "runtime reserve": reserve_bytes,
+        f"prefill workspace for {PREFILL_CHUNK_MIN}-token chunks": workspace,
+        f"KV cache for {min_kv:,} tokens": kv,
+    }
     listed = ", ".join(f"{label} {_size(n)}" for label, n in parts.items() if n)
-    return (f"{footprint.name} does not fit {_gib(budget)} with the {preset} preset: it needs at least "
-            f"{_gib(needed)} ({listed}), {_size(needed - budget)} more than the budget; {hint}")
+    return (
+        f"{footprint.name} does not fit {_gib(budget)} with the {preset} preset: it needs at least "
+        f"{_gib(needed)} ({listed}), {_size(needed - budget)} more than the budget; {hint}"
+    )
 
 
 def _custom_over_budget(footprint: ModelFootprint, plan: MemoryPlan) -> str:
@@ -600,10 +687,15 @@ def _custom_over_budget(footprint: ModelFootprint, plan: MemoryPlan) -> str:
     layers_fit = plan.expert_cache_layers - math.ceil(over / footprint.expert_layer_bytes)
     if layers_fit >= fewest_layers:
         fixes.append(f"lower expert_cache_layers to at most {layers_fit}")
-    smaller_chunks = [c for c in PREFILL_CHUNK_CHOICES if c < plan.prefill_chunk_tokens
-                      and plan.breakdown["prefill_workspace"] - _workspace(footprint, c) >= over]
+    smaller_chunks = [
+        c
+        for c in PREFILL_CHUNK_CHOICES
+        if c < plan.prefill_chunk_tokens and plan.breakdown["prefill_workspace"] - _workspace(footprint, c) >= over
+    ]
     if smaller_chunks:
         fixes.append(f"lower prefill_chunk_tokens to at most {smaller_chunks[-1]:,}")
     advice = " or ".join(fixes) if fixes else "no single setting fits this budget: change several, or free GPU memory"
-    return (f"the custom plan for {footprint.name} needs {_gib(plan.breakdown['total'])} but the budget is "
-            f"{_gib(plan.budget_bytes)} ({_size(over)} over): {parts}; {advice}")
+    return (
+        f"the custom plan for {footprint.name} needs {_gib(plan.breakdown['total'])} but the budget is "
+        f"{_gib(plan.budget_bytes)} ({_size(over)} over): {parts}; {advice}"
+    )

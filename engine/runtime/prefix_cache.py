@@ -62,14 +62,18 @@ class PrefixCache:
         no entry is a prefix."""
         ids = tuple(ids)
         with self._lock:
-            best = max((entry for key, entry in self._entries.items()
-                        if len(key) <= len(ids) and ids[:len(key)] == key), key=lambda e: len(e.ids), default=None)
+            best = max(
+                (entry for key, entry in self._entries.items() if len(key) <= len(ids) and ids[: len(key)] == key),
+                key=lambda e: len(e.ids),
+                default=None,
+            )
             if best is not None:
                 self._entries.move_to_end(best.ids)
             return best
 
-    def store(self, ids: Sequence[int], state: ModelState, logits: torch.Tensor,
-              after: CachedPrefix | None = None) -> CachedPrefix | None:
+    def store(
+        self, ids: Sequence[int], state: ModelState, logits: torch.Tensor, after: CachedPrefix | None = None
+    ) -> CachedPrefix | None:
         """Keep a host copy of `state`, which holds `ids`, evicting the least recently used entries to stay
         within the size; `after`: the entry `state` was restored from or an entry stored from it since, whose
         KV blocks the copy shares. An entry already held for `ids` is kept as it is (marked as just used).
@@ -77,15 +81,18 @@ class PrefixCache:
         ids = tuple(ids)
         if not ids:
             return None
-        if after is not None and ids[:len(after.ids)] != after.ids:
+        if after is not None and ids[: len(after.ids)] != after.ids:
             raise ValueError("a cached state can only share the blocks of an entry whose ids begin its own")
         with self._lock:
             held = self._entries.get(ids)
             if held is not None:
                 self._entries.move_to_end(ids)
                 return held
-        entry = CachedPrefix(ids, state.host_copy(after.state if after is not None else None),
-                             logits.detach().to("cpu", torch.float32, copy=True))
+        entry = CachedPrefix(
+            ids,
+            state.host_copy(after.state if after is not None else None),
+            logits.detach().to("cpu", torch.float32, copy=True),
+        )
         with self._lock:
             if self._alone_bytes(entry) > self.max_bytes:
                 return None

@@ -28,8 +28,13 @@ from pathlib import Path
 
 import torch
 
-from engine.runtime.planner import (DECODE_GRAPH_EXEC_BYTES, DEFAULT_RESERVE_SOURCE, DEFAULT_RUNTIME_RESERVE_BYTES,
-                                    MIB, RESERVE_INSIDE_ALLOCATOR_BYTES)
+from engine.runtime.planner import (
+    DECODE_GRAPH_EXEC_BYTES,
+    DEFAULT_RESERVE_SOURCE,
+    DEFAULT_RUNTIME_RESERVE_BYTES,
+    MIB,
+    RESERVE_INSIDE_ALLOCATOR_BYTES,
+)
 
 RESERVE_VERSION = 1  # bump when what is measured changes: older entries are then measured again
 RESERVE_FILE_NAME = "runtime_reserve.json"
@@ -70,14 +75,26 @@ def measured_reserve(outside_bytes: int, gpu: str, others_included: bool) -> Run
     model shows (a full-size model's extra kernels and its decode graphs, the allocator's slack and graph pool)."""
     outside = outside_bytes + FULL_MODEL_KERNELS_BYTES + DECODE_GRAPH_EXEC_BYTES
     source = f"measured on {gpu}" + (", other programs' GPU memory included" if others_included else "")
-    return RuntimeReserve(outside + RESERVE_INSIDE_ALLOCATOR_BYTES, outside, source, measured=True, gpu=gpu,
-                          measured_outside_bytes=outside_bytes, others_included=others_included)
+    return RuntimeReserve(
+        outside + RESERVE_INSIDE_ALLOCATOR_BYTES,
+        outside,
+        source,
+        measured=True,
+        gpu=gpu,
+        measured_outside_bytes=outside_bytes,
+        others_included=others_included,
+    )
 
 
 def reference_estimate() -> RuntimeReserve:
     """The planner's default reserve, for the reference card: what a plan made without a GPU uses."""
-    return RuntimeReserve(DEFAULT_RUNTIME_RESERVE_BYTES, DEFAULT_RUNTIME_RESERVE_BYTES - RESERVE_INSIDE_ALLOCATOR_BYTES,
-                          DEFAULT_RESERVE_SOURCE, measured=False, gpu=None)
+    return RuntimeReserve(
+        DEFAULT_RUNTIME_RESERVE_BYTES,
+        DEFAULT_RUNTIME_RESERVE_BYTES - RESERVE_INSIDE_ALLOCATOR_BYTES,
+        DEFAULT_RESERVE_SOURCE,
+        measured=False,
+        gpu=None,
+    )
 
 
 def formula_estimate(device: torch.device, why: str) -> RuntimeReserve:
@@ -85,14 +102,19 @@ def formula_estimate(device: torch.device, why: str) -> RuntimeReserve:
     from engine.runtime.vram import gpu_runtime_reserve_bytes
 
     reserve, props = gpu_runtime_reserve_bytes(device), torch.cuda.get_device_properties(device)
-    return RuntimeReserve(reserve, reserve - RESERVE_INSIDE_ALLOCATOR_BYTES,
-                          f"estimate for {props.name} from its {props.multi_processor_count} SMs, not measured: {why}",
-                          measured=False, gpu=props.name)
+    return RuntimeReserve(
+        reserve,
+        reserve - RESERVE_INSIDE_ALLOCATOR_BYTES,
+        f"estimate for {props.name} from its {props.multi_processor_count} SMs, not measured: {why}",
+        measured=False,
+        gpu=props.name,
+    )
 
 
 def reserve_file() -> Path:
     """runtime_reserve.json, beside calibration.json in the user's data folder."""
     from engine.paths import calibration_file
+
     return calibration_file().parent / RESERVE_FILE_NAME
 
 
@@ -100,6 +122,7 @@ def _driver_version() -> str:
     """The NVIDIA driver's version from NVML, else the CUDA version the driver supports."""
     try:
         import pynvml
+
         pynvml.nvmlInit()
         try:
             version = pynvml.nvmlSystemGetDriverVersion()
@@ -113,14 +136,17 @@ def _driver_version() -> str:
 
 def reserve_key(device: torch.device) -> str:
     """What a cached measurement holds for: the GPU, the driver, CUDA and torch (each can move the context's size)."""
-    return (f"v{RESERVE_VERSION}|{torch.cuda.get_device_name(device)}|driver {_driver_version()}|"
-            f"cuda {torch.version.cuda}|torch {torch.__version__}")
+    return (
+        f"v{RESERVE_VERSION}|{torch.cuda.get_device_name(device)}|driver {_driver_version()}|"
+        f"cuda {torch.version.cuda}|torch {torch.__version__}"
+    )
 
 
 def _nvml_used_by_uuid() -> dict[str, int] | None:
     """Memory in use on each GPU by its UUID, from NVML (which needs no CUDA context); None without NVML."""
     try:
         import pynvml
+
         pynvml.nvmlInit()
     except Exception:  # not installed, or the driver has no NVML library
         return None
@@ -129,8 +155,9 @@ def _nvml_used_by_uuid() -> dict[str, int] | None:
         for index in range(pynvml.nvmlDeviceGetCount()):
             handle = pynvml.nvmlDeviceGetHandleByIndex(index)
             uuid = pynvml.nvmlDeviceGetUUID(handle)
-            used[_plain_uuid(uuid.decode() if isinstance(uuid, bytes) else uuid)] = \
-                int(pynvml.nvmlDeviceGetMemoryInfo(handle).used)
+            used[_plain_uuid(uuid.decode() if isinstance(uuid, bytes) else uuid)] = int(
+                pynvml.nvmlDeviceGetMemoryInfo(handle).used
+            )
         return used
     except Exception:  # a device NVML cannot read (e.g. a MIG slice): no baseline
         return None
@@ -188,12 +215,16 @@ def run_tiny_model(device: torch.device) -> None:
 def model_slots(folder: Path) -> int:
     """One layer of expert-cache slots, as the 4gb plan gives a model."""
     from engine.config import read_config
+
     return read_config(folder).num_experts
 
 
-def measure_runtime_reserve(device: torch.device, baseline: dict[str, int] | None,
-                            work: Callable[[torch.device], None] = run_tiny_model,
-                            sleep: Callable[[float], None] = time.sleep) -> RuntimeReserve:
+def measure_runtime_reserve(
+    device: torch.device,
+    baseline: dict[str, int] | None,
+    work: Callable[[torch.device], None] = run_tiny_model,
+    sleep: Callable[[float], None] = time.sleep,
+) -> RuntimeReserve:
     """Run `work` on `device`, drop it, and read what the process holds outside the allocator; add the parts the
     planner budgets beyond it. `baseline`: card_baseline(), taken before CUDA started. ReserveMeasurementError
     when the reading cannot be right."""
@@ -210,16 +241,23 @@ def measure_runtime_reserve(device: torch.device, baseline: dict[str, int] | Non
         readings.append(_outside_reading(device, baseline_used))
     torch.cuda.reset_peak_memory_stats(device)  # the measurement's own tensors are no part of a later peak
     if max(readings) - min(readings) > READING_TOLERANCE_BYTES:
-        raise ReserveMeasurementError(f"the GPU's memory in use moved by {_mib(max(readings) - min(readings))} "
-                                      f"while it was read: another program is using {props.name}")
+        raise ReserveMeasurementError(
+            f"the GPU's memory in use moved by {_mib(max(readings) - min(readings))} "
+            f"while it was read: another program is using {props.name}"
+        )
     outside = max(readings)
     highest = _highest_plausible(device)
     if not MIN_PLAUSIBLE_OUTSIDE_BYTES <= outside <= highest:
         raise ReserveMeasurementError(
             f"the reading, {_mib(outside)} outside PyTorch's allocator, cannot be this process's alone (plausible: "
             f"{_mib(MIN_PLAUSIBLE_OUTSIDE_BYTES)} to {_mib(highest)})"
-            + ("" if baseline_used is not None else "; other programs' GPU memory was counted in, since NVML could "
-                                                     "not read the card before CUDA started"))
+            + (
+                ""
+                if baseline_used is not None
+                else "; other programs' GPU memory was counted in, since NVML could "
+                "not read the card before CUDA started"
+            )
+        )
     return measured_reserve(outside, props.name, others_included=baseline_used is None)
 
 

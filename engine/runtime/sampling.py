@@ -55,10 +55,18 @@ class SamplingParams:
             ("presence_penalty", self.presence_penalty, -2 <= self.presence_penalty <= 2, "in [-2, 2]"),
             ("frequency_penalty", self.frequency_penalty, -2 <= self.frequency_penalty <= 2, "in [-2, 2]"),
             ("max_new_tokens", self.max_new_tokens, self.max_new_tokens >= 1, ">= 1"),
-            ("stop", self.stop, not isinstance(self.stop, str) and all(isinstance(s, str) and s for s in self.stop),
-             "a sequence of non-empty strings"),
-            ("seed", self.seed, self.seed is None or isinstance(self.seed, int) and 0 <= self.seed <= MAX_SEED,
-             f"a whole number from 0 to {MAX_SEED}"),
+            (
+                "stop",
+                self.stop,
+                not isinstance(self.stop, str) and all(isinstance(s, str) and s for s in self.stop),
+                "a sequence of non-empty strings",
+            ),
+            (
+                "seed",
+                self.seed,
+                self.seed is None or isinstance(self.seed, int) and 0 <= self.seed <= MAX_SEED,
+                f"a whole number from 0 to {MAX_SEED}",
+            ),
         ]
         for name, value, ok, allowed in checks:
             if not ok:  # written as "not ok" so NaN fails every range
@@ -67,8 +75,11 @@ class SamplingParams:
     @classmethod
     def from_generation_config(cls, config: dict, **overrides) -> SamplingParams:
         """Defaults from a Hugging Face generation_config.json dict; overrides that are not None win."""
-        values = {key: _typed(key, config[key], kind) for key, kind in _GENERATION_CONFIG_KEYS.items()
-                  if config.get(key) is not None}
+        values = {
+            key: _typed(key, config[key], kind)
+            for key, kind in _GENERATION_CONFIG_KEYS.items()
+            if config.get(key) is not None
+        }
         if config.get("do_sample") is False:
             values["temperature"] = 0.0  # Hugging Face's switch for greedy decoding
         values.update({key: value for key, value in overrides.items() if value is not None})

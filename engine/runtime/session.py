@@ -54,10 +54,19 @@ class _Boundary:
 
 
 class ChatSession:
-    def __init__(self, model: CausalLM, tokenizer: ChatTokenizer, *, context_tokens: int,
-                 sampling: SamplingParams | None = None, system_prompt: str | None = None,
-                 enable_thinking: bool = True, prefill_chunk_tokens: int = DEFAULT_PREFILL_CHUNK_TOKENS,
-                 max_snapshots: int = DEFAULT_MAX_SNAPSHOTS, context_advice: str = ""):
+    def __init__(
+        self,
+        model: CausalLM,
+        tokenizer: ChatTokenizer,
+        *,
+        context_tokens: int,
+        sampling: SamplingParams | None = None,
+        system_prompt: str | None = None,
+        enable_thinking: bool = True,
+        prefill_chunk_tokens: int = DEFAULT_PREFILL_CHUNK_TOKENS,
+        max_snapshots: int = DEFAULT_MAX_SNAPSHOTS,
+        context_advice: str = "",
+    ):
         """context_advice: what makes the context larger, where something can (the overflow message says it)."""
         self.model, self.tokenizer = model, tokenizer
         self.context_tokens = context_tokens
@@ -134,8 +143,14 @@ class ChatSession:
     def can_resume(self) -> bool:
         """Whether the state ends inside the last reply as generated, cut before its end (length limit or Stop)."""
         cut = self._cut_reply
-        return (not self._holds_request and bool(self.messages) and bool(self._pending) and cut is not None
-                and cut.message is self.messages[-1] and self._synced == len(self.messages))
+        return (
+            not self._holds_request
+            and bool(self.messages)
+            and bool(self._pending)
+            and cut is not None
+            and cut.message is self.messages[-1]
+            and self._synced == len(self.messages)
+        )
 
     def resume(self, sampling: SamplingParams | None = None) -> Iterator:
         """Write more of the last reply, cut by its length limit or a Stop: decoding goes on after its last token
@@ -172,31 +187,43 @@ class ChatSession:
     def _rewind(self, turn: int) -> None:
         boundary = self._boundaries[turn]
         self._state.restore(boundary.snapshot)
-        del self._fed[boundary.fed_tokens:]
+        del self._fed[boundary.fed_tokens :]
         self._pending = boundary.pending
-        del self.messages[boundary.message_index:]
+        del self.messages[boundary.message_index :]
         self._synced = boundary.message_index
         del self._boundaries[turn:]
 
     def _prompt_ids(self, new_messages: list[dict]) -> tuple[list[int], str]:
         """(token ids to feed, rendered text) that bring the state up to `new_messages`."""
+
         def encode(messages: list[dict], after: str | None = None) -> tuple[list[int], str]:
             # message texts are data: a control token written in them is never one (ChatTokenizer.encode_chat)
-            return self.tokenizer.encode_chat(messages, after=after, add_generation_prompt=True,
-                                              enable_thinking=self.enable_thinking, preserve_thinking=True,
-                                              interrupt=self._cancel.is_set)
+            return self.tokenizer.encode_chat(
+                messages,
+                after=after,
+                add_generation_prompt=True,
+                enable_thinking=self.enable_thinking,
+                preserve_thinking=True,
+                interrupt=self._cancel.is_set,
+            )
 
         if not self._fed:
             system = [{"role": "system", "content": self.system_prompt}] if self.system_prompt else []
-            return encode(system + self.messages[:self._synced] + new_messages)
+            return encode(system + self.messages[: self._synced] + new_messages)
         framed = [{"role": "user", "content": _SENTINEL}, {"role": "assistant", "content": _SENTINEL}]
         ids, text = encode(framed + new_messages, after=_SENTINEL)
         return list(self._pending) + ids, text
 
     # ---- whole requests (an HTTP API: every request carries its conversation) --------------------
 
-    def complete(self, prompt: Prompt, *, sampling: SamplingParams | None = None,
-                 prefix_cache: PrefixCache | None = None, answer_start: Sequence[int] = ()) -> Iterator:
+    def complete(
+        self,
+        prompt: Prompt,
+        *,
+        sampling: SamplingParams | None = None,
+        prefix_cache: PrefixCache | None = None,
+        answer_start: Sequence[int] = (),
+    ) -> Iterator:
         """Stream the reply to a whole prompt (chat_prompt or text_prompt) as send() does, starting from the
         longest prefix of its tokens that `prefix_cache` holds; the states at the prompt's save points and at
         the end of the reply go into it for the requests that follow. `answer_start`: tokens the answer is made
@@ -205,8 +232,13 @@ class ChatSession:
         self._cancel.clear()
         return self._complete(prompt, sampling, prefix_cache, tuple(answer_start))
 
-    def _complete(self, prompt: Prompt, sampling: SamplingParams | None, prefix_cache: PrefixCache | None,
-                  answer_start: tuple[int, ...]) -> Iterator:
+    def _complete(
+        self,
+        prompt: Prompt,
+        sampling: SamplingParams | None,
+        prefix_cache: PrefixCache | None,
+        answer_start: tuple[int, ...],
+    ) -> Iterator:
         params = sampling or self.sampling
         sampler = Sampler(replace(params, stop=tuple(params.stop)))
         self.messages, self._synced, self._boundaries, self._pending = [], 0, [], ()
@@ -215,6 +247,7 @@ class ChatSession:
 
         def refused(reason: str, error: str | None = None) -> TurnFinished:
             return TurnFinished("", "", TurnStats(0, 0, 0, 0.0, 0.0, 0.0, reason, sampler.seed, error))
+
         if not ids:
             yield refused("error", "the prompt is empty: give it some text")
             return
@@ -228,9 +261,18 @@ class ChatSession:
         self._state.load(hit.state if hit is not None else self._blank)
         self._fed = list(hit.ids) if hit is not None else []
         self._boundaries = [_Boundary(0, self._state.snapshot(), len(self._fed), ())]
-        reply = _Reply(self, sampler, ids[len(self._fed):], prompt.rendered,
-                       start_logits=hit.logits if hit else None, prefix_cache=prefix_cache, restored=hit,
-                       save_at={*prompt.save_at, len(ids)}, started=started, answer_start=answer_start)
+        reply = _Reply(
+            self,
+            sampler,
+            ids[len(self._fed) :],
+            prompt.rendered,
+            start_logits=hit.logits if hit else None,
+            prefix_cache=prefix_cache,
+            restored=hit,
+            save_at={*prompt.save_at, len(ids)},
+            started=started,
+            answer_start=answer_start,
+        )
         yield from reply.run()
         self.messages, self._synced = [], 0  # the reply is not a turn of the session's own conversation
 
@@ -260,8 +302,9 @@ class ChatSession:
             return tok.encode_text(cut.answer) if cut.answer else [], False
         if not cut.answer:
             return tok.encode_text(cut.thoughts), True
-        return (tok.encode_text(cut.thoughts + "\n") + [tok.token_id(tok.think_end)]
-                + tok.encode_text("\n\n" + cut.answer)), False
+        return (
+            tok.encode_text(cut.thoughts + "\n") + [tok.token_id(tok.think_end)] + tok.encode_text("\n\n" + cut.answer)
+        ), False
 
     def _run_turn(self, user_text: str, sampling: SamplingParams | None, cut: _CutReply | None = None) -> Iterator:
         params = sampling or self.sampling
@@ -269,10 +312,12 @@ class ChatSession:
         user = {"role": "user", "content": user_text}
 
         def refused(reason: str, error: str | None = None) -> TurnFinished:
-            return TurnFinished("", "", TurnStats(self._state.position, 0, 0, 0.0, 0.0, 0.0, reason, sampler.seed,
-                                                  error))
+            return TurnFinished(
+                "", "", TurnStats(self._state.position, 0, 0, 0.0, 0.0, 0.0, reason, sampler.seed, error)
+            )
+
         try:
-            ids, rendered = self._prompt_ids(self.messages[self._synced:] + [user])
+            ids, rendered = self._prompt_ids(self.messages[self._synced :] + [user])
         except Interrupted:  # Stop while the template rendered
             yield refused("cancelled")
             return
@@ -287,9 +332,10 @@ class ChatSession:
             yield refused("error", str(ContextOverflowError(needed, self.context_tokens, self.context_advice)))
             return
         self.messages.append(user)
-        self._boundaries.append(_Boundary(len(self.messages) - 1, self._state.snapshot(), len(self._fed),
-                                          self._pending))
-        del self._boundaries[:-self.max_snapshots]  # the oldest go: editing there prefills the history again
+        self._boundaries.append(
+            _Boundary(len(self.messages) - 1, self._state.snapshot(), len(self._fed), self._pending)
+        )
+        del self._boundaries[: -self.max_snapshots]  # the oldest go: editing there prefills the history again
         reply = _Reply(self, sampler, ids, rendered)
         if cut is not None:  # the reply goes on after its text, which the prompt now ends with
             reply.go_on_from(cut, in_thinking)
@@ -323,8 +369,9 @@ class Prompt:
     save_at: tuple[int, ...] = ()
 
 
-def chat_prompt(tokenizer: ChatTokenizer, messages: list[dict], *, tools: list[dict] | None = None,
-                enable_thinking: bool = True) -> Prompt:
+def chat_prompt(
+    tokenizer: ChatTokenizer, messages: list[dict], *, tools: list[dict] | None = None, enable_thinking: bool = True
+) -> Prompt:
     """A conversation (system prompt, tool specs and results included) as the template renders it with the
     generation prompt; message texts are data (ChatTokenizer.encode_chat). Earlier replies keep their reasoning
     where the template offers it (preserve_thinking, as in ChatSession), so an agent's growing conversation
@@ -334,7 +381,7 @@ def chat_prompt(tokenizer: ChatTokenizer, messages: list[dict], *, tools: list[d
     # The messages' end: the next request re-renders the reply after it (a template drops an earlier turn's
     # reasoning) but shares everything before it.
     head, _ = tokenizer.encode_chat(messages, add_generation_prompt=False, **options)
-    kept = 0 < len(head) < len(ids) and ids[:len(head)] == head
+    kept = 0 < len(head) < len(ids) and ids[: len(head)] == head
     return Prompt(ids, rendered, (len(head),) if kept else ())
 
 
@@ -347,19 +394,33 @@ def _explain(exc: Exception, phase: str) -> str:
     if isinstance(exc, NonFiniteLogitsError):
         return str(exc)
     if isinstance(exc, torch.OutOfMemoryError):
-        return (f"the engine ran out of memory while {phase}; the conversation is as it was before this message. "
-                f"Try a shorter message, a larger VRAM preset, or closing other programs that use the GPU")
-    return (f"the engine failed while {phase} ({type(exc).__name__}: {exc}); the conversation is as it was "
-            f"before this message, so you can send again. The log has the details")
+        return (
+            f"the engine ran out of memory while {phase}; the conversation is as it was before this message. "
+            f"Try a shorter message, a larger VRAM preset, or closing other programs that use the GPU"
+        )
+    return (
+        f"the engine failed while {phase} ({type(exc).__name__}: {exc}); the conversation is as it was "
+        f"before this message, so you can send again. The log has the details"
+    )
 
 
 class _Reply:
     """One reply: prefill the prompt in chunks, then decode, splitting reasoning from answer."""
 
-    def __init__(self, session: ChatSession, sampler: Sampler, prompt_ids: list[int], rendered: str, *,
-                 start_logits: torch.Tensor | None = None, prefix_cache: PrefixCache | None = None,
-                 restored: CachedPrefix | None = None, save_at: frozenset[int] = frozenset(),
-                 started: float | None = None, answer_start: tuple[int, ...] = ()):
+    def __init__(
+        self,
+        session: ChatSession,
+        sampler: Sampler,
+        prompt_ids: list[int],
+        rendered: str,
+        *,
+        start_logits: torch.Tensor | None = None,
+        prefix_cache: PrefixCache | None = None,
+        restored: CachedPrefix | None = None,
+        save_at: frozenset[int] = frozenset(),
+        started: float | None = None,
+        answer_start: tuple[int, ...] = (),
+    ):
         """prompt_ids: what the state still needs; start_logits: the state's last token's logits, for when that
         is nothing; the states once `save_at` tokens are in (counted from the sequence's start), and the state
         at the end of the reply, go into prefix_cache, sharing the KV blocks of `restored` (the entry the state
@@ -381,8 +442,9 @@ class _Reply:
         # forced tokens waiting to be fed: the answer's start now, or once the model closes its reasoning, after
         # the blank line the templates put between reasoning and answer
         self.forced: list[int] = [] if self.reasoning or not answer_start else list(answer_start)
-        self.forced_after_reasoning = tuple(tok.encode("\n\n")) + answer_start if self.reasoning and answer_start \
-            else ()
+        self.forced_after_reasoning = (
+            tuple(tok.encode("\n\n")) + answer_start if self.reasoning and answer_start else ()
+        )
 
     def run(self) -> Iterator:
         s = self.session
@@ -411,8 +473,9 @@ class _Reply:
         message = self._assistant_message()
         s.messages.append(message)
         s._synced = len(s.messages)
-        s._cut_reply = _CutReply(message, "".join(self.thoughts), "".join(self.answer), self.reasoning) \
-            if s._pending else None
+        s._cut_reply = (
+            _CutReply(message, "".join(self.thoughts), "".join(self.answer), self.reasoning) if s._pending else None
+        )
         yield self._finish(reason, start, first_token_at, len(generated), prefilled=len(self.prompt_ids))
 
     def _save(self) -> None:
@@ -449,12 +512,13 @@ class _Reply:
         """Feed the prompt in chunks that end at every save point; the last token's logits."""
         s = self.session
         offset = len(s._fed)  # the save points count from the start of the sequence, the prompt from here
-        ends = sorted({p - offset for p in self.save_at if 0 < p - offset < len(self.prompt_ids)}
-                      | {len(self.prompt_ids)})
+        ends = sorted(
+            {p - offset for p in self.save_at if 0 < p - offset < len(self.prompt_ids)} | {len(self.prompt_ids)}
+        )
         begin = 0
         for end in ends:
             while begin < end:
-                piece = self.prompt_ids[begin:min(begin + s.prefill_chunk_tokens, end)]
+                piece = self.prompt_ids[begin : min(begin + s.prefill_chunk_tokens, end)]
                 self.logits = s.model.forward(piece, s._state, interrupt=s._cancel.is_set)
                 s._fed.extend(piece)
                 s.prefilled_tokens_total += len(piece)
@@ -505,15 +569,28 @@ class _Reply:
             message["reasoning_content"] = "".join(self.thoughts).strip()
         return message
 
-    def _finish(self, reason: str, start: float, first_token_at: float, new_tokens: int,
-                prefilled: int, error: str | None = None) -> TurnFinished:
+    def _finish(
+        self,
+        reason: str,
+        start: float,
+        first_token_at: float,
+        new_tokens: int,
+        prefilled: int,
+        error: str | None = None,
+    ) -> TurnFinished:
         end = time.perf_counter()
         prefill_s = max(first_token_at - start, 1e-9)
         decode_s = end - first_token_at
         stats = TurnStats(
-            prompt_tokens=self.prompt_tokens, prefill_tokens=prefilled, new_tokens=new_tokens,
-            time_to_first_token_s=prefill_s, prefill_tokens_per_s=prefilled / prefill_s,
+            prompt_tokens=self.prompt_tokens,
+            prefill_tokens=prefilled,
+            new_tokens=new_tokens,
+            time_to_first_token_s=prefill_s,
+            prefill_tokens_per_s=prefilled / prefill_s,
             decode_tokens_per_s=(new_tokens - 1) / decode_s if new_tokens > 1 and decode_s > 0 else 0.0,
-            stop_reason=reason, seed=self.sampler.seed, error=error,
-            cached_tokens=self.prompt_tokens - prefilled if reason not in ("cancelled", "error") else 0)
+            stop_reason=reason,
+            seed=self.sampler.seed,
+            error=error,
+            cached_tokens=self.prompt_tokens - prefilled if reason not in ("cancelled", "error") else 0,
+        )
         return TurnFinished("".join(self.answer).rstrip(), "".join(self.thoughts).strip(), stats)

@@ -79,8 +79,11 @@ class _TemplateEnvironment(ImmutableSandboxedEnvironment):
         _check_render()
         if operator == "*":
             for sequence, times in ((left, right), (right, left)):
-                if isinstance(sequence, (str, list, tuple)) and isinstance(times, int) \
-                        and len(sequence) * times > MAX_TEMPLATE_TEXT:
+                if (
+                    isinstance(sequence, (str, list, tuple))
+                    and isinstance(times, int)
+                    and len(sequence) * times > MAX_TEMPLATE_TEXT
+                ):
                     raise _TemplateRunaway(f"a repetition of more than {MAX_TEMPLATE_TEXT:,} characters")
         if operator == "**" and isinstance(right, (int, float)) and abs(right) > MAX_POWER_EXPONENT:
             raise _TemplateRunaway(f"a power of more than {MAX_POWER_EXPONENT}")
@@ -91,8 +94,9 @@ def _raise_exception(message: str):
     raise _TemplateRejected(message)
 
 
-def _tojson(value, ensure_ascii: bool = False, indent: int | None = None, separators=None,
-            sort_keys: bool = False) -> str:
+def _tojson(
+    value, ensure_ascii: bool = False, indent: int | None = None, separators=None, sort_keys: bool = False
+) -> str:
     # Jinja's own tojson escapes <, > and & for HTML, which would change the prompt the model sees.
     return json.dumps(value, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys)
 
@@ -144,8 +148,9 @@ def _template_source(folder: Path, config: dict) -> tuple[str | None, Path]:
             raise CheckpointError(jinja_path, f"cannot be read ({exc})", REFETCH) from None
     template = config.get("chat_template")
     if isinstance(template, list):  # several named templates; the chat one is called "default"
-        template = next((t.get("template") for t in template
-                         if isinstance(t, dict) and t.get("name") == "default"), None)
+        template = next(
+            (t.get("template") for t in template if isinstance(t, dict) and t.get("name") == "default"), None
+        )
     return (template if isinstance(template, str) else None), folder / "tokenizer_config.json"
 
 
@@ -154,17 +159,25 @@ def _eos_ids(generation: dict, generation_path: Path, eos_id: int | None) -> fro
     value = generation.get("eos_token_id")
     ids = [] if value is None else [value] if isinstance(value, int) else value
     if not isinstance(ids, list) or not all(isinstance(i, int) and not isinstance(i, bool) for i in ids):
-        raise CheckpointError(generation_path, f"has an eos_token_id that is not a token id or a list of them: "
-                                               f"{value!r}", REFETCH)
+        raise CheckpointError(
+            generation_path, f"has an eos_token_id that is not a token id or a list of them: {value!r}", REFETCH
+        )
     return frozenset(ids) | ({eos_id} if eos_id is not None else set())
 
 
 class ChatTokenizer:
     """Text to token ids and back, and conversations to prompt text, as the model folder defines them."""
 
-    def __init__(self, tokenizer: Tokenizer, special_tokens: dict[str, str], template: jinja2.Template | None,
-                 template_path: Path, eos_token_ids: frozenset[int], generation_defaults: dict,
-                 template_source: str | None = None):
+    def __init__(
+        self,
+        tokenizer: Tokenizer,
+        special_tokens: dict[str, str],
+        template: jinja2.Template | None,
+        template_path: Path,
+        eos_token_ids: frozenset[int],
+        generation_defaults: dict,
+        template_source: str | None = None,
+    ):
         self._tokenizer = tokenizer
         self.template_source = template_source  # the chat template's text (it defines the tool-call format)
         self._special_tokens = special_tokens  # bos_token / eos_token text, for the template
@@ -174,8 +187,9 @@ class ChatTokenizer:
         self.generation_defaults = generation_defaults
         self.vocab_size: int = tokenizer.get_vocab_size(with_added_tokens=True)
         # every added token's text (<|im_end|>, <think>, <tool_call>...): only the template may write them
-        self._controls = sorted((t.content for t in tokenizer.get_added_tokens_decoder().values()), key=len,
-                                reverse=True)
+        self._controls = sorted(
+            (t.content for t in tokenizer.get_added_tokens_decoder().values()), key=len, reverse=True
+        )
         self._control_pattern = re.compile("|".join(map(re.escape, self._controls))) if self._controls else None
         self.think_start = "<think>" if self.token_id("<think>") is not None else None
         self.think_end = "</think>" if self.token_id("</think>") is not None else None
@@ -186,16 +200,20 @@ class ChatTokenizer:
         folder = Path(folder)
         tokenizer_path = folder / "tokenizer.json"
         if not tokenizer_path.is_file():
-            raise CheckpointError(folder, "has no tokenizer.json",
-                                  "download the model's tokenizer files (tokenizer.json, tokenizer_config.json) "
-                                  "into the folder along with the weights")
+            raise CheckpointError(
+                folder,
+                "has no tokenizer.json",
+                "download the model's tokenizer files (tokenizer.json, tokenizer_config.json) "
+                "into the folder along with the weights",
+            )
         try:
             tokenizer = Tokenizer.from_file(str(tokenizer_path))
         except Exception as exc:  # the tokenizers library raises a bare Exception for every kind of bad file
             raise CheckpointError(tokenizer_path, f"cannot be read as a tokenizer ({exc})", REFETCH) from None
         config = _read_json(folder / "tokenizer_config.json")
-        special_tokens = {name: text for name in ("bos_token", "eos_token")
-                          if (text := _token_text(config.get(name))) is not None}
+        special_tokens = {
+            name: text for name in ("bos_token", "eos_token") if (text := _token_text(config.get(name))) is not None
+        }
         eos_text = special_tokens.get("eos_token")
         generation_path = folder / "generation_config.json"
         generation = _read_json(generation_path)
@@ -203,25 +221,36 @@ class ChatTokenizer:
         try:  # checked once here, so every session that starts from these defaults can use them
             SamplingParams.from_generation_config(generation).validate()
         except ValueError as exc:
-            raise CheckpointError(generation_path, f"has an unusable sampling setting: {exc}",
-                                  "fix or delete that value in generation_config.json, or download the file "
-                                  "again") from None
+            raise CheckpointError(
+                generation_path,
+                f"has an unusable sampling setting: {exc}",
+                "fix or delete that value in generation_config.json, or download the file again",
+            ) from None
         source, template_path = _template_source(folder, config)
         template = None
         if source is not None:
             try:
                 template = _ENVIRONMENT.from_string(source)
             except jinja2.TemplateSyntaxError as exc:
-                raise CheckpointError(template_path, f"has a chat template that does not parse: {exc.message} "
-                                                     f"(template line {exc.lineno})", REPLACE_TEMPLATE) from None
+                raise CheckpointError(
+                    template_path,
+                    f"has a chat template that does not parse: {exc.message} (template line {exc.lineno})",
+                    REPLACE_TEMPLATE,
+                ) from None
         return cls(tokenizer, special_tokens, template, template_path, eos_ids, generation, source)
 
     @classmethod
     def from_parts(cls, tokenizer: Tokenizer, chat_template: str, eos_token: str) -> ChatTokenizer:
         """Build one from a tokenizer and template held in memory (a training script's, before any folder)."""
         eos_id = tokenizer.token_to_id(eos_token)
-        return cls(tokenizer, {"eos_token": eos_token}, _ENVIRONMENT.from_string(chat_template),
-                   Path("chat_template.jinja"), frozenset({eos_id} if eos_id is not None else ()), {})
+        return cls(
+            tokenizer,
+            {"eos_token": eos_token},
+            _ENVIRONMENT.from_string(chat_template),
+            Path("chat_template.jinja"),
+            frozenset({eos_id} if eos_id is not None else ()),
+            {},
+        )
 
     def encode(self, text: str) -> list[int]:
         """Token ids of text; special tokens written in it (<|im_start|>) become their ids. No BOS is added."""
@@ -234,7 +263,7 @@ class ChatTokenizer:
             return self.encode(text)
         ids, last = [], 0
         for match in self._control_pattern.finditer(text):
-            ids += self.encode(text[last:match.start()]) + self._encode_plain(match.group())
+            ids += self.encode(text[last : match.start()]) + self._encode_plain(match.group())
             last = match.end()
         return ids + self.encode(text[last:])
 
@@ -256,15 +285,18 @@ class ChatTokenizer:
         masked = _replace_texts(messages, texts)
         masked_tools = _replace_texts(options.get("tools"), texts)
         if after is not None and after not in text or not text.strip():
-            raise CheckpointError(self._template_path, "the chat template renders nothing of this conversation's "
-                                                       "messages", REPLACE_TEMPLATE)
+            raise CheckpointError(
+                self._template_path,
+                "the chat template renders nothing of this conversation's messages",
+                REPLACE_TEMPLATE,
+            )
         if not any(self._control_pattern and self._control_pattern.search(t) for t in texts):
             kept = text.rsplit(after, 1)[1] if after is not None else text
             return self.encode(kept), kept
         segments = self._segments(text, self.render(masked, **dict(options, tools=masked_tools)), texts)
         if after is not None:
             last = max(i for i, (piece, data) in enumerate(segments) if data and piece == after)
-            segments = segments[last + 1:]
+            segments = segments[last + 1 :]
         ids = [i for piece, data in segments for i in (self.encode_text(piece) if data else self.encode(piece))]
         return ids, "".join(piece for piece, _ in segments)
 
@@ -280,8 +312,14 @@ class ChatTokenizer:
             if not text.startswith(markup, position):
                 break
             position += len(markup)
-            rendered = next((c for c in _renderings(original) if text.startswith(c, position)
-                             and text.startswith(following, position + len(c))), None)
+            rendered = next(
+                (
+                    c
+                    for c in _renderings(original)
+                    if text.startswith(c, position) and text.startswith(following, position + len(c))
+                ),
+                None,
+            )
             if rendered is None:
                 break
             segments += [(markup, False), (rendered, True)]
@@ -298,9 +336,16 @@ class ChatTokenizer:
         """The id of a single token, or None when text is not one token of the vocabulary."""
         return self._tokenizer.token_to_id(text)
 
-    def render(self, messages: list[dict], *, add_generation_prompt: bool = True, enable_thinking: bool = True,
-               tools: list[dict] | None = None, preserve_thinking: bool = False,
-               interrupt: Callable[[], bool] | None = None) -> str:
+    def render(
+        self,
+        messages: list[dict],
+        *,
+        add_generation_prompt: bool = True,
+        enable_thinking: bool = True,
+        tools: list[dict] | None = None,
+        preserve_thinking: bool = False,
+        interrupt: Callable[[], bool] | None = None,
+    ) -> str:
         """Render a conversation to the prompt text, by the model's chat template.
 
         Messages are Hugging Face's chat format: {"role", "content"} with role system, user, assistant or
@@ -312,29 +357,41 @@ class ChatTokenizer:
         `interrupt` is asked as it runs, and raises Interrupted when it answers True.
         """
         if self._template is None:
-            raise CheckpointError(self._template_path.parent, "has no chat template",
-                                  "add the model's chat_template.jinja (or a tokenizer_config.json with a "
-                                  "chat_template) to the folder")
-        context = dict(self._special_tokens, messages=messages, tools=tools,
-                       add_generation_prompt=add_generation_prompt, enable_thinking=enable_thinking,
-                       preserve_thinking=preserve_thinking)
+            raise CheckpointError(
+                self._template_path.parent,
+                "has no chat template",
+                "add the model's chat_template.jinja (or a tokenizer_config.json with a chat_template) to the folder",
+            )
+        context = dict(
+            self._special_tokens,
+            messages=messages,
+            tools=tools,
+            add_generation_prompt=add_generation_prompt,
+            enable_thinking=enable_thinking,
+            preserve_thinking=preserve_thinking,
+        )
         _RENDER.deadline, _RENDER.interrupt = time.monotonic() + RENDER_SECONDS, interrupt
         try:
             return self._template.render(**context)
         except Interrupted:
             raise
         except _TemplateRunaway as exc:
-            raise CheckpointError(self._template_path, f"the chat template does not finish: {exc.message}",
-                                  REPLACE_TEMPLATE) from None
+            raise CheckpointError(
+                self._template_path, f"the chat template does not finish: {exc.message}", REPLACE_TEMPLATE
+            ) from None
         except _TemplateRejected as exc:
-            raise CheckpointError(self._template_path, f"the chat template rejects this conversation: {exc.message}",
-                                  "check the order and roles of the messages") from None
+            raise CheckpointError(
+                self._template_path,
+                f"the chat template rejects this conversation: {exc.message}",
+                "check the order and roles of the messages",
+            ) from None
         except Exception as exc:  # the template is foreign code: a failure inside it is the template's, or the input's
             hint = REPLACE_TEMPLATE
             if _has_string_arguments(messages):  # Qwen3.6's template iterates the arguments as a mapping
                 hint = "give each tool call's arguments as a dict, not a JSON string, or " + REPLACE_TEMPLATE
-            raise CheckpointError(self._template_path, f"the chat template fails to render "
-                                                       f"({type(exc).__name__}: {exc})", hint) from None
+            raise CheckpointError(
+                self._template_path, f"the chat template fails to render ({type(exc).__name__}: {exc})", hint
+            ) from None
         finally:
             _RENDER.deadline, _RENDER.interrupt = float("inf"), None
 
@@ -360,8 +417,13 @@ def _renderings(text: str) -> list[str]:
 
 def _has_string_arguments(messages: list[dict]) -> bool:
     """Whether any assistant tool call in messages gives its arguments as a string."""
-    calls = [call for message in messages if isinstance(message, dict)
-             for call in message.get("tool_calls") or () if isinstance(call, dict)]
+    calls = [
+        call
+        for message in messages
+        if isinstance(message, dict)
+        for call in message.get("tool_calls") or ()
+        if isinstance(call, dict)
+    ]
     functions = [call.get("function", call) for call in calls]
     return any(isinstance(f, dict) and isinstance(f.get("arguments"), str) for f in functions)
 
@@ -390,14 +452,14 @@ class IncrementalDetokenizer:
         text = self._decode(self._window)
         if text.endswith(REPLACEMENT_CHARACTER):
             return ""
-        emitted = self._decode(self._window[:self._read])
-        self._window = self._window[self._read:]
+        emitted = self._decode(self._window[: self._read])
+        self._window = self._window[self._read :]
         self._read = len(self._window)
-        return text[len(emitted):]
+        return text[len(emitted) :]
 
     def flush(self) -> str:
         """Whatever is still held at the end of the reply (an incomplete character decodes to U+FFFD)."""
         text = self._decode(self._window)
-        emitted = self._decode(self._window[:self._read])
+        emitted = self._decode(self._window[: self._read])
         self._window, self._read = [], 0
-        return text[len(emitted):]
+        return text[len(emitted) :]

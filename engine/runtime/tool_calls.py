@@ -149,8 +149,11 @@ def _parameter_schemas(tools: list | None) -> dict[str, dict[str, dict]]:
             continue
         parameters = function.get("parameters")
         properties = parameters.get("properties") if isinstance(parameters, dict) else None
-        schemas[function["name"]] = {key: schema for key, schema in properties.items() if isinstance(schema, dict)} \
-            if isinstance(properties, dict) else {}
+        schemas[function["name"]] = (
+            {key: schema for key, schema in properties.items() if isinstance(schema, dict)}
+            if isinstance(properties, dict)
+            else {}
+        )
     return schemas
 
 
@@ -165,8 +168,11 @@ def _declared_types(schema: dict | None) -> list[str]:
     if isinstance(declared, list):
         return [t for t in declared if isinstance(t, str)]
     options = schema.get("anyOf") or schema.get("oneOf")
-    return [option["type"] for option in options if isinstance(option, dict) and isinstance(option.get("type"), str)] \
-        if isinstance(options, list) else []
+    return (
+        [option["type"] for option in options if isinstance(option, dict) and isinstance(option.get("type"), str)]
+        if isinstance(options, list)
+        else []
+    )
 
 
 def _json(value) -> str:
@@ -240,9 +246,11 @@ class _XmlCallBody(_CallBody):
 
     def close(self) -> list:
         if self._error is None and self._state != "done":
-            self._error = {"function": f"it has no {FUNCTION_OPEN}NAME> tag",
-                           "parameters": f"{FUNCTION_CLOSE} is missing",
-                           "value": f"parameter {self._key!r} is not closed by {PARAMETER_CLOSE}"}[self._state]
+            self._error = {
+                "function": f"it has no {FUNCTION_OPEN}NAME> tag",
+                "parameters": f"{FUNCTION_CLOSE} is missing",
+                "value": f"parameter {self._key!r} is not closed by {PARAMETER_CLOSE}",
+            }[self._state]
         if self._misplaced:
             self._error = f"{self._pending[:20]!r} stands where {' or '.join(self._misplaced)} should"
         if self._error is not None:
@@ -261,7 +269,7 @@ class _XmlCallBody(_CallBody):
             return self._read_tag(text, FUNCTION_OPEN, (FUNCTION_OPEN,), events)
         if self._state == "parameters":
             if text.startswith(FUNCTION_CLOSE):
-                self._pending = text[len(FUNCTION_CLOSE):]
+                self._pending = text[len(FUNCTION_CLOSE) :]
                 self._state = "done"
                 events.append(self._delta("}" if self._key else "{}"))
                 return True
@@ -279,11 +287,11 @@ class _XmlCallBody(_CallBody):
         end = text.find(">")
         if end < 0:
             return False
-        name = text[len(tag):end].strip()
+        name = text[len(tag) : end].strip()
         if not name or "\n" in name or "<" in name:
-            self._error = f"{text[:end + 1]!r} does not name a {'function' if tag == FUNCTION_OPEN else 'parameter'}"
+            self._error = f"{text[: end + 1]!r} does not name a {'function' if tag == FUNCTION_OPEN else 'parameter'}"
             return False
-        self._pending = text[end + 1:]
+        self._pending = text[end + 1 :]
         if tag == FUNCTION_OPEN:
             events.append(self._start(name))
             self._state = "parameters"
@@ -318,7 +326,7 @@ class _XmlCallBody(_CallBody):
             return False
         piece = self._pending[:end]
         self._add_value(piece[:-1] if piece.endswith("\n") else piece, events)
-        self._pending = self._pending[end + len(PARAMETER_CLOSE):]
+        self._pending = self._pending[end + len(PARAMETER_CLOSE) :]
         value = "".join(self._value)
         if self._streams():
             events.append(self._delta('"'))
@@ -398,7 +406,7 @@ class _JsonCallBody(_CallBody):
                 self._depth -= 1
                 if self._depth == 0:
                     self._state, self._scanned = "rest", position + 1
-                    return self._text[begin:position + 1]
+                    return self._text[begin : position + 1]
         self._scanned = len(self._text)
         return self._text[begin:]
 
@@ -475,24 +483,24 @@ class ToolCallParser:
             return False
         before = self._pending[:start]
         self._add_text(before.rstrip(), events)
-        self._separator = before[len(before.rstrip()):]
-        self._pending = self._pending[start + len(CALL_OPEN):]
+        self._separator = before[len(before.rstrip()) :]
+        self._pending = self._pending[start + len(CALL_OPEN) :]
         self._raw = CALL_OPEN
-        self._call = _XmlCallBody(self._new_call, self._schemas) if self.style == "qwen_xml" \
-            else _JsonCallBody(self._new_call)
+        self._call = (
+            _XmlCallBody(self._new_call, self._schemas) if self.style == "qwen_xml" else _JsonCallBody(self._new_call)
+        )
         return True
 
     def _read_call(self, events: list) -> bool:
         """Give the open call its text up to </tool_call> and close it there; whether it was closed."""
         end = self._pending.find(CALL_CLOSE)
-        inside = self._pending[:end] if end >= 0 else \
-            self._pending[:partial_match_start(self._pending, (CALL_CLOSE,))]
+        inside = self._pending[:end] if end >= 0 else self._pending[: partial_match_start(self._pending, (CALL_CLOSE,))]
         self._raw += inside
         events += self._call.feed(inside)
-        self._pending = self._pending[len(inside):]
+        self._pending = self._pending[len(inside) :]
         if end < 0:
             return False
-        self._pending = self._pending[len(CALL_CLOSE):]
+        self._pending = self._pending[len(CALL_CLOSE) :]
         self._raw += CALL_CLOSE
         try:
             events += self._call.close()
@@ -509,8 +517,11 @@ class ToolCallParser:
             events.append(TextDelta(self._separator))
         index = self._call.started.index if self._call.started else None
         name = f" to {self._call.started.name!r}" if self._call.started else ""
-        events.append(ToolCallWarning(f"the model's tool call{name} could not be read: {reason}; it is passed on as "
-                                      f"text", raw, index))
+        events.append(
+            ToolCallWarning(
+                f"the model's tool call{name} could not be read: {reason}; it is passed on as text", raw, index
+            )
+        )
         events.append(TextDelta(raw))
         self._after_call = False
 

@@ -43,6 +43,7 @@ def outside_allocator_bytes(device: torch.device | str = "cuda") -> int:
     (engine/runtime/reserve.py) less its part inside the allocator (so: context, kernel images, instantiated
     graphs, per-thread local memory)."""
     from engine.runtime.reserve import runtime_reserve
+
     return runtime_reserve(device).outside_allocator_bytes
 
 
@@ -54,8 +55,10 @@ def cap_process_memory(budget_bytes: int, device: torch.device | str = "cuda") -
     total = torch.cuda.get_device_properties(device).total_memory
     limit = budget_bytes - outside
     if limit <= 0 or budget_bytes > total:
-        raise ValueError(f"a VRAM limit of {budget_bytes / 2**30:.2f} GiB cannot be held on this "
-                         f"{total / 2**30:.1f} GiB GPU: it needs {outside / 2**30:.2f} GiB outside PyTorch's allocator")
+        raise ValueError(
+            f"a VRAM limit of {budget_bytes / 2**30:.2f} GiB cannot be held on this "
+            f"{total / 2**30:.1f} GiB GPU: it needs {outside / 2**30:.2f} GiB outside PyTorch's allocator"
+        )
     torch.cuda.set_per_process_memory_fraction(limit / total, device)
     return VramCap(budget_bytes, limit, outside, total)
 
@@ -66,10 +69,12 @@ def measured_peak(device: torch.device | str = "cuda") -> dict:
     the card's free memory."""
     free, total = torch.cuda.mem_get_info(device)
     outside = (total - free) - torch.cuda.memory_reserved(device)
-    return {"peak_allocated_bytes": torch.cuda.max_memory_allocated(device),
-            "peak_reserved_bytes": torch.cuda.max_memory_reserved(device),
-            "outside_allocator_bytes": outside,
-            "peak_process_bytes": torch.cuda.max_memory_reserved(device) + outside}
+    return {
+        "peak_allocated_bytes": torch.cuda.max_memory_allocated(device),
+        "peak_reserved_bytes": torch.cuda.max_memory_reserved(device),
+        "outside_allocator_bytes": outside,
+        "peak_process_bytes": torch.cuda.max_memory_reserved(device) + outside,
+    }
 
 
 def process_usage_bytes(device: torch.device | str = "cuda") -> int:

@@ -17,8 +17,16 @@ from engine.server import fields
 from engine.server.fields import BadRequest, get
 from engine.server.http import drain, error_response, prepare
 from engine.server.openai_api import read_sampling
-from engine.server.replies import (EngineFailed, Reply, RequiredCall, ToolAbandoned, check_required_call,
-                                   reply_events, required_call_ids, tool_parser)
+from engine.server.replies import (
+    EngineFailed,
+    Reply,
+    RequiredCall,
+    ToolAbandoned,
+    check_required_call,
+    reply_events,
+    required_call_ids,
+    tool_parser,
+)
 
 _STOP_REASONS = {"eos": "end_turn", "stop": "stop_sequence", "length": "max_tokens"}
 
@@ -54,8 +62,11 @@ def _tool_result(block: dict, where: str) -> dict:
         raise BadRequest(f"'{where}.content' must be a string or a list of text blocks", f"{where}.content")
     if block.get("is_error"):
         content = f"Error: {content}"
-    return {"role": "tool", "content": fields.check_text(content, f"{where}.content"),
-            "tool_call_id": get(block, "tool_use_id", str, "", where=f"{where}.")}
+    return {
+        "role": "tool",
+        "content": fields.check_text(content, f"{where}.content"),
+        "tool_call_id": get(block, "tool_use_id", str, "", where=f"{where}."),
+    }
 
 
 def read_messages(body: dict) -> list[dict]:
@@ -86,14 +97,24 @@ def read_messages(body: dict) -> list[dict]:
             elif kind == "redacted_thinking" and role == "assistant":
                 continue  # another model's encrypted reasoning: nothing this one can read
             elif kind == "tool_use" and role == "assistant":
-                calls.append({"type": "function", "id": get(block, "id", str, "", where=f"{at}."),
-                              "function": {"name": get(block, "name", str, where=f"{at}.", required=True),
-                                           "arguments": get(block, "input", dict, {}, where=f"{at}.")}})
+                calls.append(
+                    {
+                        "type": "function",
+                        "id": get(block, "id", str, "", where=f"{at}."),
+                        "function": {
+                            "name": get(block, "name", str, where=f"{at}.", required=True),
+                            "arguments": get(block, "input", dict, {}, where=f"{at}."),
+                        },
+                    }
+                )
             elif kind == "tool_result" and role == "user":
                 results.append(_tool_result(block, at))
             else:
-                raise BadRequest(f"'{at}' is a {kind!r} block, which a {role} message here cannot hold (this "
-                                 f"model reads text, and tool results in user messages)", at)
+                raise BadRequest(
+                    f"'{at}' is a {kind!r} block, which a {role} message here cannot hold (this "
+                    f"model reads text, and tool results in user messages)",
+                    at,
+                )
         if role == "user":
             messages += results
             if texts or not results:
@@ -115,8 +136,10 @@ def read_tools(body: dict) -> list[dict] | None:
         where = f"tools[{i}]"
         if not isinstance(tool, dict):
             raise BadRequest(f"'{where}' must be an object", where)
-        function = {"name": get(tool, "name", str, where=f"{where}.", required=True),
-                    "parameters": get(tool, "input_schema", dict, {"type": "object"}, where=f"{where}.")}
+        function = {
+            "name": get(tool, "name", str, where=f"{where}.", required=True),
+            "parameters": get(tool, "input_schema", dict, {"type": "object"}, where=f"{where}."),
+        }
         if tool.get("description") is not None:
             function["description"] = get(tool, "description", str, where=f"{where}.")
         tools.append({"type": "function", "function": function})
@@ -149,8 +172,12 @@ def read_chat(body: dict, *, require_max_tokens: bool = True) -> Chat:
 
 def _usage(final: TurnFinished) -> dict:
     s = final.stats
-    return {"input_tokens": s.prompt_tokens - s.cached_tokens, "output_tokens": s.new_tokens,
-            "cache_read_input_tokens": s.cached_tokens, "cache_creation_input_tokens": 0}
+    return {
+        "input_tokens": s.prompt_tokens - s.cached_tokens,
+        "output_tokens": s.new_tokens,
+        "cache_read_input_tokens": s.cached_tokens,
+        "cache_creation_input_tokens": 0,
+    }
 
 
 def _stop_reason(final: TurnFinished, tool_calls: bool) -> str:
@@ -165,16 +192,21 @@ async def messages(request: Request, body: dict, context):
     try:
         sampling = read_sampling(sampling_body, context)
     except BadRequest as exc:
-        raise BadRequest(exc.message.replace("'stop'", "'stop_sequences'"),
-                         "stop_sequences" if exc.param == "stop" else exc.param) from None
+        raise BadRequest(
+            exc.message.replace("'stop'", "'stop_sequences'"), "stop_sequences" if exc.param == "stop" else exc.param
+        ) from None
     stream = bool(get(body, "stream", bool, False))
-    prompt = await prepare(context, lambda: chat_prompt(context.tokenizer, chat.messages, tools=chat.tools,
-                                                        enable_thinking=chat.enable_thinking))
+    prompt = await prepare(
+        context,
+        lambda: chat_prompt(context.tokenizer, chat.messages, tools=chat.tools, enable_thinking=chat.enable_thinking),
+    )
     parser = tool_parser(context.tokenizer.template_source, chat.tools, sampling.seed)
     opening = required_call_ids(context.tokenizer, chat.required_call)
-    job = context.worker.submit(lambda session: session.complete(prompt, sampling=sampling,
-                                                                 prefix_cache=context.worker.prefix_cache,
-                                                                 answer_start=opening))
+    job = context.worker.submit(
+        lambda session: session.complete(
+            prompt, sampling=sampling, prefix_cache=context.worker.prefix_cache, answer_start=opening
+        )
+    )
     ident = f"msg_{uuid.uuid4().hex[:24]}"
     reply = Reply()
     events = reply_events(job, parser, reply)
@@ -190,11 +222,19 @@ async def messages(request: Request, body: dict, context):
             content.append({"type": "thinking", "thinking": reply.final.reasoning, "signature": ""})
         if "".join(reply.answer).strip():
             content.append({"type": "text", "text": "".join(reply.answer).strip()})
-        content += [{"type": "tool_use", "id": c.call_id, "name": c.name, "input": c.arguments}
-                    for c in reply.tool_calls]
-        return {"id": ident, "type": "message", "role": "assistant", "model": context.model_name, "content": content,
-                "stop_reason": _stop_reason(reply.final, bool(reply.tool_calls)), "stop_sequence": None,
-                "usage": _usage(reply.final)}
+        content += [
+            {"type": "tool_use", "id": c.call_id, "name": c.name, "input": c.arguments} for c in reply.tool_calls
+        ]
+        return {
+            "id": ident,
+            "type": "message",
+            "role": "assistant",
+            "model": context.model_name,
+            "content": content,
+            "stop_reason": _stop_reason(reply.final, bool(reply.tool_calls)),
+            "stop_sequence": None,
+            "usage": _usage(reply.final),
+        }
 
     def event(name: str, data: dict) -> dict:
         return {"event": name, "data": json.dumps(dict(type=name, **data), ensure_ascii=False)}
@@ -207,8 +247,12 @@ async def messages(request: Request, body: dict, context):
                 return []
             out = []
             if blocks["open"] == "thinking":
-                out.append(event("content_block_delta", {"index": blocks["index"],
-                                                         "delta": {"type": "signature_delta", "signature": ""}}))
+                out.append(
+                    event(
+                        "content_block_delta",
+                        {"index": blocks["index"], "delta": {"type": "signature_delta", "signature": ""}},
+                    )
+                )
             out.append(event("content_block_stop", {"index": blocks["index"]}))
             blocks["open"] = None
             return out
@@ -219,35 +263,71 @@ async def messages(request: Request, body: dict, context):
             return out + [event("content_block_start", {"index": blocks["index"], "content_block": block})]
 
         try:
-            yield event("message_start", {"message": {
-                "id": ident, "type": "message", "role": "assistant", "model": context.model_name, "content": [],
-                "stop_reason": None, "stop_sequence": None, "usage": {"input_tokens": len(prompt.ids),
-                                                                      "output_tokens": 0}}})
+            yield event(
+                "message_start",
+                {
+                    "message": {
+                        "id": ident,
+                        "type": "message",
+                        "role": "assistant",
+                        "model": context.model_name,
+                        "content": [],
+                        "stop_reason": None,
+                        "stop_sequence": None,
+                        "usage": {"input_tokens": len(prompt.ids), "output_tokens": 0},
+                    }
+                },
+            )
             async for item in events:
                 out = []
                 if isinstance(item, ReasoningDelta):
                     if blocks["open"] != "thinking":
                         out += open_block("thinking", {"type": "thinking", "thinking": "", "signature": ""})
-                    out.append(event("content_block_delta", {"index": blocks["index"], "delta": {
-                        "type": "thinking_delta", "thinking": item.text}}))
+                    out.append(
+                        event(
+                            "content_block_delta",
+                            {"index": blocks["index"], "delta": {"type": "thinking_delta", "thinking": item.text}},
+                        )
+                    )
                 elif isinstance(item, AnswerDelta):
                     if blocks["open"] != "text":
                         out += open_block("text", {"type": "text", "text": ""})
-                    out.append(event("content_block_delta", {"index": blocks["index"], "delta": {
-                        "type": "text_delta", "text": item.text}}))
+                    out.append(
+                        event(
+                            "content_block_delta",
+                            {"index": blocks["index"], "delta": {"type": "text_delta", "text": item.text}},
+                        )
+                    )
                 elif isinstance(item, ToolCallStarted):
-                    out += open_block(("tool", item.index), {"type": "tool_use", "id": item.call_id,
-                                                             "name": item.name, "input": {}})
+                    out += open_block(
+                        ("tool", item.index), {"type": "tool_use", "id": item.call_id, "name": item.name, "input": {}}
+                    )
                 elif isinstance(item, ToolCallArgumentsDelta):
-                    out.append(event("content_block_delta", {"index": blocks["index"], "delta": {
-                        "type": "input_json_delta", "partial_json": item.delta}}))
+                    out.append(
+                        event(
+                            "content_block_delta",
+                            {
+                                "index": blocks["index"],
+                                "delta": {"type": "input_json_delta", "partial_json": item.delta},
+                            },
+                        )
+                    )
                 elif isinstance(item, (ToolCallFinished, ToolAbandoned)):
                     out += close()
                 elif isinstance(item, TurnFinished):
                     out += close()
-                    out.append(event("message_delta", {
-                        "delta": {"stop_reason": _stop_reason(item, bool(reply.tool_calls)), "stop_sequence": None},
-                        "usage": _usage(item)}))
+                    out.append(
+                        event(
+                            "message_delta",
+                            {
+                                "delta": {
+                                    "stop_reason": _stop_reason(item, bool(reply.tool_calls)),
+                                    "stop_sequence": None,
+                                },
+                                "usage": _usage(item),
+                            },
+                        )
+                    )
                     out.append(event("message_stop", {}))
                 for piece in out:
                     yield piece
@@ -255,4 +335,5 @@ async def messages(request: Request, body: dict, context):
             yield event("error", {"error": {"type": "api_error", "message": exc.message}})
         finally:
             job.cancel()
+
     return EventSourceResponse(stream_events(), ping=15)

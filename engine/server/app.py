@@ -41,8 +41,12 @@ class Guard:
         path = scope.get("path", "")
         headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope.get("headers", [])}
         if self.api_key is not None and not self._authorized(headers):
-            response = error_response(path, 401, "missing or wrong API key: send it as 'Authorization: Bearer KEY' "
-                                                 "or 'x-api-key: KEY' (the key given to engine serve --api-key)")
+            response = error_response(
+                path,
+                401,
+                "missing or wrong API key: send it as 'Authorization: Bearer KEY' "
+                "or 'x-api-key: KEY' (the key given to engine serve --api-key)",
+            )
             return await response(scope, receive, send)
         declared = headers.get("content-length")
         if declared is not None and declared.isdigit() and int(declared) > self.max_body_bytes:
@@ -66,6 +70,7 @@ class Guard:
                 replayed = True
                 return {"type": "http.request", "body": body, "more_body": False}
             return await receive()  # afterwards: the client's disconnect
+
         await self.app(scope, replay, send)
 
     def _authorized(self, headers: dict[str, str]) -> bool:
@@ -76,13 +81,22 @@ class Guard:
         return given is not None and hmac.compare_digest(given.encode(), self.api_key.encode())
 
     async def _too_large(self, path, scope, receive, send):
-        response = error_response(path, 413, f"the request body is larger than {self.max_body_bytes:,} bytes, the "
-                                             f"server's limit; send a shorter conversation", kind="request_too_large")
+        response = error_response(
+            path,
+            413,
+            f"the request body is larger than {self.max_body_bytes:,} bytes, the "
+            f"server's limit; send a shorter conversation",
+            kind="request_too_large",
+        )
         await response(scope, receive, send)
 
 
-def create_app(current: Callable[[], ServerContext | None], *, api_key: str | None = None,
-               max_body_bytes: int = DEFAULT_MAX_BODY_BYTES) -> FastAPI:
+def create_app(
+    current: Callable[[], ServerContext | None],
+    *,
+    api_key: str | None = None,
+    max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
+) -> FastAPI:
     """The FastAPI application serving the engine that `current()` returns at each request (None: no model)."""
     app = FastAPI(title="MoE Desk engine", docs_url=None, redoc_url=None, openapi_url=None)
     app.add_middleware(Guard, api_key=api_key, max_body_bytes=max_body_bytes)
@@ -103,8 +117,9 @@ def create_app(current: Callable[[], ServerContext | None], *, api_key: str | No
 
     @app.exception_handler(CheckpointError)
     async def template_refused(request: Request, exc: CheckpointError):
-        return error_response(request.url.path, 400, f"the model's chat template cannot render these messages: "
-                                                     f"{exc}", "messages")
+        return error_response(
+            request.url.path, 400, f"the model's chat template cannot render these messages: {exc}", "messages"
+        )
 
     @app.exception_handler(Stopped)
     async def stopped(request: Request, exc: Stopped):
@@ -116,13 +131,17 @@ def create_app(current: Callable[[], ServerContext | None], *, api_key: str | No
 
     @app.exception_handler(404)
     async def not_found(request: Request, exc):
-        return error_response(request.url.path, 404, f"no such endpoint: {request.method} {request.url.path} (see "
-                                                     f"the README's API section for the endpoints)")
+        return error_response(
+            request.url.path,
+            404,
+            f"no such endpoint: {request.method} {request.url.path} (see the README's API section for the endpoints)",
+        )
 
     @app.exception_handler(405)
     async def wrong_method(request: Request, exc):
-        return error_response(request.url.path, 405, f"{request.method} is not served at {request.url.path}",
-                              kind="invalid_request_error")
+        return error_response(
+            request.url.path, 405, f"{request.method} is not served at {request.url.path}", kind="invalid_request_error"
+        )
 
     @app.get("/health")
     async def health():
@@ -135,17 +154,27 @@ def create_app(current: Callable[[], ServerContext | None], *, api_key: str | No
         context = served()
         w = context.worker
         cache = w.prefix_cache
-        return {"model": context.model_name, "requests_served": w.requests_served,
-                "requests_refused": w.requests_refused, "queued": w.queued, "busy": w.busy,
-                "last_request": vars(w.last), "prefix_cache": {
-                    "entries": len(cache) if cache else 0, "bytes": cache.nbytes if cache else 0,
-                    "max_bytes": cache.max_bytes if cache else 0}}
+        return {
+            "model": context.model_name,
+            "requests_served": w.requests_served,
+            "requests_refused": w.requests_refused,
+            "queued": w.queued,
+            "busy": w.busy,
+            "last_request": vars(w.last),
+            "prefix_cache": {
+                "entries": len(cache) if cache else 0,
+                "bytes": cache.nbytes if cache else 0,
+                "max_bytes": cache.max_bytes if cache else 0,
+            },
+        }
 
     @app.get("/v1/models")
     async def models():
         context = served()
-        return {"object": "list", "data": [{"id": context.model_name, "object": "model", "created": context.started,
-                                            "owned_by": "moedesk"}]}
+        return {
+            "object": "list",
+            "data": [{"id": context.model_name, "object": "model", "created": context.started, "owned_by": "moedesk"}],
+        }
 
     @app.post("/v1/chat/completions")
     async def chat_completions(request: Request):
@@ -163,8 +192,11 @@ def create_app(current: Callable[[], ServerContext | None], *, api_key: str | No
     async def count_tokens(request: Request):
         context, body = served(), await json_body(request)
         chat = anthropic_api.read_chat(body, require_max_tokens=False)
-        prompt = await run_in_threadpool(lambda: chat_prompt(context.tokenizer, chat.messages, tools=chat.tools,
-                                                             enable_thinking=chat.enable_thinking))
+        prompt = await run_in_threadpool(
+            lambda: chat_prompt(
+                context.tokenizer, chat.messages, tools=chat.tools, enable_thinking=chat.enable_thinking
+            )
+        )
         return {"input_tokens": len(prompt.ids)}
 
     return app

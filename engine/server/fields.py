@@ -19,8 +19,14 @@ class BadRequest(Exception):
 
 
 def _kind_name(kinds: tuple[type, ...]) -> str:
-    names = {str: "a string", bool: "true or false", int: "a whole number", float: "a number", list: "an array",
-             dict: "an object"}
+    names = {
+        str: "a string",
+        bool: "true or false",
+        int: "a whole number",
+        float: "a number",
+        list: "an array",
+        dict: "an object",
+    }
     return " or ".join(dict.fromkeys(names[k] for k in kinds))
 
 
@@ -52,8 +58,11 @@ def text_of(content, where: str) -> str:
     for i, part in enumerate(content):
         if not isinstance(part, dict) or part.get("type") != "text" or not isinstance(part.get("text"), str):
             kind = part.get("type") if isinstance(part, dict) else type(part).__name__
-            raise BadRequest(f"'{where}[{i}]' is a {kind!r} part; this model reads text only: send "
-                             f"{{\"type\": \"text\", \"text\": ...}} parts", f"{where}[{i}]")
+            raise BadRequest(
+                f"'{where}[{i}]' is a {kind!r} part; this model reads text only: send "
+                f'{{"type": "text", "text": ...}} parts',
+                f"{where}[{i}]",
+            )
         texts.append(part["text"])
     return "".join(texts)
 

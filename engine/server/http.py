@@ -34,15 +34,20 @@ class ServerContext:
     started: int  # Unix time, for /v1/models
 
 
-def error_response(request_path: str, status: int, message: str, param: str | None = None,
-                   kind: str | None = None) -> JSONResponse:
+def error_response(
+    request_path: str, status: int, message: str, param: str | None = None, kind: str | None = None
+) -> JSONResponse:
     """An error in the shape the path's API uses: Anthropic's on /v1/messages*, OpenAI's elsewhere."""
-    kind = kind or {400: "invalid_request_error", 401: "authentication_error", 404: "not_found_error",
-                    413: "request_too_large", 429: "rate_limit_error"}.get(status, "api_error")
+    kind = kind or {
+        400: "invalid_request_error",
+        401: "authentication_error",
+        404: "not_found_error",
+        413: "request_too_large",
+        429: "rate_limit_error",
+    }.get(status, "api_error")
     if request_path.startswith(ANTHROPIC_PATHS):
         return JSONResponse({"type": "error", "error": {"type": kind, "message": message}}, status_code=status)
-    return JSONResponse({"error": {"message": message, "type": kind, "param": param, "code": None}},
-                        status_code=status)
+    return JSONResponse({"error": {"message": message, "type": kind, "param": param, "code": None}}, status_code=status)
 
 
 async def json_body(request: Request) -> dict:
@@ -76,9 +81,12 @@ async def prepare(context: ServerContext, build) -> Prompt:
     if not prompt.ids:
         raise BadRequest("the prompt is empty: give it some text", "prompt")
     if len(prompt.ids) + 1 > context.context_tokens:
-        raise BadRequest(f"the prompt is {len(prompt.ids)} tokens and the server's context holds "
-                         f"{context.context_tokens} with the reply: shorten the conversation (or restart the server "
-                         f"with a larger --context)", "messages")
+        raise BadRequest(
+            f"the prompt is {len(prompt.ids)} tokens and the server's context holds "
+            f"{context.context_tokens} with the reply: shorten the conversation (or restart the server "
+            f"with a larger --context)",
+            "messages",
+        )
     return prompt
 
 

@@ -17,8 +17,15 @@ from engine.runtime.tool_calls import ToolCallArgumentsDelta, ToolCallFinished, 
 from engine.server import fields
 from engine.server.fields import BadRequest, get
 from engine.server.http import drain, error_response, prepare, unix_now
-from engine.server.replies import (EngineFailed, Reply, RequiredCall, check_required_call, reply_events,
-                                   required_call_ids, tool_parser)
+from engine.server.replies import (
+    EngineFailed,
+    Reply,
+    RequiredCall,
+    check_required_call,
+    reply_events,
+    required_call_ids,
+    tool_parser,
+)
 
 _THINKING_EFFORTS = {"none": False, "minimal": False, "low": True, "medium": True, "high": True, "xhigh": True}
 
@@ -68,21 +75,28 @@ def read_messages(body: dict) -> list[dict]:
         elif role == "user":
             messages.append({"role": "user", "content": text})
         elif role == "tool":
-            messages.append({"role": "tool", "content": text,
-                             "tool_call_id": get(message, "tool_call_id", str, "", where=f"{where}.")})
+            messages.append(
+                {
+                    "role": "tool",
+                    "content": text,
+                    "tool_call_id": get(message, "tool_call_id", str, "", where=f"{where}."),
+                }
+            )
         elif role == "assistant":
             entry = {"role": "assistant", "content": text}
             reasoning = message.get("reasoning_content", message.get("reasoning"))
             if reasoning is not None:
-                entry["reasoning_content"] = fields.check_text(fields.text_of(reasoning, f"{where}.reasoning_content"),
-                                                               f"{where}.reasoning_content")
+                entry["reasoning_content"] = fields.check_text(
+                    fields.text_of(reasoning, f"{where}.reasoning_content"), f"{where}.reasoning_content"
+                )
             calls = get(message, "tool_calls", list, [], where=f"{where}.")
             if calls:
                 entry["tool_calls"] = [_tool_call(call, f"{where}.tool_calls[{j}]") for j, call in enumerate(calls)]
             messages.append(entry)
         else:
-            raise BadRequest(f"'{where}.role' must be system, developer, user, assistant or tool, got {role!r}",
-                             f"{where}.role")
+            raise BadRequest(
+                f"'{where}.role' must be system, developer, user, assistant or tool, got {role!r}", f"{where}.role"
+            )
     return messages
 
 
@@ -91,9 +105,14 @@ def _tool_call(call, where: str) -> dict:
         raise BadRequest(f"'{where}' must be an object", where)
     function = get(call, "function", dict, where=f"{where}.", required=True)
     name = get(function, "name", str, where=f"{where}.function.", required=True)
-    return {"type": "function", "id": get(call, "id", str, "", where=f"{where}."),
-            "function": {"name": name, "arguments": _arguments(function.get("arguments", "{}"),
-                                                              f"{where}.function.arguments")}}
+    return {
+        "type": "function",
+        "id": get(call, "id", str, "", where=f"{where}."),
+        "function": {
+            "name": name,
+            "arguments": _arguments(function.get("arguments", "{}"), f"{where}.function.arguments"),
+        },
+    }
 
 
 def read_tools(body: dict) -> list[dict] | None:
@@ -102,8 +121,7 @@ def read_tools(body: dict) -> list[dict] | None:
     for i, tool in enumerate(tools):
         where = f"tools[{i}]"
         if not isinstance(tool, dict) or tool.get("type", "function") != "function":
-            raise BadRequest(f"'{where}' must be a function tool: {{\"type\": \"function\", \"function\": {{...}}}}",
-                             where)
+            raise BadRequest(f'\'{where}\' must be a function tool: {{"type": "function", "function": {{...}}}}', where)
         function = get(tool, "function", dict, where=f"{where}.", required=True)
         get(function, "name", str, where=f"{where}.function.", required=True)
     choice = body.get("tool_choice")
@@ -135,8 +153,9 @@ def read_thinking(body: dict) -> bool:
     if effort is None:
         return True
     if effort not in _THINKING_EFFORTS:
-        raise BadRequest(f"'reasoning_effort' must be one of {', '.join(_THINKING_EFFORTS)}, got {effort!r}",
-                         "reasoning_effort")
+        raise BadRequest(
+            f"'reasoning_effort' must be one of {', '.join(_THINKING_EFFORTS)}, got {effort!r}", "reasoning_effort"
+        )
     return _THINKING_EFFORTS[effort]
 
 
@@ -151,33 +170,52 @@ def read_sampling(body: dict, context, default_max: int | None = None) -> Sampli
     stop = body.get("stop")
     limit_name = "max_completion_tokens" if "max_completion_tokens" in body else "max_tokens"
     return fields.sampling(
-        context.defaults, {"max_new_tokens": limit_name},
-        temperature=get(body, "temperature", float), top_p=get(body, "top_p", float), top_k=get(body, "top_k", int),
-        min_p=get(body, "min_p", float), presence_penalty=get(body, "presence_penalty", float),
+        context.defaults,
+        {"max_new_tokens": limit_name},
+        temperature=get(body, "temperature", float),
+        top_p=get(body, "top_p", float),
+        top_k=get(body, "top_k", int),
+        min_p=get(body, "min_p", float),
+        presence_penalty=get(body, "presence_penalty", float),
         frequency_penalty=get(body, "frequency_penalty", float),
-        repetition_penalty=get(body, "repetition_penalty", float), max_new_tokens=max_tokens,
-        seed=get(body, "seed", int), stop=fields.stops(stop, "stop") if stop is not None else None)
+        repetition_penalty=get(body, "repetition_penalty", float),
+        max_new_tokens=max_tokens,
+        seed=get(body, "seed", int),
+        stop=fields.stops(stop, "stop") if stop is not None else None,
+    )
 
 
 def read_chat(body: dict, context) -> Chat:
     """A chat completion request's fields, checked."""
     response_format = get(body, "response_format", dict)
     if response_format is not None and response_format.get("type", "text") != "text":
-        raise BadRequest("'response_format' other than text is not supported (the engine does not constrain its "
-                         "output); describe the format in the prompt instead", "response_format")
+        raise BadRequest(
+            "'response_format' other than text is not supported (the engine does not constrain its "
+            "output); describe the format in the prompt instead",
+            "response_format",
+        )
     options = get(body, "stream_options", dict, {})
     # no limit given: the reply may fill the context, as other OpenAI-compatible servers allow
     tools = read_tools(body)
-    return Chat(read_messages(body), tools, read_tool_choice(body, tools), read_thinking(body),
-                read_sampling(body, context, default_max=context.context_tokens),
-                bool(get(body, "stream", bool, False)), bool(get(options, "include_usage", bool, False,
-                                                                  where="stream_options.")))
+    return Chat(
+        read_messages(body),
+        tools,
+        read_tool_choice(body, tools),
+        read_thinking(body),
+        read_sampling(body, context, default_max=context.context_tokens),
+        bool(get(body, "stream", bool, False)),
+        bool(get(options, "include_usage", bool, False, where="stream_options.")),
+    )
 
 
 def usage(final: TurnFinished) -> dict:
     s = final.stats
-    return {"prompt_tokens": s.prompt_tokens, "completion_tokens": s.new_tokens,
-            "total_tokens": s.prompt_tokens + s.new_tokens, "prompt_tokens_details": {"cached_tokens": s.cached_tokens}}
+    return {
+        "prompt_tokens": s.prompt_tokens,
+        "completion_tokens": s.new_tokens,
+        "total_tokens": s.prompt_tokens + s.new_tokens,
+        "prompt_tokens_details": {"cached_tokens": s.cached_tokens},
+    }
 
 
 def finish_reason(final: TurnFinished, tool_calls: bool) -> str:
@@ -187,19 +225,26 @@ def finish_reason(final: TurnFinished, tool_calls: bool) -> str:
 
 
 def _call(done: ToolCallFinished) -> dict:
-    return {"id": done.call_id, "type": "function",
-            "function": {"name": done.name, "arguments": json.dumps(done.arguments, ensure_ascii=False)}}
+    return {
+        "id": done.call_id,
+        "type": "function",
+        "function": {"name": done.name, "arguments": json.dumps(done.arguments, ensure_ascii=False)},
+    }
 
 
 async def chat_completions(request: Request, body: dict, context):
     chat = read_chat(body, context)
-    prompt = await prepare(context, lambda: chat_prompt(context.tokenizer, chat.messages, tools=chat.tools,
-                                                        enable_thinking=chat.enable_thinking))
+    prompt = await prepare(
+        context,
+        lambda: chat_prompt(context.tokenizer, chat.messages, tools=chat.tools, enable_thinking=chat.enable_thinking),
+    )
     parser = tool_parser(context.tokenizer.template_source, chat.tools, chat.sampling.seed)
     opening = required_call_ids(context.tokenizer, chat.required_call)
-    job = context.worker.submit(lambda session: session.complete(prompt, sampling=chat.sampling,
-                                                                 prefix_cache=context.worker.prefix_cache,
-                                                                 answer_start=opening))
+    job = context.worker.submit(
+        lambda session: session.complete(
+            prompt, sampling=chat.sampling, prefix_cache=context.worker.prefix_cache, answer_start=opening
+        )
+    )
     ident, created = f"chatcmpl-{uuid.uuid4().hex}", unix_now()
     reply = Reply()
     events = reply_events(job, parser, reply)
@@ -210,19 +255,42 @@ async def chat_completions(request: Request, body: dict, context):
             return _failure(request, exc)
         if reply.final is None:  # cancelled: the client has gone, nobody reads this
             return JSONResponse({}, status_code=499)
-        message = {"role": "assistant", "content": "".join(reply.answer).strip() or None,
-                   "reasoning_content": reply.final.reasoning or None}
+        message = {
+            "role": "assistant",
+            "content": "".join(reply.answer).strip() or None,
+            "reasoning_content": reply.final.reasoning or None,
+        }
         if reply.tool_calls:
             message["tool_calls"] = [_call(c) for c in reply.tool_calls]
-        return {"id": ident, "object": "chat.completion", "created": created, "model": context.model_name,
-                "choices": [{"index": 0, "message": message, "logprobs": None,
-                             "finish_reason": finish_reason(reply.final, bool(reply.tool_calls))}],
-                "usage": usage(reply.final)}
+        return {
+            "id": ident,
+            "object": "chat.completion",
+            "created": created,
+            "model": context.model_name,
+            "choices": [
+                {
+                    "index": 0,
+                    "message": message,
+                    "logprobs": None,
+                    "finish_reason": finish_reason(reply.final, bool(reply.tool_calls)),
+                }
+            ],
+            "usage": usage(reply.final),
+        }
+
     def chunk(delta: dict, finish: str | None = None) -> dict:
-        return {"data": json.dumps({"id": ident, "object": "chat.completion.chunk", "created": created,
-                                    "model": context.model_name, "choices": [
-                                        {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}]},
-                                   ensure_ascii=False)}
+        return {
+            "data": json.dumps(
+                {
+                    "id": ident,
+                    "object": "chat.completion.chunk",
+                    "created": created,
+                    "model": context.model_name,
+                    "choices": [{"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}],
+                },
+                ensure_ascii=False,
+            )
+        }
 
     async def stream():
         try:
@@ -233,22 +301,45 @@ async def chat_completions(request: Request, body: dict, context):
                 elif isinstance(item, AnswerDelta):
                     yield chunk({"content": item.text})
                 elif isinstance(item, ToolCallStarted):
-                    yield chunk({"tool_calls": [{"index": item.index, "id": item.call_id, "type": "function",
-                                                 "function": {"name": item.name, "arguments": ""}}]})
+                    yield chunk(
+                        {
+                            "tool_calls": [
+                                {
+                                    "index": item.index,
+                                    "id": item.call_id,
+                                    "type": "function",
+                                    "function": {"name": item.name, "arguments": ""},
+                                }
+                            ]
+                        }
+                    )
                 elif isinstance(item, ToolCallArgumentsDelta):
                     yield chunk({"tool_calls": [{"index": item.index, "function": {"arguments": item.delta}}]})
                 elif isinstance(item, TurnFinished):
                     yield chunk({}, finish_reason(item, bool(reply.tool_calls)))
                     if chat.include_usage:
-                        yield {"data": json.dumps({"id": ident, "object": "chat.completion.chunk",
-                                                   "created": created, "model": context.model_name,
-                                                   "choices": [], "usage": usage(item)})}
+                        yield {
+                            "data": json.dumps(
+                                {
+                                    "id": ident,
+                                    "object": "chat.completion.chunk",
+                                    "created": created,
+                                    "model": context.model_name,
+                                    "choices": [],
+                                    "usage": usage(item),
+                                }
+                            )
+                        }
                     yield {"data": "[DONE]"}
         except EngineFailed as exc:
-            yield {"data": json.dumps({"error": {"message": exc.message, "type": "api_error", "param": None,
-                                                 "code": None}})}
+            yield {
+                "data": json.dumps(
+                    {"error": {"message": exc.message, "type": "api_error", "param": None, "code": None}}
+                )
+            }
         finally:
             job.cancel()  # the client left (or the reply ended, when this does nothing)
+
     return EventSourceResponse(stream(), ping=15)
 
 
@@ -264,18 +355,26 @@ async def completions(request: Request, body: dict, context):
         raise BadRequest("'echo' is not supported by this server; leave it out", "echo")
     sampling = read_sampling(body, context, default_max=16)  # OpenAI's default for completions
     stream = bool(get(body, "stream", bool, False))
-    include_usage = bool(get(get(body, "stream_options", dict, {}), "include_usage", bool, False,
-                             where="stream_options."))
+    include_usage = bool(
+        get(get(body, "stream_options", dict, {}), "include_usage", bool, False, where="stream_options.")
+    )
     tokens = await prepare(context, lambda: text_prompt(context.tokenizer, prompt))
-    job = context.worker.submit(lambda session: session.complete(tokens, sampling=sampling,
-                                                                 prefix_cache=context.worker.prefix_cache))
+    job = context.worker.submit(
+        lambda session: session.complete(tokens, sampling=sampling, prefix_cache=context.worker.prefix_cache)
+    )
     ident, created = f"cmpl-{uuid.uuid4().hex}", unix_now()
     reply = Reply()
     events = reply_events(job, None, reply)
 
     def body_of(text: str, finish: str | None, **extra) -> dict:
-        return {"id": ident, "object": "text_completion", "created": created, "model": context.model_name,
-                "choices": [{"text": text, "index": 0, "logprobs": None, "finish_reason": finish}], **extra}
+        return {
+            "id": ident,
+            "object": "text_completion",
+            "created": created,
+            "model": context.model_name,
+            "choices": [{"text": text, "index": 0, "logprobs": None, "finish_reason": finish}],
+            **extra,
+        }
 
     if not stream:
         try:
@@ -284,8 +383,9 @@ async def completions(request: Request, body: dict, context):
             return _failure(request, exc)
         if reply.final is None:
             return JSONResponse({}, status_code=499)
-        return body_of("".join(reply.reasoning + reply.answer), finish_reason(reply.final, False),
-                       usage=usage(reply.final))
+        return body_of(
+            "".join(reply.reasoning + reply.answer), finish_reason(reply.final, False), usage=usage(reply.final)
+        )
 
     async def chunks():
         try:
@@ -301,6 +401,7 @@ async def completions(request: Request, body: dict, context):
             yield {"data": json.dumps({"error": {"message": exc.message, "type": "api_error"}})}
         finally:
             job.cancel()
+
     return EventSourceResponse(chunks(), ping=15)
 
 

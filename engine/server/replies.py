@@ -55,11 +55,16 @@ def check_required_call(required: RequiredCall, tools: list[dict] | None, name_f
     """Return `required` once the request's tools can meet it; else raise BadRequest naming the field."""
     names = [tool["function"]["name"] for tool in tools or ()]
     if required.name is not None and required.name not in names:
-        raise BadRequest(f"'{name_field}' is {required.name!r}, which is not one of the request's tools "
-                         f"({', '.join(map(repr, names)) or 'none'})", name_field)
+        raise BadRequest(
+            f"'{name_field}' is {required.name!r}, which is not one of the request's tools "
+            f"({', '.join(map(repr, names)) or 'none'})",
+            name_field,
+        )
     if not names:
-        raise BadRequest("'tool_choice' requires a tool call but 'tools' is empty: send the tools, or tool_choice "
-                         "auto", "tool_choice")
+        raise BadRequest(
+            "'tool_choice' requires a tool call but 'tools' is empty: send the tools, or tool_choice auto",
+            "tool_choice",
+        )
     return required
 
 
@@ -72,8 +77,11 @@ def required_call_ids(tokenizer, required: RequiredCall | None) -> tuple[int, ..
         return ()
     style = tc.tool_call_style(tokenizer.template_source)
     if style is None or tokenizer.token_id(tc.CALL_OPEN) is None:
-        raise BadRequest("this model's chat template has no tool-call format, so a tool call cannot be required; "
-                         "send tool_choice auto or none", "tool_choice")
+        raise BadRequest(
+            "this model's chat template has no tool-call format, so a tool call cannot be required; "
+            "send tool_choice auto or none",
+            "tool_choice",
+        )
     opening = tc.call_opening(style, required.name) if required.name is not None else ""
     return (tokenizer.token_id(tc.CALL_OPEN), *tokenizer.encode_text(opening))
 
@@ -121,8 +129,9 @@ async def reply_events(job, parser, reply: Reply) -> AsyncIterator:
             reply.final = event
             yield event
             return
-        items = _from_parser(parser.feed(event.text)) if parser is not None and isinstance(event, AnswerDelta) \
-            else [event]
+        items = (
+            _from_parser(parser.feed(event.text)) if parser is not None and isinstance(event, AnswerDelta) else [event]
+        )
         for item in items:
             _keep(reply, item)
             yield item

@@ -38,12 +38,15 @@ def is_loopback(host: str) -> bool:
         return False
 
 
-def check_settings(*, host: str, port: int, api_key: str | None, max_queue: int, prefix_cache_mib: int,
-                   max_body_mib: float) -> ServerSettings:
+def check_settings(
+    *, host: str, port: int, api_key: str | None, max_queue: int, prefix_cache_mib: int, max_body_mib: float
+) -> ServerSettings:
     """The settings, or ValueError saying which one is wrong and what to give instead."""
     if not is_loopback(host) and not api_key:
-        raise ValueError(f"--host {host} opens the API to other machines; give it a key with --api-key KEY (or "
-                         f"$MOEDESK_API_KEY), or serve on 127.0.0.1")
+        raise ValueError(
+            f"--host {host} opens the API to other machines; give it a key with --api-key KEY (or "
+            f"$MOEDESK_API_KEY), or serve on 127.0.0.1"
+        )
     if not 0 <= port <= 65535:
         raise ValueError(f"--port must be from 0 to 65535, got {port}")
     if max_queue < 0:
@@ -91,8 +94,15 @@ def listen(settings: ServerSettings, current, *, log_level: str = "info") -> Htt
     """Serve the engine `current()` returns (None: no model, 503) with `settings`; returns once the port is
     open, RuntimeError saying so when it does not open."""
     app = create_app(current, api_key=settings.api_key, max_body_bytes=settings.max_body_bytes)
-    config = uvicorn.Config(app, host=settings.host, port=settings.port, log_level=log_level, access_log=False,
-                            lifespan="off", timeout_graceful_shutdown=2)
+    config = uvicorn.Config(
+        app,
+        host=settings.host,
+        port=settings.port,
+        log_level=log_level,
+        access_log=False,
+        lifespan="off",
+        timeout_graceful_shutdown=2,
+    )
     server = uvicorn.Server(config)
     thread = threading.Thread(target=_run, args=(server,), name="http-server", daemon=True)
     thread.start()
@@ -100,8 +110,10 @@ def listen(settings: ServerSettings, current, *, log_level: str = "info") -> Htt
     while not server.started:
         if not thread.is_alive() or time.monotonic() > deadline:
             server.should_exit = True
-            raise RuntimeError(f"the server could not listen on {settings.host}:{settings.port} (is the port in use? "
-                               f"try another --port)")
+            raise RuntimeError(
+                f"the server could not listen on {settings.host}:{settings.port} (is the port in use? "
+                f"try another --port)"
+            )
         time.sleep(0.02)
     return HttpServer(server, thread, settings.host)
 
@@ -128,8 +140,16 @@ class RunningServer:
         self.http.stop()
 
 
-def start(settings: ServerSettings, model, tokenizer, *, context_tokens: int, model_name: str,
-          log_level: str = "info", **session_options) -> RunningServer:
+def start(
+    settings: ServerSettings,
+    model,
+    tokenizer,
+    *,
+    context_tokens: int,
+    model_name: str,
+    log_level: str = "info",
+    **session_options,
+) -> RunningServer:
     """Serve `model` with `settings`; returns once the port is open (RuntimeError when it does not open)."""
     session = ChatSession(model, tokenizer, context_tokens=context_tokens, **session_options)
     cache = PrefixCache(settings.prefix_cache_bytes) if settings.prefix_cache_bytes else None

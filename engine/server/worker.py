@@ -20,8 +20,10 @@ from engine.runtime.prefix_cache import PrefixCache
 from engine.runtime.session import ChatSession
 
 
-STOPPED_MESSAGE = ("the model was unloaded (or the server stopped) before this request was answered; send it again "
-                   "once a model is loaded")
+STOPPED_MESSAGE = (
+    "the model was unloaded (or the server stopped) before this request was answered; send it again "
+    "once a model is loaded"
+)
 
 
 class QueueFull(Exception):
@@ -43,11 +45,13 @@ class LastRequest:
 
 def _to_loop(loop: asyncio.AbstractEventLoop, events: asyncio.Queue) -> Callable[[object], None]:
     """A deliver function handing each event to `events` on `loop`, from the engine's thread."""
+
     def deliver(event) -> None:
         try:
             loop.call_soon_threadsafe(events.put_nowait, event)
         except RuntimeError:  # the server's event loop has closed (shutting down): nobody reads this job any more
             pass
+
     return deliver
 
 
@@ -55,8 +59,14 @@ class Job:
     """One run: its events go to `deliver` on the engine's thread, None last; by default `deliver` puts them on
     `events`, an asyncio queue on the submitting loop. `from_api`: an HTTP request (counted in the stats)."""
 
-    def __init__(self, worker: EngineWorker, run: Callable[[ChatSession], Iterator],
-                 deliver: Callable[[object], None] | None = None, *, from_api: bool = True):
+    def __init__(
+        self,
+        worker: EngineWorker,
+        run: Callable[[ChatSession], Iterator],
+        deliver: Callable[[object], None] | None = None,
+        *,
+        from_api: bool = True,
+    ):
         self._worker, self._run, self.from_api = worker, run, from_api
         self.events: asyncio.Queue | None = None
         if deliver is None:
@@ -85,8 +95,15 @@ class Job:
 class EngineWorker:
     """The model's only user: a daemon thread running queued jobs in order."""
 
-    def __init__(self, session: ChatSession, prefix_cache: PrefixCache | None, *, max_queue: int,
-                 clock: Callable[[], float] = time.monotonic, on_change: Callable[[EngineWorker], None] | None = None):
+    def __init__(
+        self,
+        session: ChatSession,
+        prefix_cache: PrefixCache | None,
+        *,
+        max_queue: int,
+        clock: Callable[[], float] = time.monotonic,
+        on_change: Callable[[EngineWorker], None] | None = None,
+    ):
         """`on_change(worker)` is called on the engine's thread after each job starts and after it ends."""
         if max_queue < 0:
             raise ValueError(f"--max-queue must be 0 or more, got {max_queue}")
@@ -117,8 +134,13 @@ class EngineWorker:
         running = self._running
         return running is not None and running.from_api
 
-    def submit(self, run: Callable[[ChatSession], Iterator], deliver: Callable[[object], None] | None = None, *,
-               from_api: bool = True) -> Job:
+    def submit(
+        self,
+        run: Callable[[ChatSession], Iterator],
+        deliver: Callable[[object], None] | None = None,
+        *,
+        from_api: bool = True,
+    ) -> Job:
         """Queue a job (see Job for `deliver` and `from_api`); an HTTP request is refused with QueueFull when
         max_queue jobs already wait, the app's own turns never are (its window sends one at a time). Stopped
         once stop() has been called."""
@@ -128,8 +150,10 @@ class EngineWorker:
                 raise Stopped(STOPPED_MESSAGE)
             if from_api and len(self._waiting) >= self.max_queue and self._running is not None:
                 self.requests_refused += 1
-                raise QueueFull(f"the engine is busy: {len(self._waiting)} requests are already waiting (the limit "
-                                f"is {self.max_queue}, --max-queue); try again shortly")
+                raise QueueFull(
+                    f"the engine is busy: {len(self._waiting)} requests are already waiting (the limit "
+                    f"is {self.max_queue}, --max-queue); try again shortly"
+                )
             self._waiting.append(job)
             self._lock.notify()
         return job
@@ -196,5 +220,6 @@ class EngineWorker:
             job.cancel_seen_at = self.clock()
             self.last_cancel = (job.cancel_requested_at, job.cancel_seen_at)
         self.requests_served += 1
-        self.last = LastRequest(stats.prompt_tokens, stats.cached_tokens, stats.new_tokens,
-                                stats.decode_tokens_per_s, stats.stop_reason)
+        self.last = LastRequest(
+            stats.prompt_tokens, stats.cached_tokens, stats.new_tokens, stats.decode_tokens_per_s, stats.stop_reason
+        )

@@ -41,8 +41,10 @@ from urllib.parse import unquote, urlsplit
 
 LFS_PATTERN = ".safetensors"
 API, ANY = "api", "*"  # fault keys: the model-info route, every route
-PORTAL_PAGE = (b"<!DOCTYPE html><html><head><title>Hotel Wi-Fi</title></head>"
-               b"<body><form>Accept the terms to get online</form></body></html>")
+PORTAL_PAGE = (
+    b"<!DOCTYPE html><html><head><title>Hotel Wi-Fi</title></head>"
+    b"<body><form>Accept the terms to get online</form></body></html>"
+)
 
 
 @dataclass
@@ -104,13 +106,15 @@ class FakeHub:
 
     # ---- set up
 
-    def add_repo(self, repo_id: str, folder: str | Path | None = None, files: dict[str, bytes] | None = None,
-                 gated: bool = False) -> FakeRepo:
+    def add_repo(
+        self, repo_id: str, folder: str | Path | None = None, files: dict[str, bytes] | None = None, gated: bool = False
+    ) -> FakeRepo:
         content = dict(files or {})
         if folder is not None:
             folder = Path(folder)
-            content.update({p.relative_to(folder).as_posix(): p.read_bytes()
-                            for p in sorted(folder.rglob("*")) if p.is_file()})
+            content.update(
+                {p.relative_to(folder).as_posix(): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}
+            )
         digest = hashlib.sha1(repo_id.encode())
         for path in sorted(content):
             digest.update(path.encode() + hashlib.sha256(content[path]).digest())
@@ -214,8 +218,9 @@ class _Handler(BaseHTTPRequestHandler):
             self.connection.shutdown(socket.SHUT_RDWR)
             return
         with self.fake.lock:
-            self.fake.requests.append((self.command, unquote(path), self.headers.get("Range"),
-                                       self.headers.get("Authorization")))
+            self.fake.requests.append(
+                (self.command, unquote(path), self.headers.get("Range"), self.headers.get("Authorization"))
+            )
         try:
             if match := _API.match(path):
                 self._api(unquote(match["repo"]), unquote(match["rev"] or "main"), head)
@@ -252,8 +257,9 @@ class _Handler(BaseHTTPRequestHandler):
             headers = {"Content-Type": "application/json"}
             if fault.retry_after is not None:
                 headers["Retry-After"] = fault.retry_after
-            self._send(fault.status, json.dumps({"error": "the fake Hub fails on purpose"}).encode(), headers,
-                       head, None)
+            self._send(
+                fault.status, json.dumps({"error": "the fake Hub fails on purpose"}).encode(), headers, head, None
+            )
         elif fault.html:
             self._send(200, PORTAL_PAGE, {"Content-Type": "text/html; charset=utf-8"}, head, None)
         else:
@@ -267,18 +273,29 @@ class _Handler(BaseHTTPRequestHandler):
         if found is None:
             return
         repo, commit = found
-        info = {"_id": "0" * 24, "id": repo.repo_id, "modelId": repo.repo_id, "author": repo.repo_id.split("/")[0],
-                "sha": commit, "private": False, "disabled": False, "gated": "manual" if repo.gated else False,
-                "tags": [], "downloads": 0, "likes": 0, "lastModified": "2026-01-01T00:00:00.000Z",
-                "createdAt": "2026-01-01T00:00:00.000Z",
-                "siblings": [self.fake.sibling(repo, p) for p in sorted(repo.files)]}
+        info = {
+            "_id": "0" * 24,
+            "id": repo.repo_id,
+            "modelId": repo.repo_id,
+            "author": repo.repo_id.split("/")[0],
+            "sha": commit,
+            "private": False,
+            "disabled": False,
+            "gated": "manual" if repo.gated else False,
+            "tags": [],
+            "downloads": 0,
+            "likes": 0,
+            "lastModified": "2026-01-01T00:00:00.000Z",
+            "createdAt": "2026-01-01T00:00:00.000Z",
+            "siblings": [self.fake.sibling(repo, p) for p in sorted(repo.files)],
+        }
         self._send(200, json.dumps(info).encode(), {"Content-Type": "application/json"}, head, None)
 
     def _authorised(self, repo: FakeRepo) -> bool:
         if not repo.gated:
             return True
         auth = self.headers.get("Authorization") or ""
-        return auth.startswith("Bearer ") and auth[len("Bearer "):] in self.fake.valid_tokens
+        return auth.startswith("Bearer ") and auth[len("Bearer ") :] in self.fake.valid_tokens
 
     def _resolve(self, repo_id: str, revision: str, path: str, head: bool) -> None:
         if self._spoiled(path, head):
@@ -288,18 +305,29 @@ class _Handler(BaseHTTPRequestHandler):
             return
         repo, commit = found
         if not self._authorised(repo):
-            self._error(401, "GatedRepo", f"Access to model {repo_id} is restricted. You must have access to it "
-                                          f"and be authenticated to access it. Please log in.")
+            self._error(
+                401,
+                "GatedRepo",
+                f"Access to model {repo_id} is restricted. You must have access to it "
+                f"and be authenticated to access it. Please log in.",
+            )
             return
         if path not in repo.files:
-            self._error(404, "EntryNotFound", f"{path} does not exist on \"{revision}\"")
+            self._error(404, "EntryNotFound", f'{path} does not exist on "{revision}"')
             return
         data = repo.files[path]
         headers = {"X-Repo-Commit": commit, "Accept-Ranges": "bytes"}
         if repo.is_lfs(path):
             sha = hashlib.sha256(data).hexdigest()
-            headers.update({"Location": f"{self.fake.cdn_endpoint}/lfs/{sha}", "X-Linked-Size": str(len(data)),
-                            "X-Linked-Etag": f'"{sha}"', "ETag": f'"{git_blob_id(data)}"', "Content-Length": "0"})
+            headers.update(
+                {
+                    "Location": f"{self.fake.cdn_endpoint}/lfs/{sha}",
+                    "X-Linked-Size": str(len(data)),
+                    "X-Linked-Etag": f'"{sha}"',
+                    "ETag": f'"{git_blob_id(data)}"',
+                    "Content-Length": "0",
+                }
+            )
             self.send_response(302)
             for key, value in headers.items():
                 self.send_header(key, value)
@@ -339,7 +367,7 @@ class _Handler(BaseHTTPRequestHandler):
             status = 206
             headers = dict(headers, **{"Content-Range": f"bytes {start}-{end}/{total}"})
         headers["Content-Type"] = "application/octet-stream"
-        self._send(status, data[start:end + 1], headers, head, path)
+        self._send(status, data[start : end + 1], headers, head, path)
 
     def _send(self, status: int, body: bytes, headers: dict, head: bool, path: str | None) -> None:
         self.send_response(status)
@@ -366,9 +394,9 @@ class _Handler(BaseHTTPRequestHandler):
         step, pause = self.fake.throttle or (64 * 1024, 0.0)
         sent = 0
         while sent < len(body):
-            piece = body[sent:sent + step]
+            piece = body[sent : sent + step]
             if drop is not None and sent + len(piece) >= drop:
-                piece = piece[:max(drop - sent, 0)]
+                piece = piece[: max(drop - sent, 0)]
                 self._write(piece, path)
                 self.wfile.flush()
                 self.connection.shutdown(socket.SHUT_RDWR)  # the connection dies mid-file
@@ -388,5 +416,10 @@ class _Handler(BaseHTTPRequestHandler):
 
     def _error(self, status: int, code: str, message: str) -> None:
         body = json.dumps({"error": message}).encode()
-        self._send(status, body, {"X-Error-Code": code, "X-Error-Message": message,
-                                  "Content-Type": "application/json"}, self.command == "HEAD", None)
+        self._send(
+            status,
+            body,
+            {"X-Error-Code": code, "X-Error-Message": message, "Content-Type": "application/json"},
+            self.command == "HEAD",
+            None,
+        )

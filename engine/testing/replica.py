@@ -43,8 +43,13 @@ def safetensors_header(tensors: dict[str, tuple[str, tuple[int, ...]]]) -> tuple
     return struct.pack("<Q", len(text)) + text, offset
 
 
-def write_replica(folder: str | Path, tensors: dict[str, tuple], config: dict, hf_quant_config: dict | None = None,
-                  generation_config: dict | None = None) -> Path:
+def write_replica(
+    folder: str | Path,
+    tensors: dict[str, tuple],
+    config: dict,
+    hf_quant_config: dict | None = None,
+    generation_config: dict | None = None,
+) -> Path:
     """Write a checkpoint folder whose safetensors headers list `tensors` (name -> (dtype, shape) or
     (dtype, shape, shard file)) over sparse data, with config.json and, when given, hf_quant_config.json and
     generation_config.json. Tensors without a shard file go to model.safetensors; several shards get
@@ -65,11 +70,14 @@ def write_replica(folder: str | Path, tensors: dict[str, tuple], config: dict, h
         total += data_bytes
     if len(shards) > 1 or SINGLE_FILE not in shards:
         weight_map = {name: shard for shard, entries in shards.items() for name in entries}
-        (folder / INDEX_FILE).write_text(json.dumps({"metadata": {"total_size": total},
-                                                     "weight_map": dict(sorted(weight_map.items()))}, indent=2))
+        (folder / INDEX_FILE).write_text(
+            json.dumps({"metadata": {"total_size": total}, "weight_map": dict(sorted(weight_map.items()))}, indent=2)
+        )
     (folder / "config.json").write_text(json.dumps(config, indent=2))
-    for file_name, content in (("hf_quant_config.json", hf_quant_config),
-                               ("generation_config.json", generation_config)):
+    for file_name, content in (
+        ("hf_quant_config.json", hf_quant_config),
+        ("generation_config.json", generation_config),
+    ):
         if content is not None:
             (folder / file_name).write_text(json.dumps(content, indent=2))
     return folder

@@ -30,25 +30,71 @@ ARCHS = ("qwen3_5_moe", "qwen3_5_moe_text", "qwen3_moe")
 FP8_BLOCK = (32, 32)  # smaller than the real 128 so tiny weights span several (and partial) blocks
 
 TEXT_QWEN3_5 = dict(
-    vocab_size=320, hidden_size=64, num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2,
-    head_dim=32, rms_norm_eps=1e-6, max_position_embeddings=4096, tie_word_embeddings=False,
+    vocab_size=320,
+    hidden_size=64,
+    num_hidden_layers=4,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    head_dim=32,
+    rms_norm_eps=1e-6,
+    max_position_embeddings=4096,
+    tie_word_embeddings=False,
     layer_types=["linear_attention", "linear_attention", "linear_attention", "full_attention"],
-    linear_conv_kernel_dim=4, linear_key_head_dim=16, linear_value_head_dim=16, linear_num_key_heads=2,
-    linear_num_value_heads=4, moe_intermediate_size=32, shared_expert_intermediate_size=32,
-    num_experts=8, num_experts_per_tok=2, hidden_act="silu",
-    rope_parameters={"rope_type": "default", "rope_theta": 10000000.0, "partial_rotary_factor": 0.25,
-                     "mrope_section": [1, 1, 2], "mrope_interleaved": True},
-    eos_token_id=1, mtp_num_hidden_layers=1,
+    linear_conv_kernel_dim=4,
+    linear_key_head_dim=16,
+    linear_value_head_dim=16,
+    linear_num_key_heads=2,
+    linear_num_value_heads=4,
+    moe_intermediate_size=32,
+    shared_expert_intermediate_size=32,
+    num_experts=8,
+    num_experts_per_tok=2,
+    hidden_act="silu",
+    rope_parameters={
+        "rope_type": "default",
+        "rope_theta": 10000000.0,
+        "partial_rotary_factor": 0.25,
+        "mrope_section": [1, 1, 2],
+        "mrope_interleaved": True,
+    },
+    eos_token_id=1,
+    mtp_num_hidden_layers=1,
 )
 TEXT_QWEN3 = dict(
-    vocab_size=320, hidden_size=64, num_hidden_layers=3, num_attention_heads=4, num_key_value_heads=2,
-    head_dim=32, rms_norm_eps=1e-6, max_position_embeddings=4096, tie_word_embeddings=False,
-    intermediate_size=96, moe_intermediate_size=32, num_experts=8, num_experts_per_tok=2,
-    norm_topk_prob=True, decoder_sparse_step=1, mlp_only_layers=[1], hidden_act="silu",
-    rope_theta=1000000.0, rope_scaling=None, use_sliding_window=False, eos_token_id=1,
+    vocab_size=320,
+    hidden_size=64,
+    num_hidden_layers=3,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    head_dim=32,
+    rms_norm_eps=1e-6,
+    max_position_embeddings=4096,
+    tie_word_embeddings=False,
+    intermediate_size=96,
+    moe_intermediate_size=32,
+    num_experts=8,
+    num_experts_per_tok=2,
+    norm_topk_prob=True,
+    decoder_sparse_step=1,
+    mlp_only_layers=[1],
+    hidden_act="silu",
+    rope_theta=1000000.0,
+    rope_scaling=None,
+    use_sliding_window=False,
+    eos_token_id=1,
 )
-VISION = dict(depth=1, hidden_size=16, intermediate_size=32, num_heads=2, out_hidden_size=64, num_position_embeddings=16,
-              patch_size=16, spatial_merge_size=2, temporal_patch_size=2, in_channels=3)
+VISION = dict(
+    depth=1,
+    hidden_size=16,
+    intermediate_size=32,
+    num_heads=2,
+    out_hidden_size=64,
+    num_position_embeddings=16,
+    patch_size=16,
+    spatial_merge_size=2,
+    temporal_patch_size=2,
+    in_channels=3,
+)
 MODELOPT_VERSION = "0.44.0"
 MODELOPT_ALGOS = {"nvfp4": MODELOPT_NVFP4_WEIGHT_ONLY, "fp8_tensor": MODELOPT_FP8}
 EXPERT_MODULE = re.compile(r"\.experts\.\d+\.\w+$")  # ModelOpt names one quantisation group per layer's experts
@@ -56,8 +102,13 @@ EXPERT_MODULE = re.compile(r"\.experts\.\d+\.\w+$")  # ModelOpt names one quanti
 
 def _expert_formats(fmt: str) -> tuple[str, str]:
     """(format of expert MLP weights, format of attention/GDN projections)."""
-    return {"bf16": ("bf16", "bf16"), "fp32": ("fp32", "fp32"), "fp8_block": ("fp8_block", "fp8_block"),
-            "nvfp4": ("nvfp4", "fp8_tensor"), "nvfp4_ct": ("nvfp4_ct", "bf16")}[fmt]
+    return {
+        "bf16": ("bf16", "bf16"),
+        "fp32": ("fp32", "fp32"),
+        "fp8_block": ("fp8_block", "fp8_block"),
+        "nvfp4": ("nvfp4", "fp8_tensor"),
+        "nvfp4_ct": ("nvfp4_ct", "bf16"),
+    }[fmt]
 
 
 def _encode(w: torch.Tensor, fmt: str) -> dict[str, torch.Tensor]:
@@ -90,23 +141,25 @@ class _Writer:
         self.tensors[name] = value.to(self.plain_dtype).contiguous()
 
     def linear(self, module: str, out_features: int, in_features: int, fmt: str, std: float | None = None) -> None:
-        w = self.randn(out_features, in_features, std=std or in_features ** -0.5)
+        w = self.randn(out_features, in_features, std=std or in_features**-0.5)
         for role, t in _encode(w, fmt).items():
             self.tensors[f"{module}.{role}"] = t.contiguous()
         if fmt not in ("bf16", "fp32"):
             self.quantized[module] = fmt
 
 
-def checkpoint_tensors(arch: str, fmt: str, text: dict, fused_experts: bool = False,
-                       seed: int = 0) -> tuple[dict[str, torch.Tensor], dict | None]:
+def checkpoint_tensors(
+    arch: str, fmt: str, text: dict, fused_experts: bool = False, seed: int = 0
+) -> tuple[dict[str, torch.Tensor], dict | None]:
     """(tensors under their checkpoint names, quantization_config) of a random model with the shapes of
     `text` (a text config dict)."""
     tensors, quant, _ = _checkpoint(arch, fmt, text, fused_experts, seed)
     return tensors, quant
 
 
-def _checkpoint(arch: str, fmt: str, text: dict, fused_experts: bool,
-                seed: int) -> tuple[dict[str, torch.Tensor], dict | None, dict | None]:
+def _checkpoint(
+    arch: str, fmt: str, text: dict, fused_experts: bool, seed: int
+) -> tuple[dict[str, torch.Tensor], dict | None, dict | None]:
     """(tensors, config.json's quantization_config, hf_quant_config.json or None)."""
     if arch not in ARCHS or fmt not in FORMATS:
         raise ValueError(f"arch must be one of {ARCHS} and format one of {FORMATS}")
@@ -121,9 +174,15 @@ def _checkpoint(arch: str, fmt: str, text: dict, fused_experts: bool,
     return (writer.tensors, *_quantization_config(fmt, writer.quantized, text))
 
 
-def write_tiny_checkpoint(folder: str | Path, arch: str = "qwen3_5_moe", fmt: str = "bf16",
-                          fused_experts: bool = False, shards: int = 1, seed: int = 0,
-                          text_overrides: dict | None = None) -> Path:
+def write_tiny_checkpoint(
+    folder: str | Path,
+    arch: str = "qwen3_5_moe",
+    fmt: str = "bf16",
+    fused_experts: bool = False,
+    shards: int = 1,
+    seed: int = 0,
+    text_overrides: dict | None = None,
+) -> Path:
     """Write the checkpoint into `folder`; `text_overrides` changes the text model's shapes (e.g. to make
     a larger model for memory tests)."""
     text = dict(TEXT_QWEN3 if arch == "qwen3_moe" else TEXT_QWEN3_5, **(text_overrides or {}))
@@ -137,30 +196,48 @@ def write_tiny_checkpoint(folder: str | Path, arch: str = "qwen3_5_moe", fmt: st
         (folder / "hf_quant_config.json").write_text(json.dumps(hf_quant, indent=2))
     (folder / "config.json").write_text(json.dumps(config, indent=2))
     special = write_tiny_tokenizer(folder, vocab_size=text["vocab_size"])
-    (folder / "generation_config.json").write_text(json.dumps(
-        {"eos_token_id": [special["eos"], special["endoftext"]], "do_sample": True, "temperature": 0.6,
-         "top_k": 20, "top_p": 0.95}))
+    (folder / "generation_config.json").write_text(
+        json.dumps(
+            {
+                "eos_token_id": [special["eos"], special["endoftext"]],
+                "do_sample": True,
+                "temperature": 0.6,
+                "top_k": 20,
+                "top_p": 0.95,
+            }
+        )
+    )
     _save(tensors, folder, shards)
     return folder
 
 
-def _write_text_model(w: _Writer, text: dict, arch: str, prefix: str, expert_fmt: str, mixer_fmt: str,
-                      fused_experts: bool) -> None:
+def _write_text_model(
+    w: _Writer, text: dict, arch: str, prefix: str, expert_fmt: str, mixer_fmt: str, fused_experts: bool
+) -> None:
     hidden, vocab = text["hidden_size"], text["vocab_size"]
     qwen3_5 = arch != "qwen3_moe"
     w.plain(f"{prefix}embed_tokens.weight", w.randn(vocab, hidden, std=1.0))
     w.plain(f"{prefix}norm.weight", w.randn(hidden, std=0.1) if qwen3_5 else 1.0 + w.randn(hidden, std=0.1))
     # nvidia's NVFP4 export quantises the LM head like the experts; the other builds keep it unquantised
     head_fmt = "nvfp4" if expert_fmt == "nvfp4" else "bf16" if expert_fmt != "fp32" else "fp32"
-    w.linear("lm_head", vocab, hidden, head_fmt, std=2.0 * hidden ** -0.5)
+    w.linear("lm_head", vocab, hidden, head_fmt, std=2.0 * hidden**-0.5)
     layer_types = text.get("layer_types") or ["full_attention"] * text["num_hidden_layers"]
     for i, kind in enumerate(layer_types):
         dense = arch == "qwen3_moe" and i in text["mlp_only_layers"]
         _write_layer(w, text, f"{prefix}layers.{i}", kind, qwen3_5, expert_fmt, mixer_fmt, fused_experts, dense)
 
 
-def _write_layer(w: _Writer, text: dict, layer: str, kind: str, qwen3_5: bool, expert_fmt: str, mixer_fmt: str,
-                 fused_experts: bool, dense: bool = False) -> None:
+def _write_layer(
+    w: _Writer,
+    text: dict,
+    layer: str,
+    kind: str,
+    qwen3_5: bool,
+    expert_fmt: str,
+    mixer_fmt: str,
+    fused_experts: bool,
+    dense: bool = False,
+) -> None:
     hidden = text["hidden_size"]
     heads, kv_heads, head_dim = text["num_attention_heads"], text["num_key_value_heads"], text["head_dim"]
     norm = (lambda n: w.randn(n, std=0.1)) if qwen3_5 else (lambda n: 1.0 + w.randn(n, std=0.1))
@@ -193,10 +270,13 @@ def _write_mtp_and_vision(w: _Writer, text: dict) -> None:
     for i in range(text.get("mtp_num_hidden_layers", 0)):
         _write_layer(w, text, f"mtp.layers.{i}", "full_attention", True, plain_fmt, plain_fmt, True)
     from engine.synthetic import vision_tensors  # here: engine.synthetic builds its tiny model from this module
-    laws = {"linear": lambda shape: w.randn(*shape, std=shape[1] ** -0.5),
-            "bias": lambda shape: w.randn(*shape, std=0.02),
-            "norm": lambda shape: 1.0 + w.randn(*shape, std=0.1),
-            "embed": lambda shape: w.randn(*shape, std=0.02)}
+
+    laws = {
+        "linear": lambda shape: w.randn(*shape, std=shape[1] ** -0.5),
+        "bias": lambda shape: w.randn(*shape, std=0.02),
+        "norm": lambda shape: 1.0 + w.randn(*shape, std=0.1),
+        "embed": lambda shape: w.randn(*shape, std=0.02),
+    }
     for name, shape, kind in vision_tensors(VISION):
         w.plain(name, laws[kind](shape))
 
@@ -227,8 +307,8 @@ def _write_moe(w: _Writer, text: dict, prefix: str, fmt: str, fused: bool, share
     hidden, inter, experts = text["hidden_size"], text["moe_intermediate_size"], text["num_experts"]
     w.linear(f"{prefix}.gate", experts, hidden, "bf16" if fmt != "fp32" else "fp32", std=1.0)
     if fused:
-        w.plain(f"{prefix}.experts.gate_up_proj", w.randn(experts, 2 * inter, hidden, std=hidden ** -0.5))
-        w.plain(f"{prefix}.experts.down_proj", w.randn(experts, hidden, inter, std=inter ** -0.5))
+        w.plain(f"{prefix}.experts.gate_up_proj", w.randn(experts, 2 * inter, hidden, std=hidden**-0.5))
+        w.plain(f"{prefix}.experts.down_proj", w.randn(experts, hidden, inter, std=inter**-0.5))
     else:
         for e in range(experts):
             _write_swiglu(w, f"{prefix}.experts.{e}", hidden, inter, fmt)
@@ -244,9 +324,13 @@ def config_json(arch: str, text: dict) -> dict:
     text_config = dict(text, model_type="qwen3_5_moe_text")
     if arch == "qwen3_5_moe_text":
         return dict(text_config, architectures=["Qwen3_5MoeForCausalLM"])
-    return {"model_type": "qwen3_5_moe", "architectures": ["Qwen3_5MoeForConditionalGeneration"],
-            "text_config": text_config, "vision_config": dict(VISION, model_type="qwen3_5_moe_vision"),
-            "tie_word_embeddings": False}
+    return {
+        "model_type": "qwen3_5_moe",
+        "architectures": ["Qwen3_5MoeForConditionalGeneration"],
+        "text_config": text_config,
+        "vision_config": dict(VISION, model_type="qwen3_5_moe_vision"),
+        "tie_word_embeddings": False,
+    }
 
 
 def _quantization_config(fmt: str, quantized: dict[str, str], text: dict) -> tuple[dict | None, dict | None]:
@@ -260,10 +344,17 @@ def _quantization_config(fmt: str, quantized: dict[str, str], text: dict) -> tup
         exclude = ["mtp*", *(f"mtp.layers.{i}*" for i in range(text.get("mtp_num_hidden_layers", 0)))]
         return modelopt_mixed_precision(groups, exclude, MODELOPT_VERSION)
     if fmt == "nvfp4_ct":
-        return {"quant_method": "compressed-tensors", "format": "nvfp4-pack-quantized",
-                "config_groups": {"group_0": {"targets": ["Linear"], "weights": {
-                    "num_bits": 4, "type": "float", "strategy": "tensor_group", "group_size": 16}}},
-                "ignore": ["lm_head", "re:.*mlp.gate$", "re:.*self_attn.*", "re:.*linear_attn.*"]}, None
+        return {
+            "quant_method": "compressed-tensors",
+            "format": "nvfp4-pack-quantized",
+            "config_groups": {
+                "group_0": {
+                    "targets": ["Linear"],
+                    "weights": {"num_bits": 4, "type": "float", "strategy": "tensor_group", "group_size": 16},
+                }
+            },
+            "ignore": ["lm_head", "re:.*mlp.gate$", "re:.*self_attn.*", "re:.*linear_attn.*"],
+        }, None
     return None, None
 
 
@@ -280,7 +371,8 @@ def _save(tensors: dict[str, torch.Tensor], folder: Path, shards: int) -> None:
         weight_map.update({n: file_name for n in part})
         total += sum(t.numel() * t.element_size() for t in part.values())
     (folder / "model.safetensors.index.json").write_text(
-        json.dumps({"metadata": {"total_size": total}, "weight_map": weight_map}, indent=2))
+        json.dumps({"metadata": {"total_size": total}, "weight_map": weight_map}, indent=2)
+    )
 
 
 def main(argv: list[str] | None = None) -> None:

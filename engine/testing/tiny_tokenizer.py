@@ -46,12 +46,18 @@ def _train(vocab_size: int) -> Tokenizer:
     tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tokenizer.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(
-        vocab_size=vocab_size, special_tokens=list(SPECIAL_TOKENS), min_frequency=1, show_progress=False,
-        initial_alphabet=pre_tokenizers.ByteLevel.alphabet())  # all 256 bytes, so any text encodes
+        vocab_size=vocab_size,
+        special_tokens=list(SPECIAL_TOKENS),
+        min_frequency=1,
+        show_progress=False,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+    )  # all 256 bytes, so any text encodes
     tokenizer.train_from_iterator([CORPUS], trainer)
     if tokenizer.get_vocab_size() != vocab_size:
-        raise ValueError(f"the built-in corpus yields {tokenizer.get_vocab_size()} tokens, not {vocab_size}; "
-                         f"ask for a smaller vocabulary")
+        raise ValueError(
+            f"the built-in corpus yields {tokenizer.get_vocab_size()} tokens, not {vocab_size}; "
+            f"ask for a smaller vocabulary"
+        )
     return tokenizer
 
 
@@ -76,9 +82,16 @@ def write_tiny_tokenizer(folder: Path, vocab_size: int = 320) -> dict:
     }
     (folder / "tokenizer_config.json").write_text(json.dumps(config, indent=2))
     (folder / "chat_template.jinja").write_text(CHAT_TEMPLATE)
-    ids = {name: tokenizer.token_to_id(token) for name, token in (
-        ("eos", "<|im_end|>"), ("im_start", "<|im_start|>"), ("endoftext", "<|endoftext|>"),
-        ("think_start", "<think>"), ("think_end", "</think>"))}
+    ids = {
+        name: tokenizer.token_to_id(token)
+        for name, token in (
+            ("eos", "<|im_end|>"),
+            ("im_start", "<|im_start|>"),
+            ("endoftext", "<|endoftext|>"),
+            ("think_start", "<think>"),
+            ("think_end", "</think>"),
+        )
+    }
     return ids
 
 

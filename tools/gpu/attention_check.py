@@ -35,33 +35,49 @@ from engine.kernels.sdpa_attention import causal_attention  # noqa: E402
 
 HEADS, KV_HEADS, HEAD_DIM = 16, 2, 256
 CASES = [(256, 4096), (256, 32768), (1, 32768)]  # (T new queries, S total positions)
-MODES = {"auto": None, "flash": SDPBackend.FLASH_ATTENTION, "efficient": SDPBackend.EFFICIENT_ATTENTION,
-         "cudnn": SDPBackend.CUDNN_ATTENTION, "math": SDPBackend.MATH}
+MODES = {
+    "auto": None,
+    "flash": SDPBackend.FLASH_ATTENTION,
+    "efficient": SDPBackend.EFFICIENT_ATTENTION,
+    "cudnn": SDPBackend.CUDNN_ATTENTION,
+    "math": SDPBackend.MATH,
+}
 BACKEND_OPS = {  # aten op name (substring) -> backend
-    "_flash_attention_forward": "flash", "_scaled_dot_product_flash_attention": "flash",
-    "_efficient_attention_forward": "efficient", "_scaled_dot_product_efficient_attention": "efficient",
-    "_scaled_dot_product_cudnn_attention": "cudnn", "_cudnn_attention_forward": "cudnn",
-    "_scaled_dot_product_attention_math": "math", "aten::bmm": "math",
+    "_flash_attention_forward": "flash",
+    "_scaled_dot_product_flash_attention": "flash",
+    "_efficient_attention_forward": "efficient",
+    "_scaled_dot_product_efficient_attention": "efficient",
+    "_scaled_dot_product_cudnn_attention": "cudnn",
+    "_cudnn_attention_forward": "cudnn",
+    "_scaled_dot_product_attention_math": "math",
+    "aten::bmm": "math",
 }
 TOLERANCE = {"ref": 2e-2, "f32": 1e-2}  # bf16; fp16 is tighter but the same bound is used
-MIB = 2 ** 20
+MIB = 2**20
 
 
 def plan_budget(new: int) -> int:
     try:
-        from engine.runtime.planner import (ACCUMULATOR_BYTES, ACTIVATION_BYTES, ATTENTION_KEY_BLOCK,
-                                            ATTENTION_QUERY_BLOCK)
+        from engine.runtime.planner import (
+            ACCUMULATOR_BYTES,
+            ACTIVATION_BYTES,
+            ATTENTION_KEY_BLOCK,
+            ATTENTION_QUERY_BLOCK,
+        )
     except Exception:  # noqa: BLE001 - the figure is context only
         ACCUMULATOR_BYTES, ACTIVATION_BYTES, ATTENTION_KEY_BLOCK, ATTENTION_QUERY_BLOCK = 4, 2, 512, 128
     width = HEADS * HEAD_DIM
     per_token = (width + 2 * HEADS) * ACCUMULATOR_BYTES + width * ACTIVATION_BYTES
-    block_pair = (2 * min(new, ATTENTION_QUERY_BLOCK) * HEADS * ATTENTION_KEY_BLOCK * ACCUMULATOR_BYTES
-                  + 2 * ATTENTION_KEY_BLOCK * HEADS * HEAD_DIM * ACTIVATION_BYTES)
+    block_pair = (
+        2 * min(new, ATTENTION_QUERY_BLOCK) * HEADS * ATTENTION_KEY_BLOCK * ACCUMULATOR_BYTES
+        + 2 * ATTENTION_KEY_BLOCK * HEADS * HEAD_DIM * ACTIVATION_BYTES
+    )
     return new * per_token + block_pair
 
 
 def backend_of(fn) -> str:
     from torch.profiler import ProfilerActivity, profile
+
     with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
         fn()
         torch.cuda.synchronize()
@@ -97,10 +113,15 @@ def relative_error(got: torch.Tensor, expected: torch.Tensor) -> float:
 
 
 def main() -> int:
-    print(f"torch {torch.__version__}, {torch.cuda.get_device_name()}, "
-          f"sm_{''.join(map(str, torch.cuda.get_device_capability()))}", flush=True)
-    header = (f"{'dtype':<5} {'T':>4} {'S':>6} {'mode':<10} {'backend':<10} {'err/ref':>8} {'err/f32':>8} "
-              f"{'peak MiB':>9} {'plan MiB':>9} {'ms':>8}  result")
+    print(
+        f"torch {torch.__version__}, {torch.cuda.get_device_name()}, "
+        f"sm_{''.join(map(str, torch.cuda.get_device_capability()))}",
+        flush=True,
+    )
+    header = (
+        f"{'dtype':<5} {'T':>4} {'S':>6} {'mode':<10} {'backend':<10} {'err/ref':>8} {'err/f32':>8} "
+        f"{'peak MiB':>9} {'plan MiB':>9} {'ms':>8}  result"
+    )
     rows, failures = [header, "-" * len(header)], 0
     for dtype in (torch.bfloat16, torch.float16):
         for new, total in CASES:
@@ -108,7 +129,7 @@ def main() -> int:
             q = torch.randn(new, HEADS, HEAD_DIM, device="cuda", generator=gen).to(dtype)
             k = torch.randn(total, KV_HEADS, HEAD_DIM, device="cuda", generator=gen).to(dtype)
             v = torch.randn(total, KV_HEADS, HEAD_DIM, device="cuda", generator=gen).to(dtype)
-            scale = HEAD_DIM ** -0.5
+            scale = HEAD_DIM**-0.5
             name, plan = str(dtype).removeprefix("torch."), plan_budget(new) / MIB
             scores = HEADS * new * total * 4 / MIB
             try:
@@ -116,19 +137,23 @@ def main() -> int:
                     expected = reference.causal_attention(q, k, v, scale)
                     exact = reference.causal_attention(q.float(), k.float(), v.float(), scale)
                     _, ref_peak, ref_ms = measure(lambda: reference.causal_attention(q, k, v, scale), 5)
-                rows.append(f"{name:<5} {new:>4} {total:>6} {'reference':<10} {'-':<10} {'':>8} "
-                            f"{relative_error(expected, exact):>8.1e} {ref_peak:>9.1f} {plan:>9.1f} {ref_ms:>8.3f}  "
-                            f"(all-head scores {scores:.0f} MiB)")
+                rows.append(
+                    f"{name:<5} {new:>4} {total:>6} {'reference':<10} {'-':<10} {'':>8} "
+                    f"{relative_error(expected, exact):>8.1e} {ref_peak:>9.1f} {plan:>9.1f} {ref_ms:>8.3f}  "
+                    f"(all-head scores {scores:.0f} MiB)"
+                )
             except Exception as error:  # noqa: BLE001
                 rows.append(f"{name:<5} {new:>4} {total:>6} reference  FAILED {type(error).__name__}: {error}"[:200])
                 failures += 1
                 continue
             for mode, backend in MODES.items():
+
                 def call(backend=backend):
                     if backend is None:
                         return causal_attention(q, k, v, scale)
                     with sdpa_kernel([backend]):
                         return causal_attention(q, k, v, scale)
+
                 prefix = f"{name:<5} {new:>4} {total:>6} {mode:<10}"
                 try:
                     with torch.no_grad(), warnings.catch_warnings():
@@ -144,21 +169,26 @@ def main() -> int:
                     if mode != "math" and peak > plan:
                         problems.append("over plan")
                     failures += bool(problems) and mode == "auto"
-                    rows.append(f"{prefix} {ran:<10} {err_ref:>8.1e} {err_f32:>8.1e} {peak:>9.1f} {plan:>9.1f} "
-                                f"{ms:>8.3f}  {' '.join(problems) or 'ok'}")
+                    rows.append(
+                        f"{prefix} {ran:<10} {err_ref:>8.1e} {err_f32:>8.1e} {peak:>9.1f} {plan:>9.1f} "
+                        f"{ms:>8.3f}  {' '.join(problems) or 'ok'}"
+                    )
                 except Exception as error:  # noqa: BLE001 - a forced backend that cannot run is a result
                     message = str(error).strip().splitlines()[-1] if str(error).strip() else ""
                     kind = "no kernel" if "No available kernel" in str(error) else type(error).__name__
                     failures += mode == "auto"
-                    rows.append(f"{prefix} {'-':<10} {'':>8} {'':>8} {'':>9} {plan:>9.1f} {'':>8}  {kind}: "
-                                f"{message[:90]}")
+                    rows.append(
+                        f"{prefix} {'-':<10} {'':>8} {'':>8} {'':>9} {plan:>9.1f} {'':>8}  {kind}: {message[:90]}"
+                    )
                     if mode == "auto":
                         traceback.print_exc()
                 print(rows[-1], flush=True)
             q = k = v = expected = exact = None  # frees this case's tensors before the next is made
     print("\n".join(["", *rows]))
-    print(f"\n{failures} failing 'auto'/reference row(s); forced-backend rows are information "
-          "(a forced backend over plan or with no kernel is not a failure)")
+    print(
+        f"\n{failures} failing 'auto'/reference row(s); forced-backend rows are information "
+        "(a forced backend over plan or with no kernel is not a failure)"
+    )
     return 1 if failures else 0
 
 

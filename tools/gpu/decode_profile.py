@@ -54,9 +54,11 @@ def main() -> None:
     torch.cuda.synchronize()
     after = memory()
     graphs = len(model.decode_runner.graphs)
-    print(f"capture and first replay {time.perf_counter() - started:.3f} s, {graphs} graphs, "
-          f"pool {(after[0] - before[0]) / 2**20:.1f} MiB, "
-          f"outside the allocator {(after[1] - before[1]) / 2**20:.1f} MiB")
+    print(
+        f"capture and first replay {time.perf_counter() - started:.3f} s, {graphs} graphs, "
+        f"pool {(after[0] - before[0]) / 2**20:.1f} MiB, "
+        f"outside the allocator {(after[1] - before[1]) / 2**20:.1f} MiB"
+    )
     for _ in range(4):
         token = int(model.forward([token], state).argmax())
     step, token = timed_steps(model, state, token)
@@ -94,16 +96,21 @@ def timeline(profiled) -> None:
         path = Path(folder) / "trace.json"
         profiled.export_chrome_trace(str(path))
         trace = json.loads(path.read_text())
-    kernels = sorted((e["ts"], e["dur"], e["name"]) for e in trace["traceEvents"]
-                     if e.get("cat") in ("kernel", "gpu_memcpy", "gpu_memset") and "ts" in e)
+    kernels = sorted(
+        (e["ts"], e["dur"], e["name"])
+        for e in trace["traceEvents"]
+        if e.get("cat") in ("kernel", "gpu_memcpy", "gpu_memset") and "ts" in e
+    )
     ends = [i for i, (_, _, name) in enumerate(kernels) if "argmax" in name or "ArgMax" in name]
     starts = [0] + [i + 1 for i in ends[:-1]]
     print(f"timeline: {len(kernels)} device activities, {len(ends)} steps found (ended by argmax)")
     for first, last in zip(starts, ends):
         span = kernels[last][0] + kernels[last][1] - kernels[first][0]
-        busy = sum(d for _, d, _ in kernels[first:last + 1])
-        print(f"  step: {last - first + 1} kernels, span {span / 1e3:.2f} ms, busy {busy / 1e3:.2f} ms, "
-              f"idle between kernels {(span - busy) / 1e3:.2f} ms")
+        busy = sum(d for _, d, _ in kernels[first : last + 1])
+        print(
+            f"  step: {last - first + 1} kernels, span {span / 1e3:.2f} ms, busy {busy / 1e3:.2f} ms, "
+            f"idle between kernels {(span - busy) / 1e3:.2f} ms"
+        )
     for before, after in zip(ends, starts[1:]):
         print(f"  between steps: {(kernels[after][0] - kernels[before][0] - kernels[before][1]) / 1e3:.2f} ms")
     if len(ends) < 2:
@@ -153,9 +160,12 @@ def host_breakdown(model, state, token: int) -> None:
     executor.compute_on_cpu = _Timed(executor.compute_on_cpu, totals, "compute_on_cpu")
     if executor.cpu_kernel is not None:
         executor.cpu_kernel.run = _Timed(executor.cpu_kernel.run, totals, "  of which the kernel")
-    runner._program = [_Timed(action, totals, "graph replays")
-                       if isinstance(getattr(action, "__self__", None), torch.cuda.CUDAGraph) else action
-                       for action in runner._program]
+    runner._program = [
+        _Timed(action, totals, "graph replays")
+        if isinstance(getattr(action, "__self__", None), torch.cuda.CUDAGraph)
+        else action
+        for action in runner._program
+    ]
     step, token = timed_steps(model, state, token)
     print(f"host breakdown, step {step * 1e3:.2f} ms:")
     for name, total in totals.items():

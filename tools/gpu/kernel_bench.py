@@ -36,6 +36,7 @@ MAX_COPIES = 64
 
 # ------------------------------------------------------------------------------------------- weights (any device)
 
+
 def _scales_fp8(shape, device, gen):
     """Block scales in a realistic range (2^-4 .. 2^3), stored as float8_e4m3fn."""
     return torch.exp2(torch.rand(shape, generator=gen, device=device) * 7 - 4).to(torch.float8_e4m3fn)
@@ -45,8 +46,11 @@ def nvfp4_tensors(n, k, device, gen, lead=(), per_row=True, compressed=False):
     codes = torch.randint(0, 256, (*lead, n, k // 2), generator=gen, device=device, dtype=torch.uint8)
     scales = _scales_fp8((*lead, n, k // 16), device, gen)
     if compressed:
-        return {"weight_packed": codes, "weight_scale": scales,
-                "weight_global_scale": torch.full((1,), 2688.0, device=device)}
+        return {
+            "weight_packed": codes,
+            "weight_scale": scales,
+            "weight_global_scale": torch.full((1,), 2688.0, device=device),
+        }
     scale_2 = (torch.rand((*lead, n) if per_row else (), generator=gen, device=device) + 0.5) * 1e-3
     return {"weight": codes, "weight_scale": scales, "weight_scale_2": scale_2}
 
@@ -84,7 +88,7 @@ def stack_in_pool(parts: list[dict[str, torch.Tensor]], slots: int, align: int =
     records = pool.view(slots, record)
     views = [dict() for _ in parts]
     for index, role, t, inner, offset, nbytes in layout:
-        view = records[:, offset:offset + nbytes].view(t.dtype).unflatten(1, inner)
+        view = records[:, offset : offset + nbytes].view(t.dtype).unflatten(1, inner)
         view.copy_(t)
         views[index][role] = view
     return pool, views
@@ -119,6 +123,7 @@ def rel_error(out: torch.Tensor, ref: torch.Tensor) -> float:
 
 
 # ------------------------------------------------------------------------------------------------- timing (cuda)
+
 
 def _median_event_us(fn, reps):
     starts = [torch.cuda.Event(enable_timing=True) for _ in range(reps)]
@@ -161,6 +166,7 @@ def time_call(calls: list, reps: int, graph_calls: int = 32) -> tuple[float, flo
 
 # ------------------------------------------------------------------------------------------------------ the cases
 
+
 class Result:
     def __init__(self, name, shape, fmt, rows):
         self.name, self.shape, self.fmt, self.rows = name, shape, fmt, rows
@@ -175,10 +181,12 @@ def _copies(nbytes: int) -> int:
 def linear_case(tl_mod, name, fmt, n, k, rows, reps, gen, device="cuda", **kw) -> Result:
     res = Result(name, f"{n}x{k}", fmt, rows)
     try:
-        make = {NVFP4: lambda: nvfp4_tensors(n, k, device, gen, per_row=kw.get("per_row", True)),
-                NVFP4_CT: lambda: nvfp4_tensors(n, k, device, gen, compressed=True),
-                FP8_TENSOR: lambda: fp8_tensors(n, k, device, gen, per_row=kw.get("per_row", True)),
-                FP8_BLOCK: lambda: fp8_block_tensors(n, k, device, gen)}[fmt]
+        make = {
+            NVFP4: lambda: nvfp4_tensors(n, k, device, gen, per_row=kw.get("per_row", True)),
+            NVFP4_CT: lambda: nvfp4_tensors(n, k, device, gen, compressed=True),
+            FP8_TENSOR: lambda: fp8_tensors(n, k, device, gen, per_row=kw.get("per_row", True)),
+            FP8_BLOCK: lambda: fp8_block_tensors(n, k, device, gen),
+        }[fmt]
         first = stored(fmt, make(), (n, k))
         nbytes = weight_bytes(first)
         x = torch.randn(rows, k, generator=gen, device=device).to(torch.bfloat16)
@@ -192,7 +200,7 @@ def linear_case(tl_mod, name, fmt, n, k, rows, reps, gen, device="cuda", **kw) -
         weights = [first] + [stored(fmt, make(), (n, k)) for _ in range(_copies(nbytes) - 1)]
         res.eager, res.graph = time_call([lambda w=w: tl_mod.linear(x, w) for w in weights], reps)
         res.gbs = nbytes / (res.graph * 1e-6) / 1e9
-        dense = [w.dequantize(torch.bfloat16) for w in weights[:_copies(n * k * 2)]]
+        dense = [w.dequantize(torch.bfloat16) for w in weights[: _copies(n * k * 2)]]
         _, res.bf16 = time_call([lambda d=d: torch.matmul(x, d.T) for d in dense], reps)
     except Exception:  # noqa: BLE001 - report and go on
         res.note = traceback.format_exc(limit=3).strip().splitlines()[-1]
@@ -206,15 +214,19 @@ def grouped_case(tl_mod, name, fmt, n, k, sizes, slots_total, reps, gen, device=
     res = Result(name, f"{len(sizes)}x{rows // max(1, len(sizes))}r {n}x{k}", fmt, rows)
     try:
         lead = (slots_total,)
-        make = {NVFP4: lambda nn, kk: nvfp4_tensors(nn, kk, device, gen, lead=lead),
-                FP8_TENSOR: lambda nn, kk: fp8_tensors(nn, kk, device, gen, lead=lead),
-                DENSE: lambda nn, kk: dense_tensors(nn, kk, device, gen, lead=lead)}[fmt]
+        make = {
+            NVFP4: lambda nn, kk: nvfp4_tensors(nn, kk, device, gen, lead=lead),
+            FP8_TENSOR: lambda nn, kk: fp8_tensors(nn, kk, device, gen, lead=lead),
+            DENSE: lambda nn, kk: dense_tensors(nn, kk, device, gen, lead=lead),
+        }[fmt]
         _pool, (main, _other) = stack_in_pool([make(n, k), make(k, n)], slots_total)
         weight = stored(fmt, main, (slots_total, n, k))
         x = torch.randn(rows, k, generator=gen, device=device).to(torch.bfloat16)
         n_groups = len(sizes)
-        choices = [torch.randperm(slots_total, generator=torch.Generator().manual_seed(seed))[:n_groups].tolist()
-                   for seed in range(8 if n_groups < slots_total else 1)]
+        choices = [
+            torch.randperm(slots_total, generator=torch.Generator().manual_seed(seed))[:n_groups].tolist()
+            for seed in range(8 if n_groups < slots_total else 1)
+        ]
         groups = [groups_of(sizes, slots) for slots in choices]
         expected = reference.grouped_linear(x.float(), weight, groups[0])
         got = tl_mod.grouped_linear(x, weight, groups[0])
@@ -245,50 +257,133 @@ def all_cases(tl_mod, reps, device="cuda", small=False):
     slots = 8 if small else 256
     cases = []
     for n, k in ((512, 2048), (2048, 512)):
-        cases.append((f"linear nvfp4 {n}x{k} M=1", lambda n=n, k=k: linear_case(
-            tl_mod, "linear", NVFP4, s(n), s(k), 1, reps, gen, device)))
-    cases.append(("linear nvfp4 scalar-scale2 512x2048 M=1", lambda: linear_case(
-        tl_mod, "linear s2", NVFP4, s(512), s(2048), 1, reps, gen, device, per_row=False)))
-    cases.append(("linear nvfp4_ct 512x2048 M=1", lambda: linear_case(
-        tl_mod, "linear", NVFP4_CT, s(512), s(2048), 1, reps, gen, device)))
+        cases.append(
+            (
+                f"linear nvfp4 {n}x{k} M=1",
+                lambda n=n, k=k: linear_case(tl_mod, "linear", NVFP4, s(n), s(k), 1, reps, gen, device),
+            )
+        )
+    cases.append(
+        (
+            "linear nvfp4 scalar-scale2 512x2048 M=1",
+            lambda: linear_case(tl_mod, "linear s2", NVFP4, s(512), s(2048), 1, reps, gen, device, per_row=False),
+        )
+    )
+    cases.append(
+        (
+            "linear nvfp4_ct 512x2048 M=1",
+            lambda: linear_case(tl_mod, "linear", NVFP4_CT, s(512), s(2048), 1, reps, gen, device),
+        )
+    )
     for n, k in ((8192, 2048), (2048, 4096), (12288, 2048)):
-        cases.append((f"linear fp8 {n}x{k} M=1", lambda n=n, k=k: linear_case(
-            tl_mod, "linear", FP8_TENSOR, s(n), s(k), 1, reps, gen, device)))
-    cases.append(("linear fp8_block 8192x2048 M=1", lambda: linear_case(
-        tl_mod, "linear", FP8_BLOCK, s(8192), s(2048), 1, reps, gen, device)))
+        cases.append(
+            (
+                f"linear fp8 {n}x{k} M=1",
+                lambda n=n, k=k: linear_case(tl_mod, "linear", FP8_TENSOR, s(n), s(k), 1, reps, gen, device),
+            )
+        )
+    cases.append(
+        (
+            "linear fp8_block 8192x2048 M=1",
+            lambda: linear_case(tl_mod, "linear", FP8_BLOCK, s(8192), s(2048), 1, reps, gen, device),
+        )
+    )
     for rows in (4, 16):
-        cases.append((f"linear nvfp4 512x2048 M={rows}", lambda rows=rows: linear_case(
-            tl_mod, "linear", NVFP4, s(512), s(2048), rows, reps, gen, device)))
-        cases.append((f"linear fp8 8192x2048 M={rows}", lambda rows=rows: linear_case(
-            tl_mod, "linear", FP8_TENSOR, s(8192), s(2048), rows, reps, gen, device)))
+        cases.append(
+            (
+                f"linear nvfp4 512x2048 M={rows}",
+                lambda rows=rows: linear_case(tl_mod, "linear", NVFP4, s(512), s(2048), rows, reps, gen, device),
+            )
+        )
+        cases.append(
+            (
+                f"linear fp8 8192x2048 M={rows}",
+                lambda rows=rows: linear_case(tl_mod, "linear", FP8_TENSOR, s(8192), s(2048), rows, reps, gen, device),
+            )
+        )
     for rows in (256, 2048):
         m = rows if not small else rows // 64
-        cases.append((f"linear nvfp4 512x2048 M={rows}", lambda m=m: linear_case(
-            tl_mod, "linear", NVFP4, s(512), s(2048), m, reps, gen, device)))
-        cases.append((f"linear fp8 8192x2048 M={rows}", lambda m=m: linear_case(
-            tl_mod, "linear", FP8_TENSOR, s(8192), s(2048), m, reps, gen, device)))
-        cases.append((f"linear fp8_block 8192x2048 M={rows}", lambda m=m: linear_case(
-            tl_mod, "linear", FP8_BLOCK, s(8192), s(2048), m, reps, gen, device)))
+        cases.append(
+            (
+                f"linear nvfp4 512x2048 M={rows}",
+                lambda m=m: linear_case(tl_mod, "linear", NVFP4, s(512), s(2048), m, reps, gen, device),
+            )
+        )
+        cases.append(
+            (
+                f"linear fp8 8192x2048 M={rows}",
+                lambda m=m: linear_case(tl_mod, "linear", FP8_TENSOR, s(8192), s(2048), m, reps, gen, device),
+            )
+        )
+        cases.append(
+            (
+                f"linear fp8_block 8192x2048 M={rows}",
+                lambda m=m: linear_case(tl_mod, "linear", FP8_BLOCK, s(8192), s(2048), m, reps, gen, device),
+            )
+        )
     for n, k in ((1024, 2048), (2048, 512)):
-        cases.append((f"grouped nvfp4 decode 8x1 {n}x{k}", lambda n=n, k=k: grouped_case(
-            tl_mod, "grouped decode", NVFP4, s(n), s(k), [1] * 8, slots, reps, gen, device)))
+        cases.append(
+            (
+                f"grouped nvfp4 decode 8x1 {n}x{k}",
+                lambda n=n, k=k: grouped_case(
+                    tl_mod, "grouped decode", NVFP4, s(n), s(k), [1] * 8, slots, reps, gen, device
+                ),
+            )
+        )
     for n, k in ((1024, 2048), (2048, 512)):
         for per_group in (8, 64):
             groups_n = slots if not small else 4
             rows_each = per_group if not small else per_group // 4
-            cases.append((f"grouped nvfp4 prefill {groups_n}x{per_group} {n}x{k}",
-                          lambda n=n, k=k, g=groups_n, r=rows_each: grouped_case(
-                              tl_mod, "grouped prefill", NVFP4, s(n), s(k), [r] * g, slots, reps, gen, device)))
-    cases.append(("grouped fp8 decode 8x1 1024x2048", lambda: grouped_case(
-        tl_mod, "grouped decode", FP8_TENSOR, s(1024), s(2048), [1] * 8, slots, reps, gen, device)))
-    cases.append(("grouped fp8 prefill 256x8 1024x2048", lambda: grouped_case(
-        tl_mod, "grouped prefill", FP8_TENSOR, s(1024), s(2048), [8] * (slots if not small else 4), slots, reps,
-        gen, device)))
+            cases.append(
+                (
+                    f"grouped nvfp4 prefill {groups_n}x{per_group} {n}x{k}",
+                    lambda n=n, k=k, g=groups_n, r=rows_each: grouped_case(
+                        tl_mod, "grouped prefill", NVFP4, s(n), s(k), [r] * g, slots, reps, gen, device
+                    ),
+                )
+            )
+    cases.append(
+        (
+            "grouped fp8 decode 8x1 1024x2048",
+            lambda: grouped_case(
+                tl_mod, "grouped decode", FP8_TENSOR, s(1024), s(2048), [1] * 8, slots, reps, gen, device
+            ),
+        )
+    )
+    cases.append(
+        (
+            "grouped fp8 prefill 256x8 1024x2048",
+            lambda: grouped_case(
+                tl_mod,
+                "grouped prefill",
+                FP8_TENSOR,
+                s(1024),
+                s(2048),
+                [8] * (slots if not small else 4),
+                slots,
+                reps,
+                gen,
+                device,
+            ),
+        )
+    )
     for n, k in ((1024, 2048), (2048, 512)):
-        cases.append((f"grouped dense-bf16 decode 8x1 {n}x{k}", lambda n=n, k=k: grouped_case(
-            tl_mod, "grouped decode", DENSE, s(n), s(k), [1] * 8, slots, reps, gen, device)))
-    cases.append(("grouped nvfp4 uneven 1024x2048", lambda: grouped_case(
-        tl_mod, "grouped uneven", NVFP4, s(1024), s(2048), [3, 0, 17, 1, 40, 0, 5, 2], slots, reps, gen, device)))
+        cases.append(
+            (
+                f"grouped dense-bf16 decode 8x1 {n}x{k}",
+                lambda n=n, k=k: grouped_case(
+                    tl_mod, "grouped decode", DENSE, s(n), s(k), [1] * 8, slots, reps, gen, device
+                ),
+            )
+        )
+    cases.append(
+        (
+            "grouped nvfp4 uneven 1024x2048",
+            lambda: grouped_case(
+                tl_mod, "grouped uneven", NVFP4, s(1024), s(2048), [3, 0, 17, 1, 40, 0, 5, 2], slots, reps, gen, device
+            ),
+        )
+    )
     return cases
 
 
@@ -306,8 +401,11 @@ def main(argv=None) -> int:
         return 2
     from engine.kernels import triton_linear as tl_mod
 
-    print(f"torch {torch.__version__}, triton {__import__('triton').__version__}, {torch.cuda.get_device_name()}, "
-          f"capability {torch.cuda.get_device_capability()}", flush=True)
+    print(
+        f"torch {torch.__version__}, triton {__import__('triton').__version__}, {torch.cuda.get_device_name()}, "
+        f"capability {torch.cuda.get_device_capability()}",
+        flush=True,
+    )
     reps = 40 if args.quick else 200
     results, failures = [], 0
     for name, thunk in all_cases(tl_mod, reps):
@@ -324,11 +422,15 @@ def main(argv=None) -> int:
     print(header)
     print("-" * len(header))
     for r in results:
-        print(f"{r.name:44} {r.fmt:10} {r.rows:5d} {_fmt(r.eager, '9.1f')} {_fmt(r.graph, '9.2f')} "
-              f"{_fmt(r.gbs, '7.0f')} {_fmt(r.bf16, '8.2f')} "
-              f"{'ok' if r.ok else 'FAIL ' + _fmt(r.error, '.1e') + ' ' + r.note}")
-    print(f"\n{len(results) - failures}/{len(results)} cases within {TOLERANCE:g} of the reference"
-          + (f"; {failures} FAILED" if failures else ""))
+        print(
+            f"{r.name:44} {r.fmt:10} {r.rows:5d} {_fmt(r.eager, '9.1f')} {_fmt(r.graph, '9.2f')} "
+            f"{_fmt(r.gbs, '7.0f')} {_fmt(r.bf16, '8.2f')} "
+            f"{'ok' if r.ok else 'FAIL ' + _fmt(r.error, '.1e') + ' ' + r.note}"
+        )
+    print(
+        f"\n{len(results) - failures}/{len(results)} cases within {TOLERANCE:g} of the reference"
+        + (f"; {failures} FAILED" if failures else "")
+    )
     return 1 if failures else 0
 
 

@@ -26,13 +26,17 @@ def check_lines(name: str, checked: dict) -> list[str]:
     """One markdown row per backend: the formula's error against the run's measured decodes, and prefill's."""
     lines = []
     for backend, summary in checked["decode_error_by_backend"].items():
-        lines.append(f"| {name} | decode, {backend} | {summary['rows']} | {_percent(summary['median_abs_error'])} "
-                     f"| {_percent(summary['max_abs_error'])} | {_percent(summary['mean_signed_error'])} |")
+        lines.append(
+            f"| {name} | decode, {backend} | {summary['rows']} | {_percent(summary['median_abs_error'])} "
+            f"| {_percent(summary['max_abs_error'])} | {_percent(summary['mean_signed_error'])} |"
+        )
     prefill = checked["prefill_error"]
     if prefill["rows"]:
-        lines.append(f"| {name} | prefill (other prompts than 4,096) | {prefill['rows']} | "
-                     f"{_percent(prefill['median_abs_error'])} | {_percent(prefill['max_abs_error'])} | "
-                     f"{_percent(prefill['mean_signed_error'])} |")
+        lines.append(
+            f"| {name} | prefill (other prompts than 4,096) | {prefill['rows']} | "
+            f"{_percent(prefill['median_abs_error'])} | {_percent(prefill['max_abs_error'])} | "
+            f"{_percent(prefill['mean_signed_error'])} |"
+        )
     return lines
 
 
@@ -45,16 +49,21 @@ def card_lines(name: str, card: dict, routing: str = "uniform") -> list[str]:
     for backend, decode in card["decode_tokens_per_s"].get(routing, {}).items():
         if backend == "auto":
             continue  # auto runs one of the others
-        lines.append(f"| {card['card']['name']} | {name} | {backend} | {decode['modelled']:.1f} | "
-                     f"{decode['scaled_by_measured']:.1f} | {prefills} | {ttft} |")
+        lines.append(
+            f"| {card['card']['name']} | {name} | {backend} | {decode['modelled']:.1f} | "
+            f"{decode['scaled_by_measured']:.1f} | {prefills} | {ttft} |"
+        )
     return lines
 
 
 def main(argv: list[str]) -> int:
     """Print the check table and the cards' table for the given results; say which files could not be read."""
     checks = ["| run | what | rows | median error | largest error | mean signed error |", "|---|---|---|---|---|---|"]
-    cards = ["| card (modelled) | from run | backend | decode tok/s, formula | decode tok/s, scaled by measured | "
-             "prefill tok/s 512 / 4,096 / 16,384 | TTFT s |", "|---|---|---|---|---|---|---|"]
+    cards = [
+        "| card (modelled) | from run | backend | decode tok/s, formula | decode tok/s, scaled by measured | "
+        "prefill tok/s 512 / 4,096 / 16,384 | TTFT s |",
+        "|---|---|---|---|---|---|---|",
+    ]
     for path in map(Path, argv):
         try:
             result = json.loads(path.read_text())

@@ -57,7 +57,7 @@ def load_llama_bench(path: Path) -> list[dict]:
     except ValueError:
         end = text.rfind("}")  # the last finished test object (print_test writes each whole)
         try:
-            return json.loads(text[:end + 1] + "]") if end > 0 else []
+            return json.loads(text[: end + 1] + "]") if end > 0 else []
         except ValueError:
             return []
 
@@ -67,9 +67,12 @@ def ours_rows(result: dict, routing: str) -> list[Row]:
     runs = [r for r in result["runs"] if r.get("routing") == routing and "prefill_tokens_per_s" in r]
     budget = (result.get("plan") or {}).get("budget_bytes")
     peaks = [r["peak_process_bytes"] for r in result["runs"] if "peak_process_bytes" in r]
-    common = {"prefill": {r["prompt_tokens"]: r["prefill_tokens_per_s"] for r in runs if r["prompt_tokens"] in PROMPTS},
-              "ttft": {r["prompt_tokens"]: r["time_to_first_token_s"] for r in runs if r["prompt_tokens"] in PROMPTS},
-              "peak_bytes": max(peaks) if peaks else None, "budget_bytes": budget}
+    common = {
+        "prefill": {r["prompt_tokens"]: r["prefill_tokens_per_s"] for r in runs if r["prompt_tokens"] in PROMPTS},
+        "ttft": {r["prompt_tokens"]: r["time_to_first_token_s"] for r in runs if r["prompt_tokens"] in PROMPTS},
+        "peak_bytes": max(peaks) if peaks else None,
+        "budget_bytes": budget,
+    }
     decoded = next((r for r in runs if r.get("decode_by_backend")), None)
     if decoded is None:
         return [Row("MoE Desk", **common)]
@@ -96,20 +99,33 @@ def baseline_row(result: dict) -> Row | None:
 
 def llama_row(folder: Path, preset: str, threads: int) -> Row | None:
     """llama.cpp's figures at one preset and thread count, or None where it did not run."""
-    prefill = [r for r in load_llama_bench(folder / f"llama_{preset}_prefill.json")
-               if r["n_threads"] == threads and r["n_gen"] == 0 and r["n_depth"] == 0]
-    decode = [r for r in load_llama_bench(folder / f"llama_{preset}_decode.json")
-              if r["n_threads"] == threads and r["n_prompt"] == 0 and r["n_gen"] > 0]
+    prefill = [
+        r
+        for r in load_llama_bench(folder / f"llama_{preset}_prefill.json")
+        if r["n_threads"] == threads and r["n_gen"] == 0 and r["n_depth"] == 0
+    ]
+    decode = [
+        r
+        for r in load_llama_bench(folder / f"llama_{preset}_decode.json")
+        if r["n_threads"] == threads and r["n_prompt"] == 0 and r["n_gen"] > 0
+    ]
     if not prefill and not decode:
         return None
     fit = load_json(folder / f"llama_{preset}_fit.json") or {}
-    peaks = [int(text) for name in ("prefill", "decode")
-             if (text := _read(folder / f"llama_{preset}_{name}.vram")).strip().isdigit()]
+    peaks = [
+        int(text)
+        for name in ("prefill", "decode")
+        if (text := _read(folder / f"llama_{preset}_{name}.vram")).strip().isdigit()
+    ]
     n_cpu_moe = (prefill or decode)[0]["n_cpu_moe"]
-    return Row(f"llama.cpp, --n-cpu-moe {n_cpu_moe}, -ub {(prefill or decode)[0]['n_ubatch']}, {threads} threads",
-               decode[0]["avg_ts"] if decode else None,
-               {r["n_prompt"]: r["avg_ts"] for r in prefill}, {r["n_prompt"]: r["avg_ns"] / 1e9 for r in prefill},
-               max(peaks) if peaks else None, fit.get("budget_bytes"))
+    return Row(
+        f"llama.cpp, --n-cpu-moe {n_cpu_moe}, -ub {(prefill or decode)[0]['n_ubatch']}, {threads} threads",
+        decode[0]["avg_ts"] if decode else None,
+        {r["n_prompt"]: r["avg_ts"] for r in prefill},
+        {r["n_prompt"]: r["avg_ns"] / 1e9 for r in prefill},
+        max(peaks) if peaks else None,
+        fit.get("budget_bytes"),
+    )
 
 
 def _read(path: Path) -> str:
@@ -132,8 +148,10 @@ def _number(value: float | None, digits: int = 1) -> str:
 
 def table(sections: list[tuple[str, list[Row], Row | None]]) -> str:
     """The markdown table: each section's MoE Desk rows with their ratios to its llama.cpp row, then that row."""
-    head = ("| preset | engine | decode tok/s | prefill tok/s 512 / 4,096 / 16,384 | TTFT s 512 / 4,096 / 16,384 "
-            "| peak VRAM GiB | decode vs llama.cpp | prefill vs llama.cpp 512 / 4,096 / 16,384 |")
+    head = (
+        "| preset | engine | decode tok/s | prefill tok/s 512 / 4,096 / 16,384 | TTFT s 512 / 4,096 / 16,384 "
+        "| peak VRAM GiB | decode vs llama.cpp | prefill vs llama.cpp 512 / 4,096 / 16,384 |"
+    )
     lines = [head, "|" + "---|" * head.count(" | ") + "---|"]
     for label, ours, theirs in sections:
         for row in ours + ([theirs] if theirs is not None else []):
@@ -142,12 +160,18 @@ def table(sections: list[tuple[str, list[Row], Row | None]]) -> str:
                 peak += " (over budget)"
             is_ours = row is not theirs
             decode_ratio = _ratio(row.decode, theirs.decode, DECODE_GOAL) if is_ours and theirs else ""
-            prefill_ratio = " / ".join(_ratio(row.prefill.get(p), theirs.prefill.get(p), PREFILL_GOAL)
-                                       for p in PROMPTS) if is_ours and theirs else ""
-            lines.append(f"| {label} | {row.engine} | {_number(row.decode)} | "
-                         + " / ".join(_number(row.prefill.get(p), 0) for p in PROMPTS) + " | "
-                         + " / ".join(_number(row.ttft.get(p), 2) for p in PROMPTS)
-                         + f" | {peak} | {decode_ratio} | {prefill_ratio} |")
+            prefill_ratio = (
+                " / ".join(_ratio(row.prefill.get(p), theirs.prefill.get(p), PREFILL_GOAL) for p in PROMPTS)
+                if is_ours and theirs
+                else ""
+            )
+            lines.append(
+                f"| {label} | {row.engine} | {_number(row.decode)} | "
+                + " / ".join(_number(row.prefill.get(p), 0) for p in PROMPTS)
+                + " | "
+                + " / ".join(_number(row.ttft.get(p), 2) for p in PROMPTS)
+                + f" | {peak} | {decode_ratio} | {prefill_ratio} |"
+            )
     return "\n".join(lines)
 
 
@@ -181,8 +205,10 @@ def ubatch_lines(folder: Path) -> list[str]:
         peak = _read(path.with_suffix(".vram")).strip()
         peak_text = f"{int(peak) / GIB:.2f} GiB" if peak.isdigit() else "unmeasured"
         if rows:
-            lines.append(f"llama.cpp -ub/-b {rows[0]['n_ubatch']}: prefill {rows[0]['avg_ts']:,.0f} tok/s at "
-                         f"{rows[0]['n_prompt']:,} tokens, every expert on the CPU, peak {peak_text}")
+            lines.append(
+                f"llama.cpp -ub/-b {rows[0]['n_ubatch']}: prefill {rows[0]['avg_ts']:,.0f} tok/s at "
+                f"{rows[0]['n_prompt']:,} tokens, every expert on the CPU, peak {peak_text}"
+            )
     return lines
 
 
@@ -195,13 +221,18 @@ def main(argv: list[str]) -> int:
     found = sections(args.folder, args.routing)
     batches = ubatch_lines(args.folder)
     if not found and not batches:
-        print(f"side_by_side: no bench_<preset>.json or llama_<preset>_*.json in {args.folder}; run "
-              f"tools/gpu/issue22_runs.sh there first", file=sys.stderr)
+        print(
+            f"side_by_side: no bench_<preset>.json or llama_<preset>_*.json in {args.folder}; run "
+            f"tools/gpu/issue22_runs.sh there first",
+            file=sys.stderr,
+        )
         return 1
     print("\n\n".join(part for part in (table(found) if found else "", "\n".join(batches)) if part))
-    print(f"\nMoE Desk: routing {args.routing}, decode {DECODE_AFTER:,}-token prompt first; llama.cpp: llama-bench "
-          f"decode after -d {DECODE_AFTER}, TTFT = its prompt-only test's mean time (avg_ns), peak VRAM = "
-          f"nvidia-smi memory.used above the idle GPU, sampled every 100 ms.")
+    print(
+        f"\nMoE Desk: routing {args.routing}, decode {DECODE_AFTER:,}-token prompt first; llama.cpp: llama-bench "
+        f"decode after -d {DECODE_AFTER}, TTFT = its prompt-only test's mean time (avg_ns), peak VRAM = "
+        f"nvidia-smi memory.used above the idle GPU, sampled every 100 ms."
+    )
     return 0
 
 

@@ -11,8 +11,11 @@ GIB = 2**30
 
 def rows_from_log(path: Path) -> list[dict]:
     """The rows a bench printed to stderr as it went (`bench: {...}`)."""
-    return [ast.literal_eval(line.removeprefix("bench: ")) for line in path.read_text().splitlines()
-            if line.startswith("bench: {")]
+    return [
+        ast.literal_eval(line.removeprefix("bench: "))
+        for line in path.read_text().splitlines()
+        if line.startswith("bench: {")
+    ]
 
 
 def decode_cell(name: str, decode: dict) -> str:
@@ -30,21 +33,25 @@ def summarise(result: dict | None, logged: list[dict]) -> str:
     if result is not None:
         plan = result.get("plan") or {}
         runs = result["runs"]
-        lines.append(f"build {result.get('build_seconds', 0):.0f} s; floor {result.get('uniform_floor_hit_rate', 0):.3f}; "
-                     f"budget {plan.get('budget_bytes', 0) / GIB:.2f} GiB; reserve {plan.get('reserve_source')}; "
-                     f"guarantee {plan.get('max_prompt_tokens')}; gpu step "
-                     f"{1e3 * result.get('gpu_step_seconds', 0):.2f} ms ({result.get('gpu_step_source')}); "
-                     f"link {result.get('expert_link_bytes_per_s', 0) / 1e9:.1f} GB/s"
-                     f"{' (held: --link-gbps)' if result.get('link_limit_bytes_per_s') else ''}; cpu "
-                     f"{(result.get('calibration') or {}).get('cpu_bytes_per_s', 0) / 1e9:.1f} GB/s")
+        lines.append(
+            f"build {result.get('build_seconds', 0):.0f} s; floor {result.get('uniform_floor_hit_rate', 0):.3f}; "
+            f"budget {plan.get('budget_bytes', 0) / GIB:.2f} GiB; reserve {plan.get('reserve_source')}; "
+            f"guarantee {plan.get('max_prompt_tokens')}; gpu step "
+            f"{1e3 * result.get('gpu_step_seconds', 0):.2f} ms ({result.get('gpu_step_source')}); "
+            f"link {result.get('expert_link_bytes_per_s', 0) / 1e9:.1f} GB/s"
+            f"{' (held: --link-gbps)' if result.get('link_limit_bytes_per_s') else ''}; cpu "
+            f"{(result.get('calibration') or {}).get('cpu_bytes_per_s', 0) / 1e9:.1f} GB/s"
+        )
     for row in runs:
         head = f"{row['prompt_tokens']:>7} {row['routing']:>8}"
         if "skipped" in row or "error" in row:
             lines.append(f"{head} {row.get('skipped') or row.get('error')}")
             continue
         peak = f" peak {row['peak_process_bytes'] / GIB:.2f} GiB" if "peak_process_bytes" in row else ""
-        lines.append(f"{head} ttft {row['time_to_first_token_s']:.2f} s prefill {row['prefill_tokens_per_s']:.0f}"
-                     f"{peak}{'' if row.get('peak_within_budget', True) else ' OVER BUDGET'}")
+        lines.append(
+            f"{head} ttft {row['time_to_first_token_s']:.2f} s prefill {row['prefill_tokens_per_s']:.0f}"
+            f"{peak}{'' if row.get('peak_within_budget', True) else ' OVER BUDGET'}"
+        )
         by_backend = row.get("decode_by_backend") or ({"-": row} if "decode_tokens_per_s" in row else {})
         if by_backend:
             lines.append("          " + "; ".join(decode_cell(name, d) for name, d in by_backend.items()))

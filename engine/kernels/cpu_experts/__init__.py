@@ -24,5 +24,12 @@ from engine.kernels.cpu_experts.cpu import bf16_dot_supported, numba
 from engine.kernels.cpu_experts.kernel import CpuExpertKernel
 from engine.kernels.cpu_experts.pool import default_threads, numba_threads, set_threads, threads
 
-__all__ = ["CpuExpertKernel", "bf16_dot_supported", "default_threads", "numba", "numba_threads", "set_threads",
-           "threads"]
+__all__ = [
+    "CpuExpertKernel",
+    "bf16_dot_supported",
+    "default_threads",
+    "numba",
+    "numba_threads",
+    "set_threads",
+    "threads",
+]

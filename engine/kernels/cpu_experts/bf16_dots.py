@@ -8,8 +8,18 @@ from numba.core import cgutils
 from numba.extending import intrinsic
 
 from engine.kernels.cpu_experts.cpu import bf16_dot_supported
-from engine.kernels.cpu_experts.llvm import (BF16_PAIRS, F32, I8, I16, I32, I64, _block_scales, _e2m1_bf16_table,
-                                             _lane_sums, _splat)
+from engine.kernels.cpu_experts.llvm import (
+    BF16_PAIRS,
+    F32,
+    I8,
+    I16,
+    I32,
+    I64,
+    _block_scales,
+    _e2m1_bf16_table,
+    _lane_sums,
+    _splat,
+)
 
 
 # The codes are prefetched this many groups of rows ahead (rows lie one after another, so a group's bytes are
@@ -42,14 +52,16 @@ def _nvfp4_dots_bf16(rows, tokens=1):
             codes_at, scales_at, x_at, count = args
             module = builder.module
             v16f, v16i32, v32i16 = ir.VectorType(F32, 16), ir.VectorType(I32, 16), ir.VectorType(I16, 32)
-            permute = cgutils.get_or_insert_function(module, ir.FunctionType(v32i16, [v32i16, v32i16]),
-                                                     "llvm.x86.avx512.permvar.hi.512")
-            dot = cgutils.get_or_insert_function(module, ir.FunctionType(v16f, [v16f, BF16_PAIRS, BF16_PAIRS]),
-                                                 "llvm.x86.avx512bf16.dpbf16ps.512")
-            fma = cgutils.get_or_insert_function(module, ir.FunctionType(v16f, [v16f, v16f, v16f]),
-                                                 "llvm.fma.v16f32")
+            permute = cgutils.get_or_insert_function(
+                module, ir.FunctionType(v32i16, [v32i16, v32i16]), "llvm.x86.avx512.permvar.hi.512"
+            )
+            dot = cgutils.get_or_insert_function(
+                module, ir.FunctionType(v16f, [v16f, BF16_PAIRS, BF16_PAIRS]), "llvm.x86.avx512bf16.dpbf16ps.512"
+            )
+            fma = cgutils.get_or_insert_function(module, ir.FunctionType(v16f, [v16f, v16f, v16f]), "llvm.fma.v16f32")
             prefetch = cgutils.get_or_insert_function(  # (address, read, keep in every level, data)
-                module, ir.FunctionType(ir.VoidType(), [I8.as_pointer(), I32, I32, I32]), "llvm.prefetch.p0")
+                module, ir.FunctionType(ir.VoidType(), [I8.as_pointer(), I32, I32, I32]), "llvm.prefetch.p0"
+            )
             zero = ir.Constant(v16f, None)
             table = _e2m1_bf16_table()
 
@@ -60,8 +72,9 @@ def _nvfp4_dots_bf16(rows, tokens=1):
                 return ir.Constant(ir.VectorType(I32, len(indices)), list(indices))
 
             def load(address, offset, element_type, align):
-                return builder.load(builder.inttoptr(builder.add(address, offset), element_type.as_pointer()),
-                                    align=align)
+                return builder.load(
+                    builder.inttoptr(builder.add(address, offset), element_type.as_pointer()), align=align
+                )
 
             width, blocks = builder.mul(count, c64(64)), builder.mul(count, c64(8))
             x_ats = [x_at] if tokens == 1 else [load(x_at, c64(8 * u), I64, 8) for u in range(tokens)]
@@ -72,8 +85,10 @@ def _nvfp4_dots_bf16(rows, tokens=1):
                 offsets = [builder.mul(builder.add(octet, c64(h)), c64(64)) for h in range(1 + both)]
 
                 def inputs(at, offset, g):  # a quarter of a token's 128 inputs (256 bytes, an octet)
-                    return builder.bitcast(load(at, builder.add(builder.shl(offset, c64(2)), c64(64 * g)),
-                                                v16i32, 2), BF16_PAIRS)
+                    return builder.bitcast(
+                        load(at, builder.add(builder.shl(offset, c64(2)), c64(64 * g)), v16i32, 2), BF16_PAIRS
+                    )
+
                 # one token's inputs are loaded once for all the rows; several tokens' would not fit in registers
                 # beside their sums, so they are loaded where used (from L1)
                 shared = [[inputs(x_at, offset, g) for g in range(4)] for offset in offsets] if tokens == 1 else []
@@ -87,8 +102,10 @@ def _nvfp4_dots_bf16(rows, tokens=1):
                         for g in range(4):
                             shifted = builder.lshr(words, _splat(I16, 32, 4 * g)) if g else words
                             values = builder.bitcast(builder.call(permute, [table, shifted]), BF16_PAIRS)
-                            dots = [builder.call(dot, [d, values, shared[h][g] if shared else
-                                                       inputs(at, offset, g)]) for d, at in zip(dots, x_ats)]
+                            dots = [
+                                builder.call(dot, [d, values, shared[h][g] if shared else inputs(at, offset, g)])
+                                for d, at in zip(dots, x_ats)
+                            ]
                         for token_halves, d in zip(halves, dots):
                             token_halves.append(d)
                     scale_at = builder.add(builder.mul(blocks, c64(i)), builder.mul(octet, c64(8)))
@@ -96,19 +113,28 @@ def _nvfp4_dots_bf16(rows, tokens=1):
                         scale_bytes = load(scales_at, scale_at, ir.VectorType(I8, 16), 1)
                     else:  # the last octet of an odd count: the second half's scales and sums zero
                         eight = load(scales_at, scale_at, ir.VectorType(I8, 8), 1)
-                        scale_bytes = builder.shuffle_vector(eight, ir.Constant(eight.type, None),
-                                                             lanes(range(16)))
+                        scale_bytes = builder.shuffle_vector(eight, ir.Constant(eight.type, None), lanes(range(16)))
                         for token_halves in halves:
                             token_halves.append(zero)
-                    by_block = [builder.fadd(*(builder.shuffle_vector(*token_halves, lanes(range(h, 32, 2)))
-                                               for h in (0, 1))) for token_halves in halves]
+                    by_block = [
+                        builder.fadd(*(builder.shuffle_vector(*token_halves, lanes(range(h, 32, 2))) for h in (0, 1)))
+                        for token_halves in halves
+                    ]
                     block_scales = _block_scales(builder, scale_bytes)
-                    new_sums += [builder.call(fma, [b, block_scales, sums[i * tokens + u]])
-                                 for u, b in enumerate(by_block)]
+                    new_sums += [
+                        builder.call(fma, [b, block_scales, sums[i * tokens + u]]) for u, b in enumerate(by_block)
+                    ]
                     for offset in offsets:
                         line = builder.add(builder.mul(offset, c64(rows)), c64(64 * i))
-                        builder.call(prefetch, [builder.inttoptr(builder.add(ahead, line), I8.as_pointer()),
-                                                ir.Constant(I32, 0), ir.Constant(I32, 3), ir.Constant(I32, 1)])
+                        builder.call(
+                            prefetch,
+                            [
+                                builder.inttoptr(builder.add(ahead, line), I8.as_pointer()),
+                                ir.Constant(I32, 0),
+                                ir.Constant(I32, 3),
+                                ir.Constant(I32, 1),
+                            ],
+                        )
                 return new_sums
 
             def merged(incoming):
@@ -146,10 +172,12 @@ def _nvfp4_dots_bf16(rows, tokens=1):
             builder.branch(done)
             builder.position_at_end(done)
             totals = _lane_sums(builder, merged([(after, sums), (tail, tailed)]))
-            return context.make_tuple(builder, result_type,
-                                      [builder.extract_element(totals, ir.Constant(I32, i))
-                                       for i in range(sums_count)])
+            return context.make_tuple(
+                builder, result_type, [builder.extract_element(totals, ir.Constant(I32, i)) for i in range(sums_count)]
+            )
+
         return types.UniTuple(types.float32, sums_count)(types.intp, types.intp, types.intp, types.intp), codegen
+
     return intrinsic(typer)
 
 
@@ -161,8 +189,6 @@ _nvfp4_dot_bf16, _nvfp4_dots_bf16_rows = _nvfp4_dots_bf16(1), _nvfp4_dots_bf16(B
 # Development Zen 4, one thread, rows from cache (shared, noisy): 2 x 4 ran gate_up and down faster than 4 x 4
 # (whose sums leave too few registers); a token of 4 a call cost 0.5-0.7 of a lone token's time
 BF16_TILE_ROWS, BF16_TOKENS = 2, 4
-_bf16_rows_tokens, _bf16_row_tokens = (_nvfp4_dots_bf16(BF16_TILE_ROWS, BF16_TOKENS),
-                                       _nvfp4_dots_bf16(1, BF16_TOKENS))
+_bf16_rows_tokens, _bf16_row_tokens = (_nvfp4_dots_bf16(BF16_TILE_ROWS, BF16_TOKENS), _nvfp4_dots_bf16(1, BF16_TOKENS))
 _bf16_rows_pair, _bf16_row_pair = _nvfp4_dots_bf16(BF16_TILE_ROWS, 2), _nvfp4_dots_bf16(1, 2)
 _bf16_rows_one = _nvfp4_dots_bf16(BF16_TILE_ROWS, 1)
-

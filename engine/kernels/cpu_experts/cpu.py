@@ -19,6 +19,7 @@ def _prefer_512_bit_vectors() -> None:
     if platform.machine().lower() not in ("x86_64", "amd64"):
         return
     from llvmlite import binding
+
     numba.config.CPU_FEATURES = binding.get_host_cpu_features().flatten() + ",-prefer-256-bit"
 
 
@@ -32,6 +33,7 @@ def bf16_dot_supported() -> bool:
     if numba is None or platform.machine().lower() not in ("x86_64", "amd64"):
         return False
     from llvmlite import binding
+
     if binding.llvm_version_info[0] < 17:
         return False
     features = numba.config.CPU_FEATURES
@@ -39,4 +41,3 @@ def bf16_dot_supported() -> bool:
         features = binding.get_host_cpu_features().flatten()
     enabled = set(features.split(","))
     return {"+avx512bf16", "+avx512bw"} <= enabled
-

@@ -8,8 +8,14 @@ import torch.nn.functional as F
 from engine.kernels.record_layout import RecordLayout
 
 
-def run_torch(layout: RecordLayout, records: torch.Tensor, x: torch.Tensor, ids: torch.Tensor,
-              weights: torch.Tensor, chosen: torch.Tensor) -> torch.Tensor:
+def run_torch(
+    layout: RecordLayout,
+    records: torch.Tensor,
+    x: torch.Tensor,
+    ids: torch.Tensor,
+    weights: torch.Tensor,
+    chosen: torch.Tensor,
+) -> torch.Tensor:
     """Compute CpuExpertKernel.run's sum with PyTorch: each chosen expert dequantised, then F.linear."""
     views = layout.view(records)
     hidden, intermediate = layout.matrices["down"].shape[0], layout.matrices["gate_up"].shape[0] // 2

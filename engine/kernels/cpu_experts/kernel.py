@@ -33,18 +33,27 @@ class CpuExpertKernel:
         gate_up, down = layout.matrices["gate_up"], layout.matrices["down"]
         intermediate, hidden = gate_up.shape[0] // 2, gate_up.shape[1]
         if gate_up.shape != (2 * intermediate, hidden) or down.shape != (hidden, intermediate):
-            raise ValueError(f"expert records hold gate_up {list(gate_up.shape)} and down {list(down.shape)}, "
-                             f"not [2I, H] and [H, I]")
+            raise ValueError(
+                f"expert records hold gate_up {list(gate_up.shape)} and down {list(down.shape)}, not [2I, H] and [H, I]"
+            )
         self.layout, self.hidden, self.intermediate = layout, hidden, intermediate
         self._meta = np.array([_matrix_meta(gate_up), _matrix_meta(down)], dtype=np.int64)
 
-    def run(self, records: torch.Tensor, x: torch.Tensor, expert_ids: torch.Tensor, expert_weights: torch.Tensor,
-            on_cpu: torch.Tensor) -> torch.Tensor:
+    def run(
+        self,
+        records: torch.Tensor,
+        x: torch.Tensor,
+        expert_ids: torch.Tensor,
+        expert_weights: torch.Tensor,
+        on_cpu: torch.Tensor,
+    ) -> torch.Tensor:
         """sum over (t, j) with on_cpu[t, j] of expert_weights[t, j] * expert_{expert_ids[t, j]}(x[t]):
         float32 [T, H]. records: uint8 [E, record_bytes] on the host; x: [T, H]; the rest [T, k]."""
         if records.dtype != torch.uint8 or records.dim() != 2 or records.shape[1] != self.layout.record_bytes:
-            raise ValueError(f"records must be uint8 [experts, {self.layout.record_bytes}], "
-                             f"got {records.dtype} {list(records.shape)}")
+            raise ValueError(
+                f"records must be uint8 [experts, {self.layout.record_bytes}], "
+                f"got {records.dtype} {list(records.shape)}"
+            )
         x = x.detach().to(torch.float32).contiguous()
         ids = expert_ids.detach().to(torch.int64).contiguous()
         weights = expert_weights.detach().to(torch.float32).contiguous()
@@ -54,9 +63,17 @@ class CpuExpertKernel:
         out = np.zeros((x.shape[0], self.hidden), dtype=np.float32)
         with _launch:
             numba_threads(threads())
-            ids_known = _experts(records.contiguous().numpy(), self._meta, x.numpy(), ids.numpy(), weights.numpy(),
-                                 chosen.numpy(), out, self.activations == "bf16", threads())
+            ids_known = _experts(
+                records.contiguous().numpy(),
+                self._meta,
+                x.numpy(),
+                ids.numpy(),
+                weights.numpy(),
+                chosen.numpy(),
+                out,
+                self.activations == "bf16",
+                threads(),
+            )
         if not ids_known:
             raise ValueError(f"expert id out of range of the records (0..{records.shape[0] - 1})")
         return torch.from_numpy(out)
-

@@ -8,11 +8,31 @@ from engine.checkpoint.formats import DENSE, FP8_BLOCK, FP8_TENSOR, NVFP4, NVFP4
 from engine.kernels.record_layout import MatrixLayout
 
 FORMAT_CODES = {NVFP4: 0, NVFP4_CT: 1, FP8_TENSOR: 2, FP8_BLOCK: 3, DENSE: 4}
-DTYPE_CODES = {torch.float32: 0, torch.bfloat16: 1, torch.float16: 2, torch.float8_e4m3fn: 3,
-               torch.float8_e5m2: 4, torch.uint8: 5}
+DTYPE_CODES = {
+    torch.float32: 0,
+    torch.bfloat16: 1,
+    torch.float16: 2,
+    torch.float8_e4m3fn: 3,
+    torch.float8_e5m2: 4,
+    torch.uint8: 5,
+}
 # meta[matrix] fields (int64): what the kernels need to find and decode one matrix of a record
-(M_FORMAT, M_OUT, M_IN, M_WEIGHT, M_WEIGHT_DTYPE, M_SCALE, M_SCALE_DTYPE, M_SCALE_COUNT, M_GLOBAL, M_GLOBAL_DTYPE,
- M_GLOBAL_COUNT, M_BLOCK_ROWS, M_BLOCK_COLS, M_SCALE_COLS) = range(14)
+(
+    M_FORMAT,
+    M_OUT,
+    M_IN,
+    M_WEIGHT,
+    M_WEIGHT_DTYPE,
+    M_SCALE,
+    M_SCALE_DTYPE,
+    M_SCALE_COUNT,
+    M_GLOBAL,
+    M_GLOBAL_DTYPE,
+    M_GLOBAL_COUNT,
+    M_BLOCK_ROWS,
+    M_BLOCK_COLS,
+    M_SCALE_COLS,
+) = range(14)
 META_FIELDS = 14
 
 

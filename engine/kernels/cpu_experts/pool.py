@@ -19,6 +19,7 @@ def default_threads() -> int:
     reads the CPU topology from the system each time (150 us, once per expert call before it was cached)."""
     try:
         import psutil
+
         cores = psutil.cpu_count(logical=False)
     except ImportError:
         cores = None

@@ -6,14 +6,44 @@ import numba
 import numpy as np
 
 from engine.checkpoint.formats import NVFP4_GROUP
-from engine.kernels.cpu_experts.bf16_dots import (BF16_ROWS, BF16_TILE_ROWS, BF16_TOKENS, _bf16_row_pair,
-                                                  _bf16_row_tokens, _bf16_rows_one, _bf16_rows_pair,
-                                                  _bf16_rows_tokens, _nvfp4_dot_bf16, _nvfp4_dots_bf16_rows)
-from engine.kernels.cpu_experts.llvm import (_bf16, _bits_of, _e2m1_high, _e2m1_low, _e4m3, _e5m2, _f16,
-                                             _float_bits, _signed_byte)
-from engine.kernels.cpu_experts.meta import (M_BLOCK_COLS, M_BLOCK_ROWS, M_FORMAT, M_GLOBAL, M_GLOBAL_COUNT,
-                                             M_GLOBAL_DTYPE, M_IN, M_SCALE, M_SCALE_COLS, M_SCALE_COUNT,
-                                             M_SCALE_DTYPE, M_WEIGHT, M_WEIGHT_DTYPE)
+from engine.kernels.cpu_experts.bf16_dots import (
+    BF16_ROWS,
+    BF16_TILE_ROWS,
+    BF16_TOKENS,
+    _bf16_row_pair,
+    _bf16_row_tokens,
+    _bf16_rows_one,
+    _bf16_rows_pair,
+    _bf16_rows_tokens,
+    _nvfp4_dot_bf16,
+    _nvfp4_dots_bf16_rows,
+)
+from engine.kernels.cpu_experts.llvm import (
+    _bf16,
+    _bits_of,
+    _e2m1_high,
+    _e2m1_low,
+    _e4m3,
+    _e5m2,
+    _f16,
+    _float_bits,
+    _signed_byte,
+)
+from engine.kernels.cpu_experts.meta import (
+    M_BLOCK_COLS,
+    M_BLOCK_ROWS,
+    M_FORMAT,
+    M_GLOBAL,
+    M_GLOBAL_COUNT,
+    M_GLOBAL_DTYPE,
+    M_IN,
+    M_SCALE,
+    M_SCALE_COLS,
+    M_SCALE_COUNT,
+    M_SCALE_DTYPE,
+    M_WEIGHT,
+    M_WEIGHT_DTYPE,
+)
 
 
 # 'reassoc' lets LLVM vectorise float sums (the order of additions changes, float32 rounding only);
@@ -91,8 +121,12 @@ def _scalar(record, offset, index, dtype):
     """Element `index` of a float tensor at byte `offset` of a record, whatever its dtype, as float32."""
     if dtype == 0:
         at = offset + 4 * index
-        bits = (np.uint32(record[at]) | (np.uint32(record[at + 1]) << np.uint32(8))
-                | (np.uint32(record[at + 2]) << np.uint32(16)) | (np.uint32(record[at + 3]) << np.uint32(24)))
+        bits = (
+            np.uint32(record[at])
+            | (np.uint32(record[at + 1]) << np.uint32(8))
+            | (np.uint32(record[at + 2]) << np.uint32(16))
+            | (np.uint32(record[at + 3]) << np.uint32(24))
+        )
         return _float_bits(np.uint32(bits))
     if dtype == 1 or dtype == 2:
         at = offset + 2 * index
@@ -124,10 +158,12 @@ def _nvfp4_one_token(low_words, high_words, scales, x, blocks):
         l0, l1, h0, h1 = low_words[2 * b], low_words[2 * b + 1], high_words[2 * b], high_words[2 * b + 1]
         block = np.float32(0)
         for i in range(4):
-            block += (_signed_byte(l0, i) * x[(2 * i) * blocks + b]
-                      + _signed_byte(h0, i) * x[(2 * i + 1) * blocks + b]
-                      + _signed_byte(l1, i) * x[(2 * i + 8) * blocks + b]
-                      + _signed_byte(h1, i) * x[(2 * i + 9) * blocks + b])
+            block += (
+                _signed_byte(l0, i) * x[(2 * i) * blocks + b]
+                + _signed_byte(h0, i) * x[(2 * i + 1) * blocks + b]
+                + _signed_byte(l1, i) * x[(2 * i + 8) * blocks + b]
+                + _signed_byte(h1, i) * x[(2 * i + 9) * blocks + b]
+            )
         total += block * _e4m3(scales[b])
     return total
 
@@ -174,7 +210,7 @@ def _nvfp4_rows(record, meta, first, last, inputs, inputs16, picks, result, bf16
         if meta[M_GLOBAL_COUNT] == 1:
             factors = np.full(last - first, _global_scale(record, meta, 0))
         elif meta[M_GLOBAL_DTYPE] == 0:  # float32 a row: read as an array
-            factors = record[meta[M_GLOBAL] + 4 * first:meta[M_GLOBAL] + 4 * last].view(np.float32)
+            factors = record[meta[M_GLOBAL] + 4 * first : meta[M_GLOBAL] + 4 * last].view(np.float32)
         else:
             factors = np.empty(last - first, np.float32)
             for r in range(first, last):
@@ -189,8 +225,8 @@ def _nvfp4_rows(record, meta, first, last, inputs, inputs16, picks, result, bf16
     if picks.shape[0] == 1:  # one token: weights times inputs as they are decoded
         x = inputs[picks[0]]
         for r in range(first, last):
-            _decode_e2m1_row(record[meta[M_WEIGHT] + r * width:meta[M_WEIGHT] + (r + 1) * width], low, high)
-            scales = record[meta[M_SCALE] + r * blocks:meta[M_SCALE] + (r + 1) * blocks]
+            _decode_e2m1_row(record[meta[M_WEIGHT] + r * width : meta[M_WEIGHT] + (r + 1) * width], low, high)
+            scales = record[meta[M_SCALE] + r * blocks : meta[M_SCALE] + (r + 1) * blocks]
             total = _nvfp4_one_token(low_words, high_words, scales, x, blocks) * np.float32(0.5)
             factor = _global_scale(record, meta, r)
             result[0, r] = total / factor if divide else total * factor
@@ -201,8 +237,8 @@ def _nvfp4_rows(record, meta, first, last, inputs, inputs16, picks, result, bf16
     for top in range(first, last, TILE):
         for t in range(min(TILE, last - top)):
             r = top + t
-            _decode_e2m1_row(record[meta[M_WEIGHT] + r * width:meta[M_WEIGHT] + (r + 1) * width], low, high)
-            scales = record[meta[M_SCALE] + r * blocks:meta[M_SCALE] + (r + 1) * blocks]
+            _decode_e2m1_row(record[meta[M_WEIGHT] + r * width : meta[M_WEIGHT] + (r + 1) * width], low, high)
+            scales = record[meta[M_SCALE] + r * blocks : meta[M_SCALE] + (r + 1) * blocks]
             _nvfp4_weights(low_words, high_words, scales, block_scales, tile[t], blocks)
             factor = _global_scale(record, meta, r)
             factors[t] = np.float32(1) / factor if divide else factor
@@ -241,10 +277,9 @@ def _decoded_rows(record, meta, first, last, inputs, picks, result):
             r = top + t
             start = meta[M_WEIGHT] + r * row_bytes
             weights = tile[t]
-            _decode_row(record[start:start + row_bytes], dtype, weights)
+            _decode_row(record[start : start + row_bytes], dtype, weights)
             if fmt == 2:
-                factors[t] = _scalar(record, meta[M_SCALE], r if meta[M_SCALE_COUNT] > 1 else 0,
-                                     meta[M_SCALE_DTYPE])
+                factors[t] = _scalar(record, meta[M_SCALE], r if meta[M_SCALE_COUNT] > 1 else 0, meta[M_SCALE_DTYPE])
             elif fmt == 3:
                 cols = meta[M_BLOCK_COLS]
                 row_of_scales = (r // meta[M_BLOCK_ROWS]) * meta[M_SCALE_COLS]
@@ -271,10 +306,22 @@ def _tile_dots(tile, factors, inputs, picks, result, top, last):
             for i in range(w0.shape[0]):
                 a, b, c, d = w0[i], w1[i], w2[i], w3[i]
                 e, f, g, h = x0[i], x1[i], x2[i], x3[i]
-                s00 += a * e; s01 += a * f; s02 += a * g; s03 += a * h
-                s10 += b * e; s11 += b * f; s12 += b * g; s13 += b * h
-                s20 += c * e; s21 += c * f; s22 += c * g; s23 += c * h
-                s30 += d * e; s31 += d * f; s32 += d * g; s33 += d * h
+                s00 += a * e
+                s01 += a * f
+                s02 += a * g
+                s03 += a * h
+                s10 += b * e
+                s11 += b * f
+                s12 += b * g
+                s13 += b * h
+                s20 += c * e
+                s21 += c * f
+                s22 += c * g
+                s23 += c * h
+                s30 += d * e
+                s31 += d * f
+                s32 += d * g
+                s33 += d * h
             sums[0, 0], sums[0, 1], sums[0, 2], sums[0, 3] = s00, s01, s02, s03
             sums[1, 0], sums[1, 1], sums[1, 2], sums[1, 3] = s10, s11, s12, s13
             sums[2, 0], sums[2, 1], sums[2, 2], sums[2, 3] = s20, s21, s22, s23
@@ -287,7 +334,10 @@ def _tile_dots(tile, factors, inputs, picks, result, top, last):
                 s0 = s1 = s2 = s3 = np.float32(0)
                 for i in range(w0.shape[0]):
                     e = x[i]
-                    s0 += w0[i] * e; s1 += w1[i] * e; s2 += w2[i] * e; s3 += w3[i] * e
+                    s0 += w0[i] * e
+                    s1 += w1[i] * e
+                    s2 += w2[i] * e
+                    s3 += w3[i] * e
                 sums[0, u], sums[1, u], sums[2, u], sums[3, u] = s0, s1, s2, s3
         for t in range(rows):
             for u in range(tokens):

@@ -125,9 +125,17 @@ def _next_item(counter_at, records, grouped, items, matrix, inputs, inputs16, pi
     g, item = _take(counter_at, grouped.count, items)
     if g >= 0:
         first, last = grouped.starts[g], grouped.starts[g + 1]
-        _rows(_record(records.base, grouped.experts[g], records.record_bytes), matrix, item * ITEM_ROWS,
-              min((item + 1) * ITEM_ROWS, matrix[M_OUT]), inputs, inputs16, picks[first:last],
-              results[first:last], bf16)
+        _rows(
+            _record(records.base, grouped.experts[g], records.record_bytes),
+            matrix,
+            item * ITEM_ROWS,
+            min((item + 1) * ITEM_ROWS, matrix[M_OUT]),
+            inputs,
+            inputs16,
+            picks[first:last],
+            results[first:last],
+            bf16,
+        )
     return g
 
 
@@ -149,8 +157,18 @@ def _layer_part(records, grouped, layer_tokens, buffers, counters_at, bf16, canc
     down_items = (hidden + ITEM_ROWS - 1) // ITEM_ROWS
     act = np.empty(intermediate, np.float32)
     while True:
-        g = _next_item(_counter(counters_at, TAKEN_GATE_UP), records, grouped, per_group, gate_up, laid, laid16,
-                       grouped.token_of_row, hidden_rows, bf16)
+        g = _next_item(
+            _counter(counters_at, TAKEN_GATE_UP),
+            records,
+            grouped,
+            per_group,
+            gate_up,
+            laid,
+            laid16,
+            grouped.token_of_row,
+            hidden_rows,
+            bf16,
+        )
         if g < 0:
             break
         if _fetch_add(_counter(counters_at, ENDED_GATE_UP + g), 1) == per_group - 1:
@@ -159,8 +177,12 @@ def _layer_part(records, grouped, layer_tokens, buffers, counters_at, bf16, canc
             _fetch_add(_counter(counters_at, ACTIVATED), 1)
     if _wait_for(_counter(counters_at, ACTIVATED), groups, cancel_at) < 0:
         return -1
-    while _next_item(_counter(counters_at, TAKEN_DOWN), records, grouped, down_items, down, acts, acts16, own_rows,
-                     outputs, bf16) >= 0:
+    while (
+        _next_item(
+            _counter(counters_at, TAKEN_DOWN), records, grouped, down_items, down, acts, acts16, own_rows, outputs, bf16
+        )
+        >= 0
+    ):
         _fetch_add(_counter(counters_at, ENDED_DOWN), 1)
     if _wait_for(_counter(counters_at, ENDED_DOWN), groups * down_items, cancel_at) < 0:
         return -1
@@ -190,8 +212,16 @@ def _experts(records, meta, x, expert_ids, expert_weights, on_cpu, out, bf16, th
     num_experts, assignments = records.shape[0], tokens * top_k
     group_experts, starts = np.empty(assignments, np.int64), np.empty(assignments + 1, np.int64)
     token_of_row, row_of = np.empty(assignments, np.int64), np.empty((tokens, top_k), np.int64)
-    groups = _group_rows(expert_ids, on_cpu, num_experts, np.empty(num_experts + 1, np.int64), group_experts,
-                         starts, token_of_row, row_of)
+    groups = _group_rows(
+        expert_ids,
+        on_cpu,
+        num_experts,
+        np.empty(num_experts + 1, np.int64),
+        group_experts,
+        starts,
+        token_of_row,
+        row_of,
+    )
     if groups <= 0:
         return groups == 0
     rows = starts[groups]
@@ -209,7 +239,13 @@ def _experts(records, meta, x, expert_ids, expert_weights, on_cpu, out, bf16, th
     outputs, own_rows = np.empty((rows, hidden), np.float32), np.arange(rows)
     base, record_bytes = np.int64(records.ctypes.data), records.shape[1]
     for _ in numba.prange(threads):
-        _layer_part(LayerRecords(base, record_bytes, meta), Groups(groups, group_experts, starts, token_of_row, row_of),
-                    Tokens(expert_weights, laid, laid16, out), RowBuffers(hidden_rows, acts, acts16, outputs, own_rows),
-                    counters.ctypes.data, bf16, never.ctypes.data)
+        _layer_part(
+            LayerRecords(base, record_bytes, meta),
+            Groups(groups, group_experts, starts, token_of_row, row_of),
+            Tokens(expert_weights, laid, laid16, out),
+            RowBuffers(hidden_rows, acts, acts16, outputs, own_rows),
+            counters.ctypes.data,
+            bf16,
+            never.ctypes.data,
+        )
     return True
