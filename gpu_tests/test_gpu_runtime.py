@@ -47,18 +47,19 @@ def test_gpu_logits_match_the_cpu_reference_in_float32(tiny_checkpoint, layout, 
         assert relative_error(got, expected) <= FP32_TOLERANCE, len(chunk)
 
 
-def test_demo_model_logits_in_bfloat16_are_within_bf16_tolerance():
-    """Over 300 random tokens bf16 itself drifts far from float32 (the CPU's own bf16 run: 0.74 off by token 100,
-    0.012 over the first 10), so the GPU's bf16 run is held to bf16 tolerance before the drift builds up and to
-    the CPU's own bf16 drift over the whole sequence."""
+def test_demo_model_logits_in_bfloat16_are_within_the_cpus_own_bf16_error():
+    """bf16 itself is far from float32 on the demo model (the CPU's own bf16 run of the retrained model is 0.17 off
+    over the first 10 tokens, 0.15 over 300), so the GPU's bf16 run is held to the CPU's bf16 error, with a
+    quarter of headroom for summation order, over the first 10 tokens and over the whole sequence."""
     ids = torch.randint(3, 900, (300,), generator=torch.Generator().manual_seed(6))
     reference = engine.load_model(DEMO_MODEL).score(ids)
-    cpu_drift = relative_error(engine.load_model(DEMO_MODEL, dtype=torch.bfloat16).score(ids), reference)
+    cpu_bf16 = engine.load_model(DEMO_MODEL, dtype=torch.bfloat16).score(ids)
+    first, whole = relative_error(cpu_bf16[:10], reference[:10]), relative_error(cpu_bf16, reference)
     for slots in (4, 8, 16):
         model = engine.load_model(DEMO_MODEL, device="cuda", dtype=torch.bfloat16, expert_cache_slots=slots)
         logits = model.score(ids)
-        assert relative_error(logits[:10], reference[:10]) <= BF16_TOLERANCE, slots
-        assert relative_error(logits, reference) <= max(BF16_TOLERANCE, 1.25 * cpu_drift), slots
+        assert relative_error(logits[:10], reference[:10]) <= max(BF16_TOLERANCE, 1.25 * first), slots
+        assert relative_error(logits, reference) <= max(BF16_TOLERANCE, 1.25 * whole), slots
 
 
 @pytest.mark.parametrize("layout", LAYOUTS, ids=lambda case: "-".join(map(str, case)))
