@@ -22,7 +22,6 @@ from PySide6.QtCore import QObject, QThread, Signal, Slot
 DELTA_INTERVAL_S = 0.04  # at most ~25 transcript updates a second: smooth to the eye, cheap for the GUI
 DEFAULT_CONTEXT_TOKENS = 8192
 API_MAX_QUEUE = 16  # API requests that may wait while one runs; past it they get 429 (engine serve's default)
-API_PREFIX_CACHE_BYTES = 2**30  # host RAM for API prompts' states: agents resend their conversation each turn
 
 
 class DeltaBuffer:
@@ -63,6 +62,20 @@ def context_advice(context: int, asked: int, model_max: int, plan_tokens: int | 
         f"raise the context size in Settings (now {asked:,}; the model allows up to {model_max:,}) and load "
         f"the model again"
     )
+
+
+def state_fingerprint(folder: Path, placement, preset: str) -> str:
+    """What a saved state is valid for: this model's files (path, size and time of its config and weights index),
+    the VRAM preset, and where and in what precision the model runs."""
+    parts = [str(folder.resolve())]
+    for name in ("config.json", "model.safetensors.index.json", "model.safetensors"):
+        try:
+            stat = (folder / name).stat()
+        except OSError:
+            continue
+        parts.append(f"{name}:{stat.st_size}:{stat.st_mtime_ns}")
+    parts += [preset, placement.device, str(placement.dtype)]
+    return "|".join(parts)
 
 
 def _same_conversation(a: list[dict], b: list[dict]) -> bool:
@@ -210,6 +223,7 @@ class EngineWorker(QObject):
         self.model_info: dict = {}
         self._trial_logged = False  # auto's choice is logged once per model
         self._job = None  # the window's turn on the queue, waiting or running
+        self.states = None  # the loaded model's PrefixCache: chats' and API prompts' states, with a disk tier
 
     # ---- any thread -----------------------------------------------------------------------------
 
@@ -252,7 +266,6 @@ class EngineWorker(QObject):
         from engine.errors import CheckpointError
         from engine.runtime.placement import load_placed
         from engine.runtime.planner import footprint_from_checkpoint
-        from engine.runtime.prefix_cache import PrefixCache
         from engine.runtime.session import DEFAULT_MAX_SNAPSHOTS, ChatSession
         from engine.runtime.tokenizer import ChatTokenizer
         from engine.server.http import ServerContext, unix_now
@@ -298,8 +311,9 @@ class EngineWorker(QObject):
             if placement.plan is not None:  # the plan fixes the KV cache and the prefill chunk on the GPU
                 session_options["prefill_chunk_tokens"] = placement.plan.prefill_chunk_tokens
             snapshots = int(options.get("turn_snapshots") or DEFAULT_MAX_SNAPSHOTS)
+            self.states = states = self._state_store(Path(path), placement, options)
             self.session = session = ChatSession(
-                model, tokenizer, context_tokens=context, max_snapshots=snapshots, **session_options
+                model, tokenizer, context_tokens=context, max_snapshots=snapshots, state_store=states, **session_options
             )
             self.model_info = {
                 "name": Path(path).name,
@@ -336,9 +350,7 @@ class EngineWorker(QObject):
                     ),
                 )
             self._log_backend(model.expert_executor.stats(), backend)
-            self.queue = EngineQueue(
-                session, PrefixCache(API_PREFIX_CACHE_BYTES), max_queue=API_MAX_QUEUE, on_change=self._on_queue_change
-            )
+            self.queue = EngineQueue(session, states, max_queue=API_MAX_QUEUE, on_change=self._on_queue_change)
             self.server_context = ServerContext(
                 self.queue, self.model_info["name"], tokenizer, session.sampling, context, unix_now()
             )
@@ -363,11 +375,42 @@ class EngineWorker(QObject):
         queue, self.queue = self.queue, None
         if queue is not None:
             queue.stop()
+        states, self.states = self.states, None
+        if states is not None:
+            self._keep_states(states)
         self.session = None
         self.model_info = {}
         self._trial_logged = False
         gc.unfreeze()
         gc.collect()
+
+    def _state_store(self, folder: Path, placement, options: dict):
+        """The prefix cache for this model's chats and API prompts: RAM and disk budgets from the settings, the
+        disk tier keyed by this model and preset (states of another model or preset are never read)."""
+        from app.paths import chat_states_folder
+        from engine.runtime.prefix_cache import PrefixCache
+        from engine.runtime.state_files import StateFolder
+
+        ram = int(float(options.get("chat_states_ram_gib", 2.0)) * 2**30)
+        disk = int(float(options.get("chat_states_disk_gib", 8.0)) * 2**30)
+        spill = None
+        if disk > 0:
+            try:
+                spill = StateFolder(
+                    chat_states_folder(), state_fingerprint(folder, placement, str(options.get("preset", ""))), disk
+                )
+            except OSError as exc:
+                self.log.emit("warning", f"chats' saved states are not kept on disk ({exc}): they live in RAM only")
+        return PrefixCache(ram, spill)
+
+    def _keep_states(self, states) -> None:
+        """Write the chats' latest states to disk before the model goes, so they resume after a restart."""
+        try:
+            states.flush()
+        except Exception as exc:  # a full disk costs the next resume a prefill, never the unload
+            self.log.emit("warning", f"chats' states could not be saved to disk: {exc}")
+        if states.spill is not None:
+            states.spill.close()
 
     def _log_backend(self, stats: dict, requested: str) -> None:
         """Which backend computes the cache misses and, when measured, the bandwidths it was chosen from."""

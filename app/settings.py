@@ -32,6 +32,8 @@ DEFAULTS = {
     "last_model": "",  # "" means the built-in demo model
     "cpu_threads": 0,  # 0: physical cores
     "pin_budget_gib": 0.0,  # 0: sized from free RAM
+    "chat_states_ram_gib": 2.0,  # host RAM for chats' and API prompts' engine states (resume without a prefill)
+    "chat_states_disk_gib": 8.0,  # disk for the states RAM cannot hold, kept across restarts; 0: none
     "expert_backend": "auto",  # where a GPU run's expert-cache misses run: engine.experts.backend.BACKENDS
     "hf_endpoint": "",  # a Hub mirror's address; "" means HF_ENDPOINT or huggingface.co (the token is never here)
     "hub_offline": False,  # never contact the Hub
@@ -116,6 +118,8 @@ CHECKS = {
         "a whole number from 0 (physical cores) to this machine's thread count",
     ),
     "pin_budget_gib": (_number, "a number of GiB, 0 or more"),
+    "chat_states_ram_gib": (_number, "a number of GiB, 0 or more"),
+    "chat_states_disk_gib": (_number, "a number of GiB, 0 or more"),
     "expert_backend": (lambda v: v in BACKENDS, f"one of {', '.join(BACKENDS)}"),
     "hf_endpoint": (lambda v: isinstance(v, str), "an address"),
     "hub_offline": (lambda v: isinstance(v, bool), "true or false"),
@@ -152,6 +156,8 @@ def load_options(settings: "AppSettings") -> dict:
             "pin_budget_gib",
             "expert_backend",
             "turn_snapshots",
+            "chat_states_ram_gib",
+            "chat_states_disk_gib",
         )
     }
 

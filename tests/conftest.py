@@ -13,6 +13,8 @@ os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
 os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
 # downloads (engine.hub.default_models_dir, which the app's library scans) never touch the user's own folder
 os.environ.setdefault("MOEDESK_MODELS_DIR", os.path.join(tempfile.mkdtemp(prefix="moedesk-models-"), "models"))
+# nor the app's data folder (saved chat states, remote engines)
+os.environ.setdefault("MOEDESK_DATA_DIR", tempfile.mkdtemp(prefix="moedesk-data-"))
 import torch  # noqa: E402  (importing torch does not import triton)
 
 if not torch.cuda.is_available():

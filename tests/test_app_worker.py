@@ -17,6 +17,7 @@ from engine.loader import load_model
 from engine.runtime import placement, reserve
 from engine.runtime.planner import DEFAULT_RESERVE_SOURCE, DEFAULT_RUNTIME_RESERVE_BYTES
 from engine.runtime.session import DEFAULT_MAX_SNAPSHOTS
+from engine.runtime.state_files import SUFFIX
 
 ONE_LAYER_OF_SLOTS = 8  # the tiny model has 8 experts in each of its 4 MoE layers
 
@@ -249,3 +250,23 @@ def test_the_loaded_models_footprint_is_read_on_the_worker_for_the_engine_page(s
     worker = EngineWorker()
     worker.load(str(folder), load_options(settings))
     assert worker.model_info["footprint"] == footprint_from_checkpoint(folder)
+
+
+def test_a_chat_returned_to_resumes_without_prefilling_its_history(qtbot, settings, folder, cpu_only):
+    """The window's chat A, then chat B, then A again: A's next turn starts from A's saved state (the prefix cache
+    the API shares), so it prefills far less than its whole prompt; unloading writes the states to disk."""
+    worker = EngineWorker()
+    finished = []
+    worker.replyFinished.connect(finished.append)
+    worker.load(str(folder), load_options(settings))
+    options = {"sampling": {"max_new_tokens": 3, "temperature": 0.0}}
+    send_and_wait(qtbot, worker, [], "Tell me about chat A, " * 20, options)
+    chat_a = list(worker.session.messages)
+    send_and_wait(qtbot, worker, [], "Chat B here", options)
+    send_and_wait(qtbot, worker, chat_a, "More about A", options)
+    resumed = finished[-1]["stats"]
+    assert resumed["error"] is None
+    assert resumed["cached_tokens"] > 100 and resumed["prefill_tokens"] < resumed["prompt_tokens"] - 100
+    spill = worker.states.spill
+    worker.unload()
+    assert len(spill) >= 1 and len(list(spill.folder.glob("*" + SUFFIX))) == len(spill)

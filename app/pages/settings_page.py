@@ -216,15 +216,27 @@ class SettingsPage(QWidget):
         )
         self.threads_spin.setValue(int(settings.get("cpu_threads")))
         self.threads_spin.valueChanged.connect(lambda n: settings.set("cpu_threads", n))
-        self.pin_spin = QDoubleSpinBox()
-        self.pin_spin.setRange(0.0, max(system_info.ram()["total_bytes"] / system_info.GIB, 1.0))
-        self.pin_spin.setDecimals(1)
-        self.pin_spin.setSingleStep(0.5)
-        self.pin_spin.setSuffix(" GiB")
+        self.pin_spin = _gib_spin(
+            settings,
+            "pin_budget_gib",
+            system_info.ram()["total_bytes"] / system_info.GIB,
+            "Host RAM locked for fast copies of experts to the GPU.",
+        )
         self.pin_spin.setSpecialValueText("sized from free RAM")
-        self.pin_spin.setToolTip("Host RAM locked for fast copies of experts to the GPU.")
-        self.pin_spin.setValue(float(settings.get("pin_budget_gib")))
-        self.pin_spin.valueChanged.connect(lambda gib: settings.set("pin_budget_gib", gib))
+        self.states_ram_spin = _gib_spin(
+            settings,
+            "chat_states_ram_gib",
+            system_info.ram()["total_bytes"] / system_info.GIB,
+            "Host RAM for the engine states of recent chats and API prompts: returning to one starts the "
+            "next reply without reading its history again. Applies when a model is loaded.",
+        )
+        self.states_disk_spin = _gib_spin(
+            settings,
+            "chat_states_disk_gib",
+            4096.0,
+            "Disk for the chat states RAM cannot hold, kept across restarts (oldest dropped first); "
+            "0 keeps none. Applies when a model is loaded.",
+        )
         self.backend_combo = QComboBox()
         for label, key, when in EXPERT_BACKENDS:
             self.backend_combo.addItem(label, key)
@@ -252,6 +264,8 @@ class SettingsPage(QWidget):
         engine_form.addRow("CPU threads", self.threads_spin)
         engine_form.addRow("Pinned-RAM budget", self.pin_spin)
         engine_form.addRow("Expert backend", self.backend_combo)
+        engine_form.addRow("Chat states in RAM", self.states_ram_spin)
+        engine_form.addRow("Chat states on disk", self.states_disk_spin)
         chat_box = QGroupBox("Chat and appearance")
         chat_form = QFormLayout(chat_box)
         chat_form.addRow(self.thinking_check)
@@ -313,3 +327,16 @@ class SettingsPage(QWidget):
         theme = self.theme_combo.currentData()
         self.settings.set("theme", theme)
         self.themeChanged.emit(theme)
+
+
+def _gib_spin(settings, key: str, most: float, tip: str) -> QDoubleSpinBox:
+    """A spin box of GiB from 0 to `most` that edits the setting `key`."""
+    spin = QDoubleSpinBox()
+    spin.setRange(0.0, max(most, 1.0))
+    spin.setDecimals(1)
+    spin.setSingleStep(0.5)
+    spin.setSuffix(" GiB")
+    spin.setToolTip(tip)
+    spin.setValue(float(settings.get(key)))
+    spin.valueChanged.connect(lambda gib: settings.set(key, gib))
+    return spin

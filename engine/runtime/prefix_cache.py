@@ -7,7 +7,9 @@ token so a prompt the cache holds whole needs no prefill at all. An entry stored
 restored from (or grew from) another entry shares that entry's KV blocks: a conversation's KV rows are in
 host RAM once however many of its prefixes are cached, and each entry adds its recurrent states and the rows
 past the entry it grew from. A lookup finds the longest cached prefix of a request's ids; eviction is
-least-recently-used, by the bytes an entry alone keeps alive.
+least-recently-used, by the bytes an entry alone keeps alive. With a `spill` folder (state_files.StateFolder)
+an evicted entry that no other entry extends is written to disk, `flush()` writes every such entry still only
+in RAM, and a lookup reads a longer prefix from disk back into RAM: a chat resumes after a restart too.
 """
 
 from __future__ import annotations
@@ -16,10 +18,14 @@ import threading
 from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 
 from engine.models.base import HostState, ModelState
+
+if TYPE_CHECKING:
+    from engine.runtime.state_files import StateFolder
 
 
 @dataclass(frozen=True)
@@ -41,10 +47,10 @@ class PrefixCache:
 
     Thread-safe: the engine's worker stores and looks up, a stats reader may ask for its size meanwhile."""
 
-    def __init__(self, max_bytes: int):
+    def __init__(self, max_bytes: int, spill: StateFolder | None = None):
         if max_bytes < 0:
             raise ValueError(f"the prefix cache size must be 0 or more bytes, not {max_bytes}")
-        self.max_bytes = max_bytes
+        self.max_bytes, self.spill = max_bytes, spill
         self._entries: OrderedDict[tuple[int, ...], CachedPrefix] = OrderedDict()  # oldest use first
         self._holders: dict[int, list] = {}  # id(tensor) -> [tensor, entries holding it]
         self._bytes = 0
@@ -69,7 +75,14 @@ class PrefixCache:
             )
             if best is not None:
                 self._entries.move_to_end(best.ids)
-            return best
+        on_disk = self.spill.longest_prefix(ids) if self.spill is not None else None
+        if on_disk is not None and (best is None or len(on_disk) > len(best.ids)):
+            saved = self.spill.read(on_disk)
+            if saved is not None:
+                with self._lock:
+                    self._insert(saved)
+                best = saved
+        return best
 
     def store(
         self, ids: Sequence[int], state: ModelState, logits: torch.Tensor, after: CachedPrefix | None = None
@@ -96,15 +109,44 @@ class PrefixCache:
         with self._lock:
             if self._alone_bytes(entry) > self.max_bytes:
                 return None
-            old = self._entries.pop(ids, None)  # stored by another thread meanwhile
-            if old is not None:
-                self._release(old)
-            self._entries[ids] = entry
-            self._hold(entry)
-            while self._bytes > self.max_bytes and len(self._entries) > 1:
-                _, evicted = self._entries.popitem(last=False)
-                self._release(evicted)
+            evicted = self._insert(entry)
+        self._spill(evicted)
         return entry
+
+    def flush(self) -> None:
+        """Write to the spill folder every entry that only RAM holds and no other entry extends, and wait."""
+        if self.spill is None:
+            return
+        with self._lock:
+            entries = list(self._entries.values())
+        self._spill(entries)
+        self.spill.wait()
+
+    def _insert(self, entry: CachedPrefix) -> list[CachedPrefix]:
+        """(under the lock) Hold `entry` as the most recently used; the entries evicted to make room."""
+        old = self._entries.pop(entry.ids, None)  # stored by another thread meanwhile
+        if old is not None:
+            self._release(old)
+        self._entries[entry.ids] = entry
+        self._hold(entry)
+        evicted = []
+        while self._bytes > self.max_bytes and len(self._entries) > 1:
+            _, gone = self._entries.popitem(last=False)
+            self._release(gone)
+            evicted.append(gone)
+        return evicted
+
+    def _spill(self, entries: list[CachedPrefix]) -> None:
+        """Write those of `entries` that end a sequence (no entry in RAM or on disk extends them) to disk."""
+        if self.spill is None:
+            return
+        with self._lock:
+            held = [*self._entries, *(e.ids for e in entries)]
+        for entry in entries:
+            n = len(entry.ids)
+            extended = any(len(key) > n and key[:n] == entry.ids for key in held)
+            if not extended and not self.spill.holds(entry.ids):
+                self.spill.write(entry)
 
     def contains(self, ids: Sequence[int]) -> bool:
         """Whether the state after exactly `ids` is cached."""

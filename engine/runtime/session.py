@@ -9,7 +9,9 @@ after a new system prompt, is then the same tokens the live state holds. Templat
 option (Qwen3's) drop earlier reasoning from a fresh render; the live state still keeps it, the
 price of never recomputing history. A snapshot at each of the last `max_snapshots` turn
 boundaries (recurrent states copied to host RAM, KV caches remembered by length) lets
-regenerate and edit roll back instead.
+regenerate and edit roll back instead. With a `state_store` (the prefix cache the API uses, with its disk
+tier), each turn's states go into it, and a turn that starts from a fresh state (another chat was open, the
+app restarted) loads the longest prefix of its prompt the store holds and prefills only the rest.
 
 A turn cancelled during its prefill is undone whole (its user message is taken back out of
 `messages`; the app keeps the text). Threading: one thread drives `send`/`regenerate`/`edit`
@@ -66,8 +68,10 @@ class ChatSession:
         prefill_chunk_tokens: int = DEFAULT_PREFILL_CHUNK_TOKENS,
         max_snapshots: int = DEFAULT_MAX_SNAPSHOTS,
         context_advice: str = "",
+        state_store: PrefixCache | None = None,
     ):
-        """context_advice: what makes the context larger, where something can (the overflow message says it)."""
+        """context_advice: what makes the context larger, where something can (the overflow message says it);
+        state_store: where turns' states are kept for resuming this conversation or another one later."""
         self.model, self.tokenizer = model, tokenizer
         self.context_tokens = context_tokens
         self.context_advice = context_advice
@@ -78,6 +82,7 @@ class ChatSession:
         if max_snapshots < 1:
             raise ValueError(f"max_snapshots must be 1 or more (the last turn's, for regenerate), not {max_snapshots}")
         self.max_snapshots = max_snapshots
+        self.state_store = state_store
         self.messages: list[dict] = []
         self.prefilled_tokens_total = 0  # every token this session pushed through prefill
         self._cancel = threading.Event()
@@ -105,6 +110,7 @@ class ChatSession:
         self._boundaries: list[_Boundary] = []
         self._holds_request = False  # set by complete(): the next turn starts from a fresh state
         self._cut_reply: _CutReply | None = None  # the last reply, when it was cut: what resume() goes on from
+        self._latest: CachedPrefix | None = None  # the state store's latest entry of the state's sequence
 
     def cancel(self) -> None:
         self._cancel.set()
@@ -192,6 +198,27 @@ class ChatSession:
         del self.messages[boundary.message_index :]
         self._synced = boundary.message_index
         del self._boundaries[turn:]
+        if self._latest is not None and tuple(self._fed[: len(self._latest.ids)]) != self._latest.ids:
+            self._latest = None  # the state no longer begins with that entry's sequence
+
+    def _restore(self, ids: list[int]) -> CachedPrefix | None:
+        """Load the longest prefix of `ids` the state store holds into the (fresh) state; that entry, or None."""
+        hit = self.state_store.longest_prefix(ids) if self.state_store is not None else None
+        if hit is None:
+            return None
+        try:
+            self._state.load(hit.state)
+        except Exception:  # a saved state this model cannot hold (a smaller context now): prefill instead
+            self._state.load(self._blank_copy())
+            return None
+        self._fed = list(hit.ids)
+        return hit
+
+    def _blank_copy(self):
+        """A host copy of what a state holds before any token, made once."""
+        if self._blank is None:
+            self._blank = self.model.new_state(0).host_copy()
+        return self._blank
 
     def _prompt_ids(self, new_messages: list[dict]) -> tuple[list[int], str]:
         """(token ids to feed, rendered text) that bring the state up to `new_messages`."""
@@ -255,10 +282,8 @@ class ChatSession:
             yield refused("error", str(ContextOverflowError(len(ids) + 1, self.context_tokens, self.context_advice)))
             return
         started = time.perf_counter()  # the time to first token counts the lookup and the restore
-        if self._blank is None:
-            self._blank = self.model.new_state(0).host_copy()  # what a state holds before any token
         hit = prefix_cache.longest_prefix(ids) if prefix_cache is not None else None
-        self._state.load(hit.state if hit is not None else self._blank)
+        self._state.load(hit.state if hit is not None else self._blank_copy())
         self._fed = list(hit.ids) if hit is not None else []
         self._boundaries = [_Boundary(0, self._state.snapshot(), len(self._fed), ())]
         reply = _Reply(
@@ -336,7 +361,19 @@ class ChatSession:
             _Boundary(len(self.messages) - 1, self._state.snapshot(), len(self._fed), self._pending)
         )
         del self._boundaries[: -self.max_snapshots]  # the oldest go: editing there prefills the history again
-        reply = _Reply(self, sampler, ids, rendered)
+        hit = self._restore(ids) if not self._fed else None
+        if hit is not None:
+            ids = ids[len(hit.ids) :]
+        reply = _Reply(
+            self,
+            sampler,
+            ids,
+            rendered,
+            start_logits=hit.logits if hit is not None else None,
+            prefix_cache=self.state_store,
+            restored=hit or self._latest,
+            save_at=frozenset({len(self._fed) + len(ids)}),
+        )
         if cut is not None:  # the reply goes on after its text, which the prompt now ends with
             reply.go_on_from(cut, in_thinking)
         yield from reply.run()
@@ -459,6 +496,7 @@ class _Reply:
             reason = yield from self._decode(logits, generated)
             if reason != "cancelled":
                 self._save()
+            s._latest = self.cached
         except Interrupted:
             s._rewind(len(s._boundaries) - 1)
             yield self._finish("cancelled", start, start, 0, prefilled=0)
