@@ -17,7 +17,7 @@ from pathlib import Path
 import torch
 
 from engine.bench_hf import hf_offload_row
-from engine.bench_projection import CHECK_PROMPT, backend_used, missed_share, projection, transfer_seconds
+from engine.bench_projection import CHECK_PROMPT, add_ceilings, pcie_bounds, projection
 from engine.checkpoint import Checkpoint, TensorShard
 from engine.experts.link import LinkLimit, LinkLimitError
 from engine.experts.routing import NOTES as ROUTING_NOTES
@@ -208,68 +208,6 @@ def _traffic(phase: str, start: dict, end: dict) -> dict:
     }
 
 
-def _bounds(row: dict, bandwidth: float, expert_bytes: int) -> dict:
-    """Ratios of measured speed to the PCIe-streaming bounds at the measured bandwidth of the banks' memory:
-    each prefill chunk streams every MoE layer's experts once; a decode token streams what it missed."""
-    chunks = -(-row["prompt_tokens"] // row["prefill_chunk_tokens"])
-    prefill_bound = row["prompt_tokens"] / (chunks * expert_bytes / bandwidth)
-    bounds = {
-        "prefill_pcie_bound_tokens_per_s": prefill_bound,
-        "prefill_vs_bound": row["prefill_tokens_per_s"] / prefill_bound,
-    }
-    bounds.update(_decode_bound(row, bandwidth))
-    for decode in row.get("decode_by_backend", {}).values():
-        decode.update(_decode_bound({**decode, "decode_tokens": row["decode_tokens"]}, bandwidth))
-    return bounds
-
-
-def _decode_bound(decode: dict, bandwidth: float) -> dict:
-    """A decode token streams what it missed and the GPU computes (the CPU's share is not bounded by PCIe)."""
-    copied = decode.get("decode_expert_bytes_copied", 0)
-    if not decode["decode_tokens"] or not copied:
-        return {}
-    bound = decode["decode_tokens"] / (copied / bandwidth)
-    return {"decode_pcie_bound_tokens_per_s": bound, "decode_vs_bound": decode["decode_tokens_per_s"] / bound}
-
-
-def decode_ceiling(
-    miss_bytes_per_token: float,
-    gpu_step_seconds: float,
-    pcie_bytes_per_s: float,
-    cpu_bytes_per_s: float | None,
-    backend: str,
-) -> float:
-    """The fastest decode (tokens/s) the hardware allows a backend: a token's missed expert bytes cross PCIe
-    (offload), are read by the CPU (cpu) or both at once (hybrid), beside the GPU's own step; whichever of the
-    two takes longer sets the pace (an upper bound: they could at best overlap fully)."""
-    transfer = transfer_seconds(miss_bytes_per_token, pcie_bytes_per_s, cpu_bytes_per_s, backend)
-    return 1.0 / max(gpu_step_seconds, transfer)
-
-
-def _add_ceilings(result: dict, record_bytes: int, moe_layers: int, top_k: int, gpu_step: float | None = None) -> None:
-    """Each decode of the run against its combined ceiling, where a `fixed` row measured the GPU's own step
-    (or `gpu_step`, seconds measured by another run, where this one's cache cannot hold a fixed routing)."""
-    fixed = [r for r in result["runs"] if r.get("routing") == "fixed" and "decode_tokens_per_s" in r]
-    if fixed and fixed[0].get("decode_expert_cache_hit_rate", 0.0) >= 0.99:
-        gpu_step, result["gpu_step_source"] = 1.0 / fixed[0]["decode_tokens_per_s"], "this run's fixed routing"
-    elif gpu_step is not None:
-        result["gpu_step_source"] = "given (--gpu-step-ms)"
-    else:
-        return
-    result["gpu_step_seconds"] = gpu_step
-    pcie = result["expert_link_bytes_per_s"]
-    cpu = result.get("calibration", {}).get("cpu_bytes_per_s")
-    for row in result["runs"]:
-        for backend, decode in (row.get("decode_by_backend") or {None: row}).items():
-            if "decode_expert_cache_hit_rate" not in decode:
-                continue
-            misses = missed_share(decode) * moe_layers * top_k * record_bytes
-            used = backend_used(decode, backend, result["expert_backend"])
-            ceiling = decode_ceiling(misses, gpu_step, pcie, cpu, used)
-            decode["decode_ceiling_tokens_per_s"] = ceiling
-            decode["decode_vs_ceiling"] = decode["decode_tokens_per_s"] / ceiling
-
-
 def run_bench(
     name: str,
     device: str,
@@ -387,7 +325,7 @@ def run_bench(
                 )
             )
     if packed and "expert_link_bytes_per_s" in result:
-        _add_ceilings(
+        add_ceilings(
             result,
             next(iter(packed.values())).layout.record_bytes,
             len(packed),
@@ -464,7 +402,7 @@ def _run_one(
         if plan is not None:
             row["peak_within_budget"] = row["peak_process_bytes"] <= plan.budget_bytes
         if bandwidth is not None and plan is not None and "error" not in row:
-            row.update(_bounds(row, bandwidth, expert_bytes))
+            row.update(pcie_bounds(row, bandwidth, expert_bytes))
         torch.cuda.empty_cache()
     return row
 

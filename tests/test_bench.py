@@ -126,7 +126,8 @@ def test_a_link_limit_at_or_above_the_measured_link_is_refused_before_anything_i
 
 def test_the_held_link_sets_the_bounds_and_ceilings():
     """The expert link the bench reports, and what its ceilings divide by, is the held rate, not the machine's."""
-    from engine.bench import _add_ceilings, link_note
+    from engine.bench import link_note
+    from engine.bench_projection import add_ceilings
     from engine.experts.link import LinkLimit
 
     link = LinkLimit(6.5e9)
@@ -138,7 +139,7 @@ def test_the_held_link_sets_the_bounds_and_ceilings():
         "calibration": {"cpu_bytes_per_s": 1e9},
         "runs": [{"routing": "uniform", "decode_by_backend": {"offload": decode}}],
     }
-    _add_ceilings(result, record_bytes=1_000_000, moe_layers=13, top_k=4, gpu_step=0.001)
+    add_ceilings(result, record_bytes=1_000_000, moe_layers=13, top_k=4, gpu_step=0.001)
     assert decode["decode_ceiling_tokens_per_s"] == pytest.approx(250.0)  # 26 MB a token at 6.5 GB/s: 4 ms
     note = link_note(link, pageable=True)
     assert "6.5 GB/s (pageable records)" in note and "CUDA graphs" in note and "not held" in note.lower()
@@ -241,7 +242,7 @@ def test_bad_bench_lengths_and_steps_are_named(argv, message, capsys):
 def test_a_given_gpu_step_sets_the_ceilings_where_no_fixed_row_could():
     """The 4gb cache holds fewer experts than one fixed step uses over all layers, so its ceilings take the
     GPU step another run measured: the slower of the step and the missed bytes over the link."""
-    from engine.bench import _add_ceilings
+    from engine.bench_projection import add_ceilings
 
     decode = {"decode_tokens_per_s": 20.0, "decode_expert_cache_hit_rate": 0.5}
     result = {
@@ -250,9 +251,9 @@ def test_a_given_gpu_step_sets_the_ceilings_where_no_fixed_row_could():
         "calibration": {"cpu_bytes_per_s": 1e9},
         "runs": [{"routing": "uniform", "decode_by_backend": {"offload": decode}}],
     }
-    _add_ceilings(result, record_bytes=1_000_000, moe_layers=10, top_k=4)
+    add_ceilings(result, record_bytes=1_000_000, moe_layers=10, top_k=4)
     assert "decode_ceiling_tokens_per_s" not in decode  # no fixed row, no step given: no ceiling claimed
-    _add_ceilings(result, record_bytes=1_000_000, moe_layers=10, top_k=4, gpu_step=0.01)
+    add_ceilings(result, record_bytes=1_000_000, moe_layers=10, top_k=4, gpu_step=0.01)
     # 20 missed records = 20 MB a token over 1 GB/s: 20 ms, slower than the 10 ms step
     assert decode["decode_ceiling_tokens_per_s"] == pytest.approx(50.0)
     assert decode["decode_vs_ceiling"] == pytest.approx(0.4) and result["gpu_step_source"].startswith("given")
@@ -261,7 +262,7 @@ def test_a_given_gpu_step_sets_the_ceilings_where_no_fixed_row_could():
 def test_experts_the_cpu_computes_count_as_read_bytes_in_the_cpu_ceiling():
     """The cpu backend reports a GPU-cache hit rate of 1 (it computes the misses itself), yet it reads those
     experts from host memory: its ceiling counts them."""
-    from engine.bench import _add_ceilings
+    from engine.bench_projection import add_ceilings
 
     decode = {"decode_tokens_per_s": 20.0, "decode_expert_cache_hit_rate": 1.0, "decode_cpu_expert_share": 0.5}
     result = {
@@ -270,12 +271,12 @@ def test_experts_the_cpu_computes_count_as_read_bytes_in_the_cpu_ceiling():
         "calibration": {"cpu_bytes_per_s": 1e9},
         "runs": [{"routing": "uniform", "decode_by_backend": {"cpu": decode}}],
     }
-    _add_ceilings(result, record_bytes=1_000_000, moe_layers=10, top_k=4, gpu_step=0.001)
+    add_ceilings(result, record_bytes=1_000_000, moe_layers=10, top_k=4, gpu_step=0.001)
     assert decode["decode_ceiling_tokens_per_s"] == pytest.approx(50.0)  # 20 MB at 1 GB/s: 20 ms
 
 
 def test_auto_is_held_to_the_ceiling_of_the_backend_it_chose():
-    from engine.bench import _add_ceilings
+    from engine.bench_projection import add_ceilings
 
     decode = {
         "decode_tokens_per_s": 20.0,
@@ -289,5 +290,5 @@ def test_auto_is_held_to_the_ceiling_of_the_backend_it_chose():
         "calibration": {"cpu_bytes_per_s": 1e9},
         "runs": [{"routing": "uniform", "decode_by_backend": {"auto": decode}}],
     }
-    _add_ceilings(result, record_bytes=1_000_000, moe_layers=10, top_k=4, gpu_step=0.001)
+    add_ceilings(result, record_bytes=1_000_000, moe_layers=10, top_k=4, gpu_step=0.001)
     assert decode["decode_ceiling_tokens_per_s"] == pytest.approx(50.0)  # the CPU's 1 GB/s, not the link's 4

@@ -22,7 +22,7 @@ from engine.checkpoint.formats import (
     detect_format,
     fuse_rows,
 )
-from engine.kernels import reference, triton_linear  # noqa: E402
+from engine.kernels import reference, triton_linear, triton_linear_launch  # noqa: E402
 from engine.kernels.groups import ExpertGroups  # noqa: E402
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
@@ -192,16 +192,16 @@ def test_block_sizes_cover_the_problem(rows, n_out, k_in, fmt):
         tensors = {"weight": torch.empty(n_out, k_in, dtype=torch.float8_e4m3fn), "weight_scale": torch.ones(())}
     ops = triton_linear._operands(StoredWeight(fmt, tensors, (n_out, k_in), "w"), stacked=False)
     if rows == 1:
-        bn, bk, _, _ = triton_linear._gemv_blocks(ops, n_out, k_in, 1, sms)
+        bn, bk, _, _ = triton_linear_launch._gemv_blocks(ops, n_out, k_in, 1, sms)
         assert n_out // bn >= min(n_out // 2, 4 * sms)  # many programs in flight
-        assert bn * bk * ops.input_bytes <= triton_linear._TILE_BYTES
+        assert bn * bk * ops.input_bytes <= triton_linear_launch._TILE_BYTES
     else:
         bm = 16 if rows <= 16 else 128
-        bn, bk, _, _ = triton_linear._tile_blocks(ops, bm, n_out, k_in, -(-rows // bm))
+        bn, bk, _, _ = triton_linear_launch._tile_blocks(ops, bm, n_out, k_in, -(-rows // bm))
         assert bn >= 16 and bk >= 32
     assert bn & (bn - 1) == 0 and bk & (bk - 1) == 0 and bk <= max(32, 2 * k_in)
     programs = -(-rows // (1 if rows == 1 else 16 if rows <= 16 else 128)) * -(-n_out // bn)
-    splits, per_split = triton_linear._split_k(programs, k_in, bk, sms)
+    splits, per_split = triton_linear_launch._split_k(programs, k_in, bk, sms)
     assert per_split % bk == 0 and splits * per_split >= k_in > (splits - 1) * per_split
 
 

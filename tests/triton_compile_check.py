@@ -15,7 +15,8 @@ from engine.kernels import (
     triton_cpu_share,
     triton_gather,
     triton_gdn,
-    triton_linear,
+    triton_linear_kernel,
+    triton_linear_launch,
     triton_link,
     triton_norm,
     triton_router,
@@ -55,8 +56,8 @@ def _linear_case(fmt, gemv, table, swiglu=False):
         SCALE_GROUPS=1,
         EVEN_K=True,
     )
-    assert tuple(constexprs) == triton_linear._CONSTEXPR_NAMES
-    return triton_linear._linear_kernel, pointers, constexprs, ()
+    assert tuple(constexprs) == triton_linear_launch._CONSTEXPR_NAMES
+    return triton_linear_kernel.linear_kernel, pointers, constexprs, ()
 
 
 CASES = {
@@ -195,11 +196,11 @@ CASES = {
         {"K": 8, "K_BLOCK": 8, "BLOCK": triton_combine.BLOCK, "ROWS": True, "SHARED": True, "CPU": True},
         (),
     ),
-    "nvfp4 gemv grouped": _linear_case(triton_linear._F_NVFP4, True, 1),
-    "nvfp4 gemv slots swiglu": _linear_case(triton_linear._F_NVFP4, True, 2, swiglu=True),
-    "nvfp4 tiles": _linear_case(triton_linear._F_NVFP4, False, 0),
-    "fp8 gemv": _linear_case(triton_linear._F_FP8, True, 0),
-    "fp8 block tiles": _linear_case(triton_linear._F_FP8_BLOCK, False, 0),
+    "nvfp4 gemv grouped": _linear_case(triton_linear_kernel.F_NVFP4, True, 1),
+    "nvfp4 gemv slots swiglu": _linear_case(triton_linear_kernel.F_NVFP4, True, 2, swiglu=True),
+    "nvfp4 tiles": _linear_case(triton_linear_kernel.F_NVFP4, False, 0),
+    "fp8 gemv": _linear_case(triton_linear_kernel.F_FP8, True, 0),
+    "fp8 block tiles": _linear_case(triton_linear_kernel.F_FP8_BLOCK, False, 0),
 }
 
 

@@ -23,6 +23,7 @@ from safetensors.torch import save_file
 
 from engine.checkpoint import quantize
 from engine.checkpoint.declared import MODELOPT_FP8, MODELOPT_NVFP4_WEIGHT_ONLY, fp8_block, modelopt_mixed_precision
+from engine.synthetic_layout import vision_tensors
 from engine.testing.tiny_tokenizer import write_tiny_tokenizer
 
 FORMATS = ("bf16", "fp32", "fp8_block", "nvfp4", "nvfp4_ct")
@@ -269,8 +270,6 @@ def _write_mtp_and_vision(w: _Writer, text: dict) -> None:
         w.plain(f"mtp.{norm}.weight", w.randn(hidden, std=0.1))
     for i in range(text.get("mtp_num_hidden_layers", 0)):
         _write_layer(w, text, f"mtp.layers.{i}", "full_attention", True, plain_fmt, plain_fmt, True)
-    from engine.synthetic import vision_tensors  # here: engine.synthetic builds its tiny model from this module
-
     laws = {
         "linear": lambda shape: w.randn(*shape, std=shape[1] ** -0.5),
         "bias": lambda shape: w.randn(*shape, std=0.02),
