@@ -23,7 +23,7 @@ from collections.abc import Callable
 import torch
 
 from engine.errors import ContextOverflowError, GraphCaptureError
-from engine.layers.step import DecodeStep
+from engine.step import DecodeStep
 
 
 def graphs_enabled() -> bool:
