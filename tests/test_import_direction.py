@@ -1,4 +1,4 @@
-"""The engine's layers import one way: a module imports its own layer and those below it, never one above.
+"""The engine's layers import one way, and the app reaches the engine only through its face (engine/api.py).
 
 Every `import` and `from ... import` in engine/ and app/ counts, those inside functions too (the lazy ones are
 arrows all the same). The layer order and the face are described in docs/ARCHITECTURE.md ("Layers")."""
@@ -6,11 +6,18 @@ arrows all the same). The layer order and the face are described in docs/ARCHITE
 from __future__ import annotations
 
 import ast
+import importlib
+import os
+import subprocess
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[1]
 INIT = "__init__"
+FACE = "engine.api"
 
 # bottom to top: a module may import its own layer and those below it, never one above. An entry names a module
 # or a package (covering everything in it); a package's own __init__.py is `package.__init__`.
@@ -37,8 +44,8 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
             "engine.bench_projection",
         ),
     ),
-    # the package's __init__.py: load_model and the errors, for scripts
-    ("face", ("engine.__init__",)),
+    # the face: engine/api.py for the app, the package's __init__.py (load_model and the errors) for scripts
+    ("face", (FACE, "engine.__init__")),
     ("app", ("app",)),
 )
 
@@ -106,20 +113,38 @@ def layer_of(module: str, layers=LAYERS) -> int | None:
     return best
 
 
+def face_names(root: Path) -> set[str]:
+    """The names the face exports: those of its table of homes (`_HOMES` in engine/api.py), read without importing."""
+    path = root / "engine" / "api.py"
+    if not path.exists():
+        return set()
+    for node in ast.parse(path.read_text(encoding="utf-8")).body:
+        if isinstance(node, ast.AnnAssign) and getattr(node.target, "id", None) == "_HOMES":
+            return {name for names in ast.literal_eval(node.value).values() for name in names}
+    return set()
+
+
 def _shown(module: str) -> str:
     return module.removesuffix("." + INIT)
 
 
 def problems(root: Path, layers=LAYERS) -> list[str]:
-    """Each module no layer holds and each arrow running up the layers."""
+    """Each module no layer holds, each arrow running up the layers, and each app import besides the face's names."""
     found = []
     for module, path in module_names(root).items():
         if layer_of(module, layers) is None:
             found.append(f"{path.relative_to(root).as_posix()}: {_shown(module)} is in no layer of the table")
+    exported = face_names(root)
     for arrow in arrows(root):
         where = f"{arrow.path.relative_to(root).as_posix()}:{arrow.line}"
         source, target = layer_of(arrow.source, layers), layer_of(arrow.target, layers)
-        if source is not None and target is not None and target > source:
+        if arrow.source.startswith("app.") and arrow.target.startswith("engine"):
+            if arrow.target != FACE:
+                found.append(f"{where}: {_shown(arrow.source)} imports {_shown(arrow.target)}, not the face {FACE}")
+            elif not arrow.names or not set(arrow.names) <= exported:
+                taken = ", ".join(sorted(set(arrow.names) - exported)) or "the module itself"
+                found.append(f"{where}: {_shown(arrow.source)} takes {taken} from {FACE}, which does not export it")
+        elif source is not None and target is not None and target > source:
             found.append(
                 f"{where}: {_shown(arrow.source)} ({layers[source][0]}) imports "
                 f"{_shown(arrow.target)} ({layers[target][0]}), a layer above it"
@@ -127,7 +152,7 @@ def problems(root: Path, layers=LAYERS) -> list[str]:
     return list(dict.fromkeys(found))  # one line per import statement, however many names it takes
 
 
-def test_the_engine_imports_down():
+def test_the_engine_imports_down_and_the_app_only_the_face():
     found = problems(ROOT)
     assert not found, "imports against docs/ARCHITECTURE.md's layers:\n" + "\n".join(found)
 
@@ -143,13 +168,14 @@ def test_the_checker_names_each_wrong_arrow(tmp_path):
     layers = (
         ("low", ("engine.low",)),
         ("high", ("engine.high",)),
-        ("face", ("engine.__init__",)),
+        ("face", (FACE, "engine.__init__")),
         ("app", ("app",)),
     )
     _write(
         tmp_path,
         {
             "engine/__init__.py": "",
+            "engine/api.py": '_HOMES: dict = {"engine.low.a": ("helper",)}\n',
             "engine/low/__init__.py": "",
             # lazy, inside a function, and relative: still an arrow up
             "engine/low/a.py": "def f():\n    from ..high import b\n",
@@ -158,10 +184,42 @@ def test_the_checker_names_each_wrong_arrow(tmp_path):
             "engine/high/b.py": "import engine.low.a\nfrom engine import low\n",
             "engine/stray.py": "",
             "app/__init__.py": "",
-            "app/x.py": "from engine.low import a\n",
+            "app/x.py": "from engine.api import helper\nfrom engine import api\n",
+            "app/y.py": "def g():\n    from engine.low.a import f\n    from engine.api import missing\n",
         },
     )
     assert sorted(problems(tmp_path, layers)) == [
+        "app/x.py:2: app.x takes the module itself from engine.api, which does not export it",
+        "app/y.py:2: app.y imports engine.low.a, not the face engine.api",
+        "app/y.py:3: app.y takes missing from engine.api, which does not export it",
         "engine/low/a.py:2: engine.low.a (low) imports engine.high.b (high), a layer above it",
         "engine/stray.py: engine.stray is in no layer of the table",
     ]
+
+
+def _modules_after(*statements: str) -> list[set[str]]:
+    """The modules one fresh interpreter holds after each of `statements`, run in turn."""
+    code = "import sys\n" + "".join(f"{line}\nprint(' '.join(sorted(sys.modules)))\n" for line in statements)
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    result = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True, env=env)
+    return [set(line.split()) for line in result.stdout.splitlines()]
+
+
+def test_the_face_imports_a_name_s_home_only_when_the_name_is_taken():
+    engine, face, planner = _modules_after("import engine", "import engine.api", "from engine.api import plan_memory")
+    assert face - engine == {"engine.api"}
+    assert "engine.runtime.planner" in planner
+    # the server and the Hub client are among the app's late imports: taking a planner name leaves them unloaded
+    assert not {"engine.server.serve", "engine.hub", "uvicorn", "huggingface_hub"} & planner
+
+
+def test_every_name_of_the_face_is_its_home_s():
+    import engine.api
+
+    assert set(engine.api.__all__) == face_names(ROOT)
+    for home, names in engine.api._HOMES.items():
+        for name in names:
+            assert getattr(engine.api, name) is getattr(importlib.import_module(home), name), name
+    assert set(dir(engine.api)) >= set(engine.api.__all__)
+    with pytest.raises(AttributeError):
+        engine.api.not_exported
