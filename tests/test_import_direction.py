@@ -125,6 +125,7 @@ def face_names(root: Path) -> set[str]:
 
 
 def _shown(module: str) -> str:
+    """Name a module as it is imported (a package without its __init__)."""
     return module.removesuffix("." + INIT)
 
 
@@ -141,8 +142,10 @@ def problems(root: Path, layers=LAYERS) -> list[str]:
         if arrow.source.startswith("app.") and arrow.target.startswith("engine"):
             if arrow.target != FACE:
                 found.append(f"{where}: {_shown(arrow.source)} imports {_shown(arrow.target)}, not the face {FACE}")
-            elif not arrow.names or not set(arrow.names) <= exported:
-                taken = ", ".join(sorted(set(arrow.names) - exported)) or "the module itself"
+            elif not arrow.names:
+                found.append(f"{where}: {_shown(arrow.source)} imports {FACE} as a module, not names from it")
+            elif not set(arrow.names) <= exported:
+                taken = ", ".join(sorted(set(arrow.names) - exported))
                 found.append(f"{where}: {_shown(arrow.source)} takes {taken} from {FACE}, which does not export it")
         elif source is not None and target is not None and target > source:
             found.append(
@@ -158,6 +161,7 @@ def test_the_engine_imports_down_and_the_app_only_the_face():
 
 
 def _write(root: Path, files: dict[str, str]) -> None:
+    """Write each file's text under `root`, making its folders."""
     for name, text in files.items():
         path = root / name
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -189,7 +193,7 @@ def test_the_checker_names_each_wrong_arrow(tmp_path):
         },
     )
     assert sorted(problems(tmp_path, layers)) == [
-        "app/x.py:2: app.x takes the module itself from engine.api, which does not export it",
+        "app/x.py:2: app.x imports engine.api as a module, not names from it",
         "app/y.py:2: app.y imports engine.low.a, not the face engine.api",
         "app/y.py:3: app.y takes missing from engine.api, which does not export it",
         "engine/low/a.py:2: engine.low.a (low) imports engine.high.b (high), a layer above it",
