@@ -44,7 +44,7 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
             "engine.bench_projection",
         ),
     ),
-    # the face: engine/api.py for the app, the package's __init__.py (load_model and the errors) for scripts
+    # the face: engine/api.py for the app, the package's __init__.py (load_model, ModelConfig, errors) for scripts
     ("face", (FACE, "engine.__init__")),
     ("app", ("app",)),
 )
