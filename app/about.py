@@ -47,9 +47,9 @@ def app_icon() -> QIcon:
 
 def gpu_status() -> tuple[bool, str]:
     """engine.runtime.placement.gpu_status, looked up at call time (tests replace it there)."""
-    from engine.runtime import placement
+    from engine.api import gpu_status as current_gpu_status
 
-    return placement.gpu_status()
+    return current_gpu_status()
 
 
 def runtime_facts() -> dict:

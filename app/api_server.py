@@ -60,7 +60,7 @@ class ApiServer(QObject):
     @Slot(dict)
     def start(self, options: dict) -> None:
         """Serve on `options` (port, api_key, allow_lan), closing the server already running first."""
-        from engine.server.serve import ServerSettings, listen
+        from engine.api import ServerSettings, listen
 
         self._close()
         port, key, lan = int(options["port"]), options.get("api_key") or None, bool(options.get("allow_lan"))

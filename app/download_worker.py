@@ -35,7 +35,7 @@ class DownloadWorker(QObject):
 
     def __init__(self):
         super().__init__()
-        from engine.hub import DownloadControl
+        from engine.api import DownloadControl
 
         self._control = DownloadControl()
 
@@ -44,7 +44,7 @@ class DownloadWorker(QObject):
     def new_request(self) -> None:
         """Called on the GUI thread before queueing check() or download(): a fresh pause/cancel switch, so a
         Cancel pressed while the request waits in the queue already applies to it."""
-        from engine.hub import DownloadControl
+        from engine.api import DownloadControl
 
         self._control = DownloadControl()
 
@@ -79,15 +79,15 @@ class DownloadWorker(QObject):
         self._run(request, download=True)
 
     def _run(self, request: dict, download: bool) -> None:
-        from engine import hub
+        from engine.api import DownloadCancelled, Hub, HubError, plan_download, download as download_files
 
         control = self._control
         self.busyChanged.emit(True)
         try:
             if control.stopping:
-                raise hub.DownloadCancelled(request.get("models_dir") or "", control.stopping == "cancel")
-            client = hub.Hub(request.get("endpoint") or None, None, bool(request.get("offline")))
-            plan = hub.plan_download(
+                raise DownloadCancelled(request.get("models_dir") or "", control.stopping == "cancel")
+            client = Hub(request.get("endpoint") or None, None, bool(request.get("offline")))
+            plan = plan_download(
                 client,
                 request["repo_id"],
                 request.get("revision") or "main",
@@ -98,19 +98,19 @@ class DownloadWorker(QObject):
             if not download:
                 return
             if control.stopping:
-                raise hub.DownloadCancelled(plan.folder, control.stopping == "cancel")
+                raise DownloadCancelled(plan.folder, control.stopping == "cancel")
             self.log.emit(
                 "info",
                 f"downloading {plan.repo_id}@{plan.revision} ({plan.commit[:12]}) from "
                 f"{client.host} into {plan.folder}",
             )
-            folder = hub.download(client, plan, lambda p: self.progress.emit(p.to_dict()), control)
+            folder = download_files(client, plan, lambda p: self.progress.emit(p.to_dict()), control)
             self.log.emit("info", f"downloaded {plan.repo_id} into {folder}")
             self.finished.emit(str(folder))
-        except hub.HubError as exc:
+        except HubError as exc:
             self.log.emit("error", f"download: {exc}")
             self.failed.emit(exc.kind, str(exc))
-        except hub.DownloadCancelled as exc:
+        except DownloadCancelled as exc:
             self.log.emit(
                 "info",
                 "download cancelled"

@@ -103,7 +103,7 @@ def _resume_turn(session, history: list, sampling):
 
 
 def _cancelled_stats() -> dict:
-    from engine.runtime.events import TurnStats
+    from engine.api import TurnStats
 
     return TurnStats(0, 0, 0, 0.0, 0.0, 0.0, "cancelled", 0).to_dict()
 
@@ -143,7 +143,7 @@ class _WindowTurn:
             self.worker.busyChanged.emit(False)  # the window may send again
 
     def _take(self, event) -> None:
-        from engine.runtime.events import ReasoningDelta, TurnFinished
+        from engine.api import ReasoningDelta, TurnFinished
 
         worker = self.worker
         if event is None:
@@ -245,8 +245,7 @@ class EngineWorker(QObject):
     def measure_reserve(self) -> None:
         """The runtime reserve plans use here: measured on a usable GPU (the first start, cached after), else the
         reference card's estimate; emitted with whether the GPU runs models."""
-        from engine.runtime.placement import gpu_status
-        from engine.runtime.reserve import reference_estimate, runtime_reserve
+        from engine.api import gpu_status, reference_estimate, runtime_reserve
 
         try:
             usable, status = gpu_status()
@@ -263,13 +262,17 @@ class EngineWorker(QObject):
     @Slot(str, dict)
     def load(self, path: str, options: dict) -> None:
         from app.model_library import folder_architecture
-        from engine.errors import CheckpointError
-        from engine.runtime.placement import load_placed
-        from engine.runtime.planner import footprint_from_checkpoint
-        from engine.runtime.session import DEFAULT_MAX_SNAPSHOTS, ChatSession
-        from engine.runtime.tokenizer import ChatTokenizer
-        from engine.server.http import ServerContext, unix_now
-        from engine.server.worker import EngineWorker as EngineQueue
+        from engine.api import (
+            DEFAULT_MAX_SNAPSHOTS,
+            ChatSession,
+            ChatTokenizer,
+            CheckpointError,
+            EngineWorker as EngineQueue,
+            ServerContext,
+            footprint_from_checkpoint,
+            load_placed,
+            unix_now,
+        )
 
         self.loadStarted.emit(path)
         self.busyChanged.emit(True)
@@ -388,8 +391,7 @@ class EngineWorker(QObject):
         """The prefix cache for this model's chats and API prompts: RAM and disk budgets from the settings, the
         disk tier keyed by this model and preset (states of another model or preset are never read)."""
         from app.paths import chat_states_folder
-        from engine.runtime.prefix_cache import PrefixCache
-        from engine.runtime.state_files import StateFolder
+        from engine.api import PrefixCache, StateFolder
 
         ram = int(float(options.get("chat_states_ram_gib", 2.0)) * 2**30)
         disk = int(float(options.get("chat_states_disk_gib", 8.0)) * 2**30)
@@ -447,8 +449,7 @@ class EngineWorker(QObject):
 
     def _placement(self, folder: Path, options: dict):
         """The GPU under the preset's plan when one fits, else the CPU, with the reason in the log."""
-        from engine.runtime.placement import Placement, plan_placement
-        from engine.runtime.planner import PlanError
+        from engine.api import Placement, PlanError, plan_placement
 
         vram_gib = float(options.get("vram_gib") or 0)
         try:
@@ -474,7 +475,7 @@ class EngineWorker(QObject):
         """Answer `text` after `history` (the chat's earlier user/assistant messages) once the engine queue gets
         to it. Regenerate and edit-and-resend are the same call with a shorter history: the session rolls back to
         that turn's snapshot when it has one, and otherwise prefills the history again."""
-        from engine.server.worker import Stopped
+        from engine.api import Stopped
 
         queue = self.queue
         if queue is None:
@@ -516,7 +517,7 @@ class EngineWorker(QObject):
             session.set_system_prompt(system)
 
     def _sampling(self, session, options: dict):
-        from engine.runtime.sampling import SamplingParams
+        from engine.api import SamplingParams
 
         overrides = dict(options.get("sampling") or {})
         if "stop" in overrides:
@@ -528,7 +529,7 @@ class EngineWorker(QObject):
         plan = (self.model_info.get("placement") or {}).get("plan")
         if plan is None:
             return
-        from engine.runtime.vram import outside_allocator_bytes
+        from engine.api import outside_allocator_bytes
 
         peak = torch.cuda.max_memory_reserved() + outside_allocator_bytes()
         if peak > plan["budget_bytes"]:
@@ -543,7 +544,7 @@ class EngineWorker(QObject):
         """The expert executor's counters and, on a GPU, the VRAM in use: read on the thread running `session`."""
         measures = session.model.expert_executor.stats()
         if session.model.device.type == "cuda":
-            from engine.runtime.vram import process_usage_bytes
+            from engine.api import process_usage_bytes
 
             measures["vram_used_bytes"] = process_usage_bytes()
         return measures

@@ -58,7 +58,7 @@ SHORT = {"fits": "✓ fits", "tight": "⚠ tight", "too_big": "✗ too big", "no
 
 def judge(footprint, machine: Machine) -> MachineFit:
     """How the model described by `footprint` (engine.runtime.planner.ModelFootprint) fits `machine`."""
-    from engine.runtime.planner import PlanError, plan_memory
+    from engine.api import PlanError, plan_memory
 
     weights = footprint.resident_bytes + footprint.embedding_bytes + footprint.routed_expert_bytes
     gpu_plan, gpu_note = False, "CPU mode (no GPU): every weight is in RAM."

@@ -15,11 +15,16 @@ from pathlib import Path
 
 from app.machine_fit import Machine, judge
 from app.paths import DEMO_MODEL
-from engine.checkpoint import INDEX_FILE
-from engine.checkpoint.quant_config import read_hf_quant_config
-from engine.checkpoint.safetensors_file import SafetensorsFile
-from engine.errors import CheckpointError
-from engine.runtime.planner import PlanError, footprint_from_checkpoint, plan_memory, preset_budget_bytes
+from engine.api import (
+    INDEX_FILE,
+    CheckpointError,
+    PlanError,
+    SafetensorsFile,
+    footprint_from_checkpoint,
+    plan_memory,
+    preset_budget_bytes,
+    read_hf_quant_config,
+)
 
 SIZE_PRESETS = ("4gb", "8gb", "12gb")
 DEMO_SOURCE, FOLDER_SOURCE, HF_SOURCE, DOWNLOAD_SOURCE = "built-in", "your folder", "Hugging Face cache", "downloaded"
@@ -82,7 +87,7 @@ def _model_subfolders(folder: Path) -> list[Path]:
 
 def _downloaded_name(folder: Path) -> str:
     """ORG/NAME (@REVISION unless main) from the record a finished download leaves; the folder name otherwise."""
-    from engine.hub import download_record
+    from engine.api import download_record
 
     record = download_record(folder)
     repo, revision = record.get("repo_id"), record.get("revision") or "main"

@@ -7,7 +7,7 @@ from pathlib import Path
 
 from PySide6.QtCore import QStandardPaths
 
-from engine.resources import DEMO_MODEL, RESOURCES  # noqa: F401  (re-exported for the app)
+from engine.api import DEMO_MODEL, RESOURCES  # noqa: F401  (re-exported for the app)
 
 
 def data_folder() -> Path:
@@ -30,6 +30,6 @@ def chat_states_folder() -> Path:
 
 def download_folder(configured: str = "") -> Path:
     """Where downloaded models go: the folder set in the settings, else the one `python -m engine pull` uses."""
-    from engine.hub import default_models_dir
+    from engine.api import default_models_dir
 
     return Path(configured).expanduser() if configured else default_models_dir()

@@ -13,9 +13,7 @@ from PySide6.QtCore import QSettings
 
 from app.paths import data_folder
 
-from engine.experts.backend import BACKENDS
-from engine.runtime.sampling import SamplingParams
-from engine.runtime.session import DEFAULT_MAX_SNAPSHOTS
+from engine.api import BACKENDS, DEFAULT_MAX_SNAPSHOTS, SamplingParams
 
 log = logging.getLogger(__name__)
 

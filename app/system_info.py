@@ -73,7 +73,7 @@ def _gpu_from_torch() -> dict | None:
     try:
         import torch
 
-        import engine.loader  # noqa: F401  (configures CUDA's allocator, which is fixed once CUDA starts)
+        from engine.api import load_model  # noqa: F401  (its module sets CUDA's allocator, fixed once CUDA starts)
 
         if not torch.cuda.is_available():
             return None

@@ -1,4 +1,5 @@
-"""MoE Desk's inference engine. This module only re-exports; engine modules import each other directly."""
+"""MoE Desk's inference engine. This module re-exports load_model, ModelConfig and the errors for scripts and
+tests; the app's face is engine/api.py, and engine modules import each other directly."""
 
 from engine.config import ModelConfig
 from engine.errors import CheckpointError, ContextOverflowError

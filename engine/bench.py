@@ -19,11 +19,11 @@ import torch
 from engine.bench_hf import hf_offload_row
 from engine.bench_projection import CHECK_PROMPT, add_ceilings, pcie_bounds, projection
 from engine.checkpoint import Checkpoint, TensorShard
+from engine.checkpoint.source import WeightSource
 from engine.experts.link import LinkLimit, LinkLimitError
 from engine.experts.routing import NOTES as ROUTING_NOTES
 from engine.experts.routing import ForcedRouting, force_routing
 from engine.experts.policy import BackendTrial
-from engine.layers.source import WeightSource
 from engine.loader import build_model, expert_executor
 from engine.models.base import CausalLM
 from engine.runtime.planner import MemoryPlan, footprint_from_synthetic, plan_memory, preset_budget_bytes

@@ -9,11 +9,11 @@ from pathlib import Path
 import torch
 
 from engine.checkpoint import Checkpoint
+from engine.checkpoint.source import WeightSource
 from engine.config import read_config
 from engine.experts.executor import CachedExpertExecutor, ReferenceExpertExecutor
 from engine.experts.link import LinkLimit
 from engine.experts.packed import default_pin_budget_bytes
-from engine.layers.source import WeightSource
 from engine.models import BUILDERS
 from engine.models.base import CausalLM
 from engine.runtime.graph_runner import attach_graph_runner

@@ -10,8 +10,8 @@ import torch
 import engine
 from engine.errors import ContextOverflowError
 from engine.errors import GraphCaptureError
-from engine.layers.step import DecodeStep
 from engine.runtime.graph_runner import GraphRunner
+from engine.step import DecodeStep
 
 
 def _step_alongside(plain, steps, states, token: int, count: int) -> int:

@@ -43,8 +43,20 @@ from app.download_worker import start_download_worker
 from app.paths import download_folder
 from app.machine_fit import Machine, MachineFit, judge, judge_weights
 from app.system_info import format_bytes
-from engine import hub
-from engine.runtime.planner import footprint_from_synthetic
+from engine.api import (
+    CONFIG_FILE,
+    CURATED_MODELS,
+    Hub,
+    client_offline,
+    curated_fit,
+    download_record,
+    folder_name,
+    footprint_from_synthetic,
+    format_duration,
+    has_saved_token,
+    partial_download,
+    save_token,
+)
 
 CURATED_COLUMNS = ("Model", "Format", "Download ≈", "RAM ≈", "This PC", "Presets", "Here")
 FILE_COLUMNS = ("File", "Size", "Status")
@@ -69,10 +81,10 @@ def fits_text(fits: dict) -> str:
 
 def local_status(models_dir: Path, repo_id: str, revision: str = "main") -> str:
     """ "downloaded", "partly downloaded" (it resumes) or "" for a repo in the download folder."""
-    folder = models_dir / hub.folder_name(repo_id, revision)
-    if hub.download_record(folder) and (folder / hub.CONFIG_FILE).is_file():
+    folder = models_dir / folder_name(repo_id, revision)
+    if download_record(folder) and (folder / CONFIG_FILE).is_file():
         return "downloaded"
-    return "partly downloaded" if hub.partial_download(folder) else ""
+    return "partly downloaded" if partial_download(folder) else ""
 
 
 class CuratedModelsModel(QAbstractTableModel):
@@ -81,8 +93,8 @@ class CuratedModelsModel(QAbstractTableModel):
     def __init__(self, models_dir: Path, parent=None):
         super().__init__(parent)
         self.models_dir = models_dir
-        self.rows = [(model, hub.curated_fit(model)) for model in hub.CURATED_MODELS]
-        self._footprints = [footprint_from_synthetic(model.synthetic) for model in hub.CURATED_MODELS]
+        self.rows = [(model, curated_fit(model)) for model in CURATED_MODELS]
+        self._footprints = [footprint_from_synthetic(model.synthetic) for model in CURATED_MODELS]
         self.machine_fits: list[MachineFit] = []
         self.set_machine(Machine.read(models_dir))
 
@@ -218,9 +230,9 @@ class DownloadDialog(QDialog):
         self.token_edit.setEchoMode(QLineEdit.EchoMode.Password)
         self._update_token_placeholder()
         self.endpoint_edit = QLineEdit(settings.get("hf_endpoint"))
-        self.endpoint_edit.setPlaceholderText(hub.Hub().endpoint + "  (set a mirror's address here)")
+        self.endpoint_edit.setPlaceholderText(Hub().endpoint + "  (set a mirror's address here)")
         self.offline_box = QCheckBox("Offline mode: never contact the Hub")
-        self.offline_box.setChecked(bool(settings.get("hub_offline")) or hub.client_offline())
+        self.offline_box.setChecked(bool(settings.get("hub_offline")) or client_offline())
         self.folder_label = QLabel()
         self.folder_label.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse)
         self.folder_button = QPushButton("Change…")
@@ -329,7 +341,7 @@ class DownloadDialog(QDialog):
     def _update_token_placeholder(self) -> None:
         self.token_edit.setPlaceholderText(
             "a token is saved (huggingface_hub's token file); type another to replace it"
-            if hub.has_saved_token()
+            if has_saved_token()
             else "for gated models: an access token from huggingface.co/settings/tokens"
         )
 
@@ -357,7 +369,7 @@ class DownloadDialog(QDialog):
             return None
         token = self.token_edit.text().strip()
         if token:
-            hub.save_token(token)  # straight to huggingface_hub's token file: never to our settings or log
+            save_token(token)  # straight to huggingface_hub's token file: never to our settings or log
             self.token_edit.clear()
             self._update_token_placeholder()
         self.settings.set("hf_endpoint", self.endpoint_edit.text().strip())
@@ -452,7 +464,7 @@ class DownloadDialog(QDialog):
         )
         self.total_bar.setValue(_steps(p["done"], p["total"]))
         if p["state"] == "downloading" and p["speed"] > 0:
-            self.speed_label.setText(f"{format_bytes(p['speed'])}/s, about {hub.format_duration(p['eta_s'])} left")
+            self.speed_label.setText(f"{format_bytes(p['speed'])}/s, about {format_duration(p['eta_s'])} left")
         elif state:
             self.speed_label.setText(state[:1].upper() + state[1:])
         self.progressShown.emit(p)

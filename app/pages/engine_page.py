@@ -33,7 +33,7 @@ from app.system_info import GIB, format_bytes
 from app.widgets.gauges import Sparkline
 from app.widgets.plan_bar import PlanBar
 from app.widgets.scrolling import scroll_into
-from engine.runtime.planner import (
+from engine.api import (
     DEFAULT_RESERVE_SOURCE,
     KV_TOKEN_GRANULE,
     OVERLAP_MIN_LAYERS,

@@ -14,7 +14,7 @@ from PySide6.QtGui import QColor, QFontDatabase, QGuiApplication
 from PySide6.QtWidgets import QComboBox, QHBoxLayout, QLabel, QLineEdit, QListView, QPushButton, QVBoxLayout, QWidget
 
 from app import system_info
-from engine.runtime.planner import MemoryPlan
+from engine.api import MemoryPlan
 
 LEVELS = ("info", "warning", "error")
 LEVEL_CHOICES = (("All levels", "info"), ("Warnings and errors", "warning"), ("Errors only", "error"))

@@ -30,7 +30,7 @@ from app import system_info
 from app.pages.server_section import ServerSection
 from app.settings import MAX_CONTEXT_TOKENS, MAX_TURN_SNAPSHOTS, MIN_CONTEXT_TOKENS, max_cpu_threads
 from app.widgets.scrolling import scroll_into
-from engine.runtime.sampling import MAX_SEED, SamplingParams
+from engine.api import MAX_SEED, SamplingParams
 
 # (settings key = SamplingParams field, label, type, placeholder)
 SAMPLING_FIELDS = (

@@ -11,7 +11,7 @@ from PySide6.QtGui import QColor, QPainter, QPalette, QPen
 from PySide6.QtWidgets import QGridLayout, QLabel, QSizePolicy, QToolTip, QVBoxLayout, QWidget
 
 from app.system_info import format_bytes
-from engine.runtime.planner import BREAKDOWN_LABELS
+from engine.api import BREAKDOWN_LABELS
 
 FREE = "free"
 PART_COLOURS = {

@@ -11,7 +11,7 @@ import torch.nn.functional as F
 
 from engine import kernels
 from engine.checkpoint.formats import StoredWeight
-from engine.layers.source import WeightSource
+from engine.checkpoint.source import WeightSource
 
 
 class ExpertBank:

@@ -14,7 +14,7 @@ import torch
 
 from engine import kernels
 from engine.kernels import cpu_share
-from engine.layers.step import DecodeStep
+from engine.step import DecodeStep
 
 
 class ExpertDecodeStep:

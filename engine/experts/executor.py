@@ -44,7 +44,7 @@ from engine.experts.policy import (
     trial_candidates,
 )
 from engine.kernels.groups import ExpertGroups
-from engine.layers.step import DecodeStep
+from engine.step import DecodeStep
 
 
 class ExpertExecutor(Protocol):

@@ -7,12 +7,12 @@ from dataclasses import dataclass
 import torch
 
 from engine import kernels
+from engine.checkpoint.source import WeightSource
 from engine.errors import ContextOverflowError
 from engine.layers.linear import JoinedLinear, Linear
 from engine.layers.norm import RMSNorm
 from engine.layers.rotary import Rotary
-from engine.layers.source import WeightSource
-from engine.layers.step import DecodeStep
+from engine.step import DecodeStep
 
 
 @dataclass(frozen=True)

@@ -10,8 +10,8 @@ from dataclasses import dataclass
 import torch
 
 from engine import kernels
+from engine.checkpoint.source import WeightSource
 from engine.layers.linear import JoinedLinear, Linear
-from engine.layers.source import WeightSource
 
 
 @dataclass

@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 from engine import kernels
-from engine.layers.source import WeightSource
+from engine.checkpoint.source import WeightSource
 
 
 class Linear:

@@ -5,8 +5,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from engine.checkpoint.source import WeightSource
 from engine.layers.linear import JoinedLinear, Linear
-from engine.layers.source import WeightSource
 
 
 class SwiGLU:

@@ -5,11 +5,11 @@ from __future__ import annotations
 import torch
 
 from engine import kernels
+from engine.checkpoint.source import WeightSource
 from engine.experts.bank import ExpertBank
 from engine.layers.linear import Linear
 from engine.layers.mlp import SwiGLU
-from engine.layers.source import WeightSource
-from engine.layers.step import DecodeStep
+from engine.step import DecodeStep
 
 
 class SparseMoe:

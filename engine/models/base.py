@@ -10,13 +10,13 @@ from dataclasses import dataclass
 
 import torch
 
+from engine.checkpoint.source import WeightSource
 from engine.config import ModelConfig
 from engine.errors import ContextOverflowError, GraphCaptureError
 from engine.layers.linear import Linear
 from engine.layers.moe import SparseMoe
 from engine.layers.norm import RMSNorm
-from engine.layers.source import WeightSource
-from engine.layers.step import DecodeStep
+from engine.step import DecodeStep
 
 
 class DecoderLayer:

@@ -3,11 +3,11 @@ with a shared expert; zero-centred RMSNorms."""
 
 from __future__ import annotations
 
+from engine.checkpoint.source import WeightSource
 from engine.layers.attention import Attention
 from engine.layers.gated_deltanet import GatedDeltaNet
 from engine.layers.moe import SparseMoe
 from engine.layers.rotary import Rotary
-from engine.layers.source import WeightSource
 from engine.models.base import CausalLM, DecoderLayer
 
 

@@ -3,11 +3,11 @@
 
 from __future__ import annotations
 
+from engine.checkpoint.source import WeightSource
 from engine.layers.attention import Attention
 from engine.layers.mlp import SwiGLU
 from engine.layers.moe import SparseMoe
 from engine.layers.rotary import Rotary
-from engine.layers.source import WeightSource
 from engine.models.base import CausalLM, DecoderLayer
 
 

@@ -3,7 +3,7 @@
 A decode step of a 40-layer MoE model launches about 4,000 small kernels; launched one by one from Python the
 host sets the speed, not the GPU or the expert copies. The runner captures the model's one definition of a step,
 `CausalLM.decode_step`, whole, and replays it with the token's embedding and position copied into its inputs.
-It knows nothing of what is inside: where a layer needs the host mid-step (layers/step.py's `DecodeStep.host`:
+It knows nothing of what is inside: where a layer needs the host mid-step (engine/step.py's `DecodeStep.host`:
 the expert cache choosing slots on the host, attention over a growing cache) the capture is cut there, and
 replay runs that host action between the graphs before and after it.
 
@@ -23,7 +23,7 @@ from collections.abc import Callable
 import torch
 
 from engine.errors import ContextOverflowError, GraphCaptureError
-from engine.layers.step import DecodeStep
+from engine.step import DecodeStep
 
 
 def graphs_enabled() -> bool:

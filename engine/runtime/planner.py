@@ -40,13 +40,13 @@ import torch
 
 from engine.checkpoint import Checkpoint, LayoutShard
 from engine.checkpoint.formats import IGNORED_ROLES
+from engine.checkpoint.source import WeightSource
 from engine.config import ModelConfig, read_config
 from engine.errors import CheckpointError
 from engine.experts.bank import ExpertBank
 from engine.experts.packed import expert_matrices
 from engine.kernels.record_layout import RecordLayout
 from engine.kernels.reference import GDN_CHUNK
-from engine.layers.source import WeightSource
 from engine.synthetic import SYNTHETIC_MODELS
 
 KIB, MIB, GIB = 2**10, 2**20, 2**30
