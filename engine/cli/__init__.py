@@ -11,11 +11,11 @@ import codecs
 import io
 import sys
 
-from engine.cli import bench, bench_agent, chat, plan, pull, serve
+from engine.cli import bench, bench_agent, bench_resume, chat, plan, pull, serve
 from engine.cli.common import EXIT_FAILED, EXIT_USAGE, CliError, Parser
 from engine.errors import CheckpointError
 
-COMMANDS = (chat, plan, bench, bench_agent, serve, pull)
+COMMANDS = (chat, plan, bench, bench_agent, bench_resume, serve, pull)
 
 
 def build_parser() -> argparse.ArgumentParser:

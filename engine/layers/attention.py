@@ -88,9 +88,12 @@ class KVCache:
         return HostRows(shared[0] + (keys,), shared[1] + (values,))
 
     def load(self, saved: HostRows) -> None:
-        """Hold exactly the tokens of a host_copy()."""
+        """Hold exactly the tokens of a host_copy(), refusing rows of another shape or dtype."""
         self.length = 0
         for keys, values in zip(saved.keys, saved.values):
+            for rows in (keys, values):
+                if rows.shape[1:] != self.keys.shape[1:] or rows.dtype != self.keys.dtype:
+                    raise ValueError(f"saved KV rows of {tuple(rows.shape)} {rows.dtype} do not fit this cache")
             self.append(keys.to(self.keys.device), values.to(self.values.device))
 
     def clone(self) -> KVCache:

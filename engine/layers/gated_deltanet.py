@@ -40,7 +40,12 @@ class DeltaNetState:
         """A full copy in host RAM, as snapshot(): a fixed-size state shares nothing with an earlier copy."""
         return self.snapshot()
 
-    load = restore  # a snapshot is already a full copy, valid whatever the state does next
+    def load(self, saved: DeltaNetState) -> None:
+        """Hold a host_copy() (a snapshot is already a full copy), refusing one of another shape or dtype."""
+        for mine, theirs in ((self.conv, saved.conv), (self.recurrent, saved.recurrent)):
+            if theirs.shape != mine.shape or theirs.dtype != mine.dtype:
+                raise ValueError(f"a saved state of {tuple(theirs.shape)} {theirs.dtype} does not fit this layer")
+        self.restore(saved)
 
     @property
     def tensors(self) -> tuple[torch.Tensor, ...]:
