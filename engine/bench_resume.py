@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import random
 import tempfile
-from collections.abc import Callable
 from pathlib import Path
 
 from engine.runtime.events import TurnFinished
@@ -56,21 +55,23 @@ def _with(history: list[dict], question: str, reply: TurnFinished) -> list[dict]
     ]
 
 
-def _cold(make_session, history: list[dict], question: str) -> TurnFinished:
-    session = make_session(None)
-    session.reset(history)
-    return _turn(session, question)
+def _cold(session: ChatSession, history: list[dict], question: str) -> TurnFinished:
+    """The turn after `history` with no store: the whole prompt prefilled."""
+    store, session.state_store = session.state_store, None
+    try:
+        session.reset(history)
+        return _turn(session, question)
+    finally:
+        session.state_store = store
 
 
-def run_resume_bench(
-    make_session: Callable[[PrefixCache | None], ChatSession], history: list[dict], ram_bytes: int
-) -> dict:
-    """Return to a chat after another one ran (RAM) and after a restart (disk); each turn's time to first token
-    and prefill against the same turn prefilled afresh, and whether the replies agree."""
+def run_resume_bench(session: ChatSession, history: list[dict], ram_bytes: int) -> dict:
+    """Return to a chat after another one ran (RAM) and after a restart (disk, a new cache over the same folder);
+    each turn's time to first token and prefill against the same turn prefilled afresh, and whether the replies
+    agree. One session runs it all: its state is the plan's one KV cache."""
     with tempfile.TemporaryDirectory() as scratch:
         folder, disk_bytes = Path(scratch), 64 * 2**30
-        store = PrefixCache(ram_bytes, StateFolder(folder, "bench-resume", disk_bytes))
-        session = make_session(store)
+        store = session.state_store = PrefixCache(ram_bytes, StateFolder(folder, "bench-resume", disk_bytes))
         session.reset(history)
         history = _with(history, "Let us go on.", _turn(session, "Let us go on."))
         session.reset()
@@ -82,15 +83,15 @@ def run_resume_bench(
         store.flush()
         store.spill.close()
 
-        restarted = PrefixCache(ram_bytes, StateFolder(folder, "bench-resume", disk_bytes))
-        resumed = make_session(restarted)
-        resumed.reset(history)
-        disk = _turn(resumed, QUESTIONS[1])
-        restarted.spill.close()
-    runs = {
-        "resume from RAM": (ram, _cold(make_session, ram_history, QUESTIONS[0])),
-        "resume from disk": (disk, _cold(make_session, history, QUESTIONS[1])),
-    }
+        session.state_store = PrefixCache(ram_bytes, StateFolder(folder, "bench-resume", disk_bytes))
+        session.reset(history)
+        disk = _turn(session, QUESTIONS[1])
+        session.state_store.spill.close()
+        runs = {
+            "resume from RAM": (ram, _cold(session, ram_history, QUESTIONS[0])),
+            "resume from disk": (disk, _cold(session, history, QUESTIONS[1])),
+        }
+        session.state_store = None
     return {
         "rows": {
             name: {

@@ -394,3 +394,24 @@ def test_continue_from_prefills_the_history_and_the_cut_reply_then_goes_on(token
     ]
     with pytest.raises(ValueError):
         session.continue_from([], cut)
+
+
+def test_a_reset_empties_the_state_in_place_and_answers_as_a_fresh_session(model, tokenizer, monkeypatch):
+    """A plan's KV cache fits in VRAM once: reset and a new system prompt reuse the state's memory instead of
+    allocating a second state beside it, and the next reply is the one a fresh session gives."""
+    session = ChatSession(model, tokenizer, context_tokens=1024, sampling=SHORT)
+    list(session.send("Hello"))
+    new_state = model.new_state
+
+    def one_state_only(max_tokens, *args):
+        assert max_tokens == 0, "a second state of the session's size"  # 0: the blank copy, no KV rows
+        return new_state(max_tokens, *args)
+
+    monkeypatch.setattr(model, "new_state", one_state_only)
+    session.reset()
+    session.set_system_prompt("Be brief.")
+    assert session.context_used == 0
+    again = list(session.send("What is 2 + 2?"))[-1]
+    monkeypatch.undo()
+    fresh = ChatSession(model, tokenizer, context_tokens=1024, sampling=SHORT, system_prompt="Be brief.")
+    assert list(fresh.send("What is 2 + 2?"))[-1].answer == again.answer

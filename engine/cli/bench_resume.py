@@ -50,10 +50,6 @@ def run_bench_resume(args) -> int:
     model = build_model(args, plan, result)
     sampling = SamplingParams(temperature=0.0, max_new_tokens=REPLY_TOKENS)
 
-    def make_session(store):
-        return ChatSession(
-            model, tokenizer, context_tokens=context, prefill_chunk_tokens=chunk, sampling=sampling, state_store=store
-        )
-
-    result.update(bench_resume.run_resume_bench(make_session, history, args.ram_mib * 2**20))
+    session = ChatSession(model, tokenizer, context_tokens=context, prefill_chunk_tokens=chunk, sampling=sampling)
+    result.update(bench_resume.run_resume_bench(session, history, args.ram_mib * 2**20))
     return report(args, result, bench_resume.format_table)

@@ -103,7 +103,10 @@ class ChatSession:
         self._forget_state()
 
     def _forget_state(self) -> None:
-        self._state = self.model.new_state(self.context_tokens)
+        if getattr(self, "_state", None) is None:
+            self._state = self.model.new_state(self.context_tokens)
+        else:  # emptied in place: a plan's KV cache fits in VRAM once, not twice while a new one is made
+            self._state.load(self._blank_copy())
         self._fed: list[int] = []  # token ids in the state, in order
         self._pending: tuple[int, ...] = ()  # sampled but not yet fed (the last token of a reply)
         self._synced = 0  # messages[:_synced] are in the state
