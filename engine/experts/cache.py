@@ -25,13 +25,14 @@ the latest age of its slots.
 from __future__ import annotations
 
 import contextlib
+
 import numpy as np
 import torch
 
 from engine.experts.link import LinkThrottle
 from engine.experts.packed import PackedExperts
-from engine.kernels.record_layout import RecordLayout
 from engine.kernels import slot_table
+from engine.kernels.record_layout import RecordLayout
 from engine.kernels.slot_table import SlotTable
 
 
@@ -115,19 +116,13 @@ class ExpertCache:
         if block is None:
             block = self._least_recent_block()
             first = block * experts
-            for e in range(experts):  # copies of this layer's experts elsewhere are now redundant
-                slot = table.find(base + e)
-                if slot is not None:
-                    table.free(slot)
             with self._copying(packed.pinned) as copy:
                 copy(self.pool[first : first + experts], packed.records, block)
-            for e in range(experts):
-                table.place(base + e, first + e)
+            table.place_run(base, first, experts)  # copies of its experts elsewhere are now redundant: freed
             if not count_as_lookups:
                 self._prefetched.add(layer)
         elif count_as_lookups:
-            for slot in range(block * experts, (block + 1) * experts):
-                table.touch(slot)
+            table.touch_run(block * experts, experts)
         if count_as_lookups:
             self._prefetched.discard(layer)
             if copied_for_this_use:

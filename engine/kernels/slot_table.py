@@ -54,6 +54,8 @@ class SlotTable:
     def lookup(self, keys: list[int], placed: Callable[[int], int] | None = None) -> tuple[list[int | None], list[int]]:
         """Apply the rule to one call's distinct `keys`: (each key's slot, the positions of its misses). Of m
         misses the first `placed(m)` take slots (all without `placed`); the others get None and change nothing."""
+        if len(set(keys)) != len(keys):
+            raise ValueError(f"a lookup's keys must be distinct, got {keys}")
         found = [self._slot_of.get(key) for key in keys]
         for slot in found:
             if slot is not None:
@@ -63,25 +65,39 @@ class SlotTable:
             found[j] = self.place(keys[j])
         return found, misses
 
-    def place(self, key: int, slot: int | None = None) -> int:
-        """Put `key` in `slot` (by default the least recently used one) and touch it; the key it held is dropped."""
-        if slot is None:
-            slot = int(np.argmin(self.ages))  # the first of equal minima
-        self._drop(slot)
+    def place(self, key: int) -> int:
+        """Put `key` in the least recently used slot and touch it; the key it held is dropped. Its slot."""
+        slot = int(np.argmin(self.ages))  # the first of equal minima: free slots (-1) first, lowest index first
+        held = int(self.keys[slot])
+        if held >= 0:
+            del self._slot_of[held]
         self.keys[slot] = key
         self._slot_of[key] = slot
         self.touch(slot)
         return slot
 
+    def place_run(self, first_key: int, first_slot: int, count: int) -> None:
+        """Put keys first_key, first_key + 1, ... in `count` slots from `first_slot` on and touch them in that
+        order (a whole layer streamed into a block); the keys those slots held and these keys' other slots go."""
+        slots = range(first_slot, first_slot + count)
+        for key in self.keys[first_slot : first_slot + count].tolist():
+            self._slot_of.pop(key, None)
+        elsewhere = [self._slot_of.pop(key) for key in range(first_key, first_key + count) if key in self._slot_of]
+        self.keys[elsewhere] = self.ages[elsewhere] = -1
+        self.keys[first_slot : first_slot + count] = np.arange(first_key, first_key + count, dtype=np.int32)
+        self._slot_of.update(zip(range(first_key, first_key + count), slots))
+        self.touch_run(first_slot, count)
+
+    def touch_run(self, first_slot: int, count: int) -> None:
+        """Touch `count` slots from `first_slot` on, in order."""
+        tick = int(self.clock[0])
+        self.ages[first_slot : first_slot + count] = np.arange(tick + 1, tick + count + 1, dtype=np.int32)
+        self.clock[0] = tick + count
+
     def touch(self, slot: int) -> None:
         """Count a use of `slot`: the clock's next tick becomes its age."""
         self.clock[0] += 1
         self.ages[slot] = self.clock[0]
-
-    def free(self, slot: int) -> None:
-        """Empty `slot`: it holds nothing and is taken before any held slot."""
-        self._drop(slot)
-        self.keys[slot] = self.ages[slot] = -1
 
     def reserve(self, ticks: int) -> None:
         """Make room for `ticks` more touches on the int32 clock: ages renumbered 0, 1, ... in their order."""
@@ -90,8 +106,3 @@ class SlotTable:
         held = np.flatnonzero(self.keys >= 0)
         self.ages[held[np.argsort(self.ages[held])]] = np.arange(len(held), dtype=np.int32)
         self.clock[0] = len(held) - 1
-
-    def _drop(self, slot: int) -> None:
-        key = int(self.keys[slot])
-        if key >= 0:
-            del self._slot_of[key]
