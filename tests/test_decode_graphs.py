@@ -325,10 +325,10 @@ def test_a_layer_the_host_copies_keeps_every_slot_choice_on_the_host(tiny_checkp
     assert len(_cuts(mixed, mixed.new_state(30))) == layers * (2 if backend == "offload" else 3)
 
 
-def test_the_device_clock_is_renumbered_before_it_runs_out(tiny_checkpoint, monkeypatch):
-    """The device slot table's ages are int32 ticks, one per lookup; long decoding with no prompt between would
-    run them out, so the table goes back to the host and returns with its ages renumbered, changing nothing."""
-    from engine.experts import cache as cache_module
+def test_the_slot_tables_clock_is_renumbered_before_it_runs_out(tiny_checkpoint, monkeypatch):
+    """The slot table's ages are int32 ticks, one per lookup; long decoding with no prompt between would run them
+    out, so before a step could, the ages are renumbered in their order, changing no choice."""
+    from engine.kernels import slot_table
 
     folder = tiny_checkpoint("qwen3_5_moe", "nvfp4")
     plain, segmented = engine.load_model(folder, expert_cache_slots=8), engine.load_model(folder, expert_cache_slots=8)
@@ -339,13 +339,23 @@ def test_the_device_clock_is_renumbered_before_it_runs_out(tiny_checkpoint, monk
     segmented.forward(prompt, states[1])
     cache = segmented.expert_executor.cache
     step_lookups = segmented.config.num_hidden_layers * segmented.config.num_experts_per_tok
-    monkeypatch.setattr(cache_module, "DEVICE_TICKS", cache.slots + 3 * step_lookups)  # room for three steps
-    returns = []
-    take_back = cache.take_back
-    monkeypatch.setattr(cache, "take_back", lambda: returns.append(cache._device_owned) or take_back())
-    _step_alongside(plain, steps, states, 6, 7)
-    assert sum(returns) == 2  # after steps 3 and 6
-    assert int(cache._device_table["clock"]) < cache.slots + 3 * step_lookups
+    ticks = cache.slots + 3 * step_lookups  # room for three steps
+    monkeypatch.setattr(slot_table, "TICKS", ticks)
+    renumbered = []
+    reserve = slot_table.SlotTable.reserve
+
+    def recording_reserve(table, count):
+        before = int(table.clock[0])
+        reserve(table, count)
+        if table is cache.table:  # not the plain model's, which renumbers on the host
+            renumbered.append(int(table.clock[0]) != before)
+
+    monkeypatch.setattr(slot_table.SlotTable, "reserve", recording_reserve)
+    token = 7
+    for _ in range(7):
+        token = _step_alongside(plain, steps, states, token, 1)
+        assert int(cache.device_table()["clock"][0]) <= ticks  # 7 steps' lookups would pass it unrenumbered
+    assert sum(renumbered) >= 2
     a, b = plain.expert_executor.stats(), segmented.expert_executor.stats()
     assert (a["expert_cache_hits"], a["expert_cache_misses"]) == (b["expert_cache_hits"], b["expert_cache_misses"])
 

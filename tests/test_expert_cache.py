@@ -5,6 +5,7 @@ import pytest
 import torch
 
 import engine
+from engine import kernels
 from engine.checkpoint.formats import DENSE, StoredWeight
 from engine.experts.cache import ExpertCache
 from engine.experts.packed import pack_banks
@@ -60,7 +61,7 @@ def test_least_recently_used_expert_is_evicted():
     for expert in (0, 1, 0, 2):  # 0 was used after 1, so 1 goes when 2 arrives
         (slot,) = cache.fetch(0, [expert], packed[0])
         assert expert_in_slot(cache, slot) == expert
-    assert cache.holds(0, 0) and cache.holds(0, 2) and not cache.holds(0, 1)
+    assert cache.missing(0, [0, 1, 2]) == [1]
     assert (cache.hits, cache.misses) == (1, 3)
     assert cache.bytes_copied == 3 * packed[0].layout.record_bytes
     assert cache.nbytes == 2 * packed[0].layout.record_bytes  # memory stays at two slots
@@ -81,7 +82,7 @@ def test_layers_are_separate_keys():
     cache = cache_for(packed, slots=4)
     cache.fetch(0, [1], packed[0])
     cache.fetch(1, [1], packed[1])
-    assert cache.misses == 2 and cache.holds(0, 1) and cache.holds(1, 1)
+    assert cache.misses == 2 and cache.missing(0, [1]) == cache.missing(1, [1]) == []
 
 
 def test_a_whole_layer_streams_into_the_least_recently_used_block():
@@ -93,7 +94,7 @@ def test_a_whole_layer_streams_into_the_least_recently_used_block():
     assert {base0, base1} == {0, 4} and cache.misses == 8
     assert cache.stream_layer(0, packed[0]) == base0 and cache.hits == 4  # held whole: no copy
     assert cache.stream_layer(2, packed[2]) == base1  # layer 1 was used longest ago
-    assert not cache.holds(1, 0) and all(cache.holds(2, e) for e in range(4))
+    assert cache.missing(1, [0]) == [0] and cache.missing(2, list(range(4))) == []
     assert cache.bytes_copied == 3 * 4 * packed[0].layout.record_bytes
 
 
@@ -105,6 +106,23 @@ def test_streaming_a_layer_drops_its_single_expert_copies():
     assert cache.fetch(1, [3], packed[1]) == [base + 3]
     assert expert_in_slot(cache, base + 3) == 3
     assert cache.stream_layer(0, packed[0]) != base  # the freed slot did not break block bookkeeping
+
+
+def test_a_decode_steps_lookups_on_the_device_make_their_block_the_recent_one():
+    """Blocks are read off the one slot table, so a hit the device's kernel made counts as the host's would."""
+    packed, _ = packed_layers(layers=3)
+    cache = cache_for(packed, slots=8)  # two blocks of four
+    base0, base1 = cache.stream_layer(0, packed[0]), cache.stream_layer(1, packed[1])
+    table = cache.device_table(lookups=1)
+    slots, copies = torch.zeros(1, dtype=torch.int32), torch.zeros(1, 2, dtype=torch.int32)
+    kernels.assign_slots(
+        torch.tensor([2]), 0, table["keys"], table["ages"], table["clock"], slots, copies, table["counts"]
+    )
+    assert int(slots[0]) == base0 + 2 and copies.tolist() == [[-1, -1]]  # layer 0's expert 2: a hit
+    assert cache.stream_layer(2, packed[2]) == base1  # layer 0 was used last, by the device
+    assert cache.missing(0, [0, 1, 2, 3]) == [] and cache.missing(1, [0]) == [0]
+    stats = cache.stats()
+    assert (stats["expert_cache_hits"], stats["expert_cache_misses"]) == (1, 12)
 
 
 def test_a_prefetch_is_not_counted_until_used():

@@ -13,21 +13,27 @@ for the last compute that read the block (`release`), compute waits for the copi
 The pool is allocated once, at its full size, so the cache's memory is what the plan says whatever
 the traffic. With a link limit (benchmarks: engine/experts/link.py) the copy stream is held as a narrower
 link would hold it. Hits, misses and bytes copied are counted for the app's gauges.
+
+Which expert sits in which slot, and the recency order, is one table (engine/kernels/slot_table.py) with one
+replacement rule. The host's lookups apply the rule to it; decode steps that choose their slots on the device
+(`device_table`) apply it there with kernels.assign_slots, and the host's next lookup reads the table back
+(on CUDA one copy of the same tensors; on the host's device they are the same memory). Whole-layer blocks are
+read off the table: a block holds a layer when its slots hold the layer's experts in order, and its last use is
+the latest age of its slots.
 """
 
 from __future__ import annotations
 
 import contextlib
-from collections import OrderedDict
 
+import numpy as np
 import torch
 
 from engine.experts.link import LinkThrottle
 from engine.experts.packed import PackedExperts
+from engine.kernels import slot_table
 from engine.kernels.record_layout import RecordLayout
-
-
-DEVICE_TICKS = 2**31 - 2**20  # the device table's int32 clock, with a margin
+from engine.kernels.slot_table import SlotTable
 
 
 class ExpertCache:
@@ -47,22 +53,17 @@ class ExpertCache:
         self.weights = layout.view(self.pool)  # stacked [slots, out, in] views: what the kernels read
         self._slot_rows = list(self.pool.unbind(0))  # one view per slot, made once: a decode step copies into them
         self.blocks = slots // experts_per_layer  # whole layers the pool can hold
-        self._slot_of: OrderedDict[tuple[int, int], int] = OrderedDict()  # (layer, expert) -> slot, oldest first
-        self._key_in: dict[int, tuple[int, int]] = {}  # slot -> (layer, expert)
-        self._free = list(range(slots - 1, -1, -1))
-        self._block_of_layer: dict[int, int] = {}  # layers held whole in a block
-        self._prefetched: set[int] = set()  # layers streamed ahead of use: their first use counts as misses
-        self._block_use: OrderedDict[int, None] = OrderedDict((b, None) for b in range(self.blocks))  # LRU order
         cuda = self.device.type == "cuda"
+        self.table = SlotTable.empty(slots, pin=cuda)  # which expert each slot holds, and when it was last used
+        self._device_table: dict[str, torch.Tensor] | None = None  # the table's tensors where decode kernels run
+        self._device_current = False  # whether decode steps may have changed the table since the host read it
+        self._clock_bound = -1  # while they may: the highest tick their lookups can reach
+        self._prefetched: set[int] = set()  # layers streamed ahead of use: their first use counts as misses
         self._copy_stream = torch.cuda.Stream(self.device) if cuda else None
         self._released = {} if cuda else None  # block (or -1: slots outside blocks) -> event after its last read
         self._ready = None  # event after the latest copy
         self._link = link  # holds the copy stream as an emulated narrower link would (benchmarks)
-        self.hits = self.misses = self.bytes_copied = 0
-        self._device_table: dict[str, torch.Tensor] | None = None  # the slot table decode steps update on the device
-        self._device_owned = False  # while True, the device table is the truth and the host's bookkeeping stale
-        self._handed_at = -1  # the device table's clock when the host handed it over
-        self._ticks_left = 0  # lookups the device's clock can still count
+        self.hits = self.misses = self.bytes_copied = 0  # the host's lookups and copies; the device counts its own
 
     @property
     def nbytes(self) -> int:
@@ -70,77 +71,64 @@ class ExpertCache:
 
     def holds_layer(self, layer: int) -> bool:
         """Whether a block holds every expert of `layer`, so streaming it copies nothing."""
-        self.take_back()
-        return layer in self._block_of_layer
+        return self._block_holding(layer) is not None
 
-    def holds(self, layer: int, expert: int) -> bool:
-        self.take_back()
-        return (layer, expert) in self._slot_of
+    def missing(self, layer: int, experts: list[int]) -> list[int]:
+        """The experts of `experts` (of `layer`) that no slot holds, in order: a lookup's misses."""
+        base = layer * self.experts_per_layer
+        return [key - base for key in self._host_table().missing([base + e for e in experts])]
 
     def fetch(
         self, layer: int, experts: list[int], packed: PackedExperts, deferred: list[tuple[int, int]] | None = None
     ) -> list[int]:
-        """Slots holding `experts` of `layer` (at most `slots` of them), copying the misses in; with `deferred`,
-        the misses' (expert, slot) pairs go there instead, for the caller to copy before anything reads them."""
+        """Slots holding `experts` of `layer` (distinct, at most `slots` of them), copying the misses in; with
+        `deferred`, the misses' (expert, slot) pairs go there instead, for the caller to copy before anything
+        reads them."""
         if len(experts) > self.slots:
             raise ValueError(f"{len(experts)} experts asked of a cache of {self.slots} slots")
-        self.take_back()
-        found = {}
-        for expert in experts:  # hits first, so the misses below cannot evict them
-            slot = self._slot_of.get((layer, expert))
-            if slot is not None:
-                self._slot_of.move_to_end((layer, expert))
-                self._touch_block(slot)
-                found[expert] = slot
-        self.hits += len(found)
-        misses = [e for e in experts if e not in found]
+        table = self._host_table()
+        table.reserve(len(experts))
+        base = layer * self.experts_per_layer
+        found, misses = table.lookup([base + e for e in experts])
+        self.hits += len(experts) - len(misses)
         self.misses += len(misses)
-        for expert in misses:
-            found[expert] = self._take_slot()
-            self._assign(found[expert], (layer, expert))
+        copies = [(experts[j], found[j]) for j in misses]
         if deferred is not None:
-            deferred.extend((expert, found[expert]) for expert in misses)
-            self.bytes_copied += len(misses) * self.layout.record_bytes
-        elif misses:
+            deferred.extend(copies)
+            self.bytes_copied += len(copies) * self.layout.record_bytes
+        elif copies:
             with self._copying(packed.pinned) as copy:
-                for expert in misses:
-                    copy(self._slot_rows[found[expert]], packed.rows[expert], self._block(found[expert]))
-        return [found[e] for e in experts]
+                for expert, slot in copies:
+                    copy(self._slot_rows[slot], packed.rows[expert], self._block(slot))
+        return found
 
     def stream_layer(self, layer: int, packed: PackedExperts, count_as_lookups: bool = True) -> int:
-        """Put every expert of `layer` in one block (one copy unless it is already there); its first slot.
-        `count_as_lookups=False` for a prefetch: its lookups count as misses when the layer is used."""
+        """Put every expert of `layer` in one block (one copy unless it is already there); its first slot. Each
+        expert counts as a lookup, touched in expert order; `count_as_lookups=False` for a prefetch, whose
+        lookups count as misses when the layer is used."""
         if not self.blocks:
             raise ValueError("the expert cache is smaller than one layer of experts: it cannot stream layers")
-        self.take_back()
-        experts = self.experts_per_layer
-        block = self._block_of_layer.get(layer)
+        table, experts = self._host_table(), self.experts_per_layer
+        table.reserve(experts)
+        base = layer * experts
+        block = self._block_holding(layer)
         copied_for_this_use = block is None or layer in self._prefetched
         if block is None:
-            block = next(iter(self._block_use))  # least recently used
+            block = self._least_recent_block()
             first = block * experts
-            for slot in range(first, first + experts):
-                self._evict(slot)
-            for e in range(experts):  # copies of this layer's experts elsewhere are now redundant
-                elsewhere = self._slot_of.pop((layer, e), None)
-                if elsewhere is not None:
-                    del self._key_in[elsewhere]
-                    self._free.append(elsewhere)
-            self._free = [s for s in self._free if not first <= s < first + experts]
             with self._copying(packed.pinned) as copy:
                 copy(self.pool[first : first + experts], packed.records, block)
-            for e in range(experts):
-                self._assign(first + e, (layer, e))
-            self._block_of_layer[layer] = block
+            table.place_run(base, first, experts)  # copies of its experts elsewhere are now redundant: freed
             if not count_as_lookups:
                 self._prefetched.add(layer)
+        elif count_as_lookups:
+            table.touch_run(block * experts, experts)
         if count_as_lookups:
             self._prefetched.discard(layer)
             if copied_for_this_use:
                 self.misses += experts
             else:
                 self.hits += experts
-        self._block_use.move_to_end(block)
         return block * experts
 
     def release(self, slots: list[int]) -> None:
@@ -158,11 +146,9 @@ class ExpertCache:
             torch.cuda.current_stream(self.device).wait_event(self._ready)
 
     def stats(self) -> dict:
-        hits, misses = self.hits, self.misses
-        if self._device_owned:  # counted on the device since it took the table
-            device_hits, device_misses = self._device_table["counts"].tolist()
-            hits, misses = hits + device_hits, misses + device_misses
-        copied = self.bytes_copied + (misses - self.misses) * self.layout.record_bytes
+        device_hits, device_misses = self._device_table["counts"].tolist() if self._device_table else (0, 0)
+        hits, misses = self.hits + device_hits, self.misses + device_misses
+        copied = self.bytes_copied + device_misses * self.layout.record_bytes  # each device miss copies a record
         lookups = hits + misses
         return {
             "expert_cache_slots": self.slots,
@@ -173,98 +159,65 @@ class ExpertCache:
             "expert_cache_hit_rate": hits / lookups if lookups else 0.0,
         }
 
-    # ---- the slot table on the device: decode steps that choose slots inside their graphs ----------
+    # ---- the slot table where decode steps choose slots inside their graphs --------------------------------
 
-    def hand_to_device(self, lookups: int = 0) -> dict[str, torch.Tensor]:
-        """The slot table for kernels.assign_slots (keys, ages, clock, counts: device tensors, the same ones every
-        time), filled from the host's bookkeeping when the host held it, for `lookups` more lookups (a step's).
-        Host lookups take it back first. The device's clock is int32: before it could run out (a long stretch of
-        decoding with no prompt in between), the table goes back and forth once, which renumbers the ages."""
-        if self._device_owned and self._ticks_left < lookups:
-            self.take_back()
-        self._ticks_left -= lookups
+    def device_table(self, lookups: int = 0) -> dict[str, torch.Tensor]:
+        """The slot table as kernels.assign_slots takes it (keys, ages, clock, and counts: the device's hits and
+        misses), for `lookups` more lookups (a step's): the same tensors every time. On the host's device they
+        are the table's own; on CUDA the host's changes are copied down first. The clock is int32: before it
+        could run out (a long stretch of decoding with no prompt in between), the ages are renumbered."""
+        if self._device_current and self._clock_bound + lookups > slot_table.TICKS:
+            self._host_table()
         if self._device_table is None:
-            self._device_table = {
-                "keys": torch.full((self.slots,), -1, dtype=torch.int32, device=self.device),
-                "ages": torch.full((self.slots,), -1, dtype=torch.int32, device=self.device),
-                "clock": torch.zeros(1, dtype=torch.int32, device=self.device),
-                "counts": torch.zeros(2, dtype=torch.int64, device=self.device),
-            }
-        if not self._device_owned:
-            keys = torch.full((self.slots,), -1, dtype=torch.int32)
-            ages = torch.full((self.slots,), -1, dtype=torch.int32)
-            for rank, ((layer, expert), slot) in enumerate(self._slot_of.items()):  # oldest first
-                keys[slot], ages[slot] = layer * self.experts_per_layer + expert, rank
-            table = self._device_table
-            table["keys"].copy_(keys)
-            table["ages"].copy_(ages)
-            table["clock"].fill_(len(self._slot_of) - 1)
-            table["counts"].zero_()
-            self._handed_at = len(self._slot_of) - 1  # ticks after it are the device's touches
-            self._ticks_left = DEVICE_TICKS - len(self._slot_of) - lookups
-            self._device_owned = True
+            on_device = [t.to(self.device) if self.device.type == "cuda" else t for t in self.table.tensors]
+            counts = torch.zeros(2, dtype=torch.int64, device=self.device)
+            self._device_table = dict(zip(("keys", "ages", "clock", "counts"), [*on_device, counts]))
+        if not self._device_current:
+            self.table.reserve(lookups)
+            for name, on_host in zip(("keys", "ages", "clock"), self.table.tensors):
+                if self._device_table[name] is not on_host:
+                    self._device_table[name].copy_(on_host)
+            self._clock_bound = int(self.table.clock[0])
+            self._device_current = True
+        self._clock_bound += lookups
         return self._device_table
 
-    def take_back(self) -> None:
-        """The host's bookkeeping again from the device table, and its hit and miss counts (synchronises)."""
-        if not self._device_owned:
-            return
-        table, experts = self._device_table, self.experts_per_layer
-        keys, ages = table["keys"].tolist(), table["ages"].tolist()
-        hits, misses = table["counts"].tolist()
-        self.hits, self.misses = self.hits + hits, self.misses + misses
-        self.bytes_copied += misses * self.layout.record_bytes
-        held = sorted((age, slot, key) for slot, (key, age) in enumerate(zip(keys, ages)) if key >= 0)
-        self._slot_of = OrderedDict(((key // experts, key % experts), slot) for _, slot, key in held)
-        self._key_in = {slot: key for key, slot in self._slot_of.items()}
-        self._free = [slot for slot in range(self.slots - 1, -1, -1) if keys[slot] < 0]
-        # blocks still holding their layer whole; blocks the device touched become the most recent, in tick order
-        for layer, block in list(self._block_of_layer.items()):
-            first = block * experts
-            if keys[first : first + experts] != list(range(layer * experts, (layer + 1) * experts)):
-                del self._block_of_layer[layer]
-                self._prefetched.discard(layer)
-        touched = {b: max(ages[b * experts : (b + 1) * experts]) for b in range(self.blocks)}
-        for block in sorted((b for b in touched if touched[b] > self._handed_at), key=touched.get):
-            self._block_use.move_to_end(block)
+    def _host_table(self) -> SlotTable:
+        """The slot table for the host's lookups: after decode steps it is read back from where they changed it
+        (on CUDA one copy, which synchronises)."""
+        if not self._device_current:
+            return self.table
+        for name, on_host in zip(("keys", "ages", "clock"), self.table.tensors):
+            if self._device_table[name] is not on_host:
+                on_host.copy_(self._device_table[name])
+        self.table.reindex()
+        self._device_current = False
         if self._released is not None:  # copies the host issues next wait for the steps' gathers and reads
             event = torch.cuda.Event()
             event.record()
             for block in [*range(self.blocks), -1]:
                 self._released[block] = event
-        self._device_owned = False
+        return self.table
 
-    # ---- bookkeeping ----------------------------------------------------------------------
+    # ---- blocks: whole layers, read off the table ------------------------------------------------------
 
     def _block(self, slot: int) -> int:
         block = slot // self.experts_per_layer
         return block if block < self.blocks else -1
 
-    def _touch_block(self, slot: int) -> None:
-        block = self._block(slot)
-        if block >= 0:
-            self._block_use.move_to_end(block)
+    def _block_holding(self, layer: int) -> int | None:
+        """The block whose slots hold `layer`'s experts in expert order, or None."""
+        table, experts = self._host_table(), self.experts_per_layer
+        first = table.find(layer * experts)
+        if first is None or first % experts or self._block(first) < 0:
+            return None
+        whole = np.array_equal(table.keys[first : first + experts], np.arange(layer * experts, (layer + 1) * experts))
+        return first // experts if whole else None
 
-    def _take_slot(self) -> int:
-        if not self._free:
-            self._evict(next(iter(self._slot_of.values())))  # the least recently used; it joins the free list
-        return self._free.pop()
-
-    def _evict(self, slot: int) -> None:
-        key = self._key_in.pop(slot, None)
-        if key is not None:
-            del self._slot_of[key]
-            self._free.append(slot)
-        block = self._block(slot)
-        for layer, held in list(self._block_of_layer.items()):
-            if held == block:  # the block no longer holds that layer whole
-                del self._block_of_layer[layer]
-                self._prefetched.discard(layer)
-
-    def _assign(self, slot: int, key: tuple[int, int]) -> None:
-        self._slot_of[key] = slot
-        self._key_in[slot] = key
-        self._touch_block(slot)
+    def _least_recent_block(self) -> int:
+        """The block whose last use (the latest age of its slots) is the oldest, the lowest index among equals."""
+        last_use = self.table.ages[: self.blocks * self.experts_per_layer].reshape(self.blocks, -1).max(axis=1)
+        return int(np.argmin(last_use))
 
     @contextlib.contextmanager
     def _copying(self, pinned: bool):

@@ -73,14 +73,12 @@ class ExpertDecodeStep:
         self.with_cpu_share = executor.cpu_share_wanted()
         moe = sorted(executor.packed)
         self.gathered = {index for index in moe if executor.copies_by_kernel(index)}
-        # The device chooses slots for all MoE layers or none: its table and the host's bookkeeping cannot both
-        # be the truth within a step (a pageable layer keeps the host's copies, and so the host's choice). A CPU
-        # share needs the CPU threads (numba) to go with it.
+        # The device chooses slots for all MoE layers or none: the slot table is read back to the host only
+        # between steps (a pageable layer keeps the host's copies, and so the host's choice). A CPU share needs
+        # the CPU threads (numba) to go with it.
         device_share_possible = not self.with_cpu_share or cpu_share.numba is not None
         table = (
-            executor.cache.hand_to_device()
-            if moe and device_share_possible and len(self.gathered) == len(moe)
-            else None
+            executor.cache.device_table() if moe and device_share_possible and len(self.gathered) == len(moe) else None
         )
         cuda = executor.device.type == "cuda"
         if table is not None and (not cuda or kernels.assign_slots_capturable(table["keys"])):
@@ -96,11 +94,11 @@ class ExpertDecodeStep:
             self._counts_sent = None
 
     def begin(self) -> None:
-        """Hand the slot table to the device for this step's lookups, and start the CPU threads' share."""
+        """Send the slot table to the device for this step's lookups, and start the CPU threads' share."""
         executor = self.executor
-        if self.slots_on_device:  # the device's table is the truth again (the host may have used the cache)
+        if self.slots_on_device:  # with the host's changes, if the host used the cache since the last step
             lookups = self.slots_on_device * self.top_k
-            executor.cache.hand_to_device(lookups)
+            executor.cache.device_table(lookups)
             executor.expert_calls += lookups
         if not self.share_on_device:
             return

@@ -328,7 +328,7 @@ class CachedExpertExecutor:
         if streaming:
             copies = 0 if self.cache.holds_layer(layer) else len(counts)
         else:
-            copies = sum(not self.cache.holds(layer, e) for e in experts)
+            copies = len(self.cache.missing(layer, experts))
         return cpu_faster_for_chunk(
             self.calibration, counts, record_bytes, copies * record_bytes, self.packed[layer].pinned
         )
@@ -446,7 +446,7 @@ class CachedExpertExecutor:
         computes (`compute_on_cpu`); the rest are copied in, and the current stream waits for the copies, or,
         with `deferred`, their (expert, slot) pairs go there for `gather_misses`. Compute that reads the slots
         must be followed by `cache.release`. A CPU expert's slot is any slot: the step gives its row no weight."""
-        misses = [e for e in experts if not self.cache.holds(layer, e)]
+        misses = self.cache.missing(layer, experts)
         share = self.policy.cpu_misses(
             len(misses), self.calibration, self.cache.layout.record_bytes, self.packed[layer].pinned
         )

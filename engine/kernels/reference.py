@@ -12,6 +12,7 @@ import torch.nn.functional as F
 
 from engine.checkpoint.formats import StoredWeight
 from engine.kernels.groups import ExpertGroups
+from engine.kernels.slot_table import SlotTable
 
 GDN_CHUNK = 64  # tokens per chunk of the chunked gated delta rule
 
@@ -165,45 +166,31 @@ def assign_slots(
     cpu_counts: torch.Tensor | None = None,
     gpu_rows: torch.Tensor | None = None,
 ) -> None:
-    """Least-recently-used cache slots for one token's chosen experts `ids` [k] of one layer (key = key_base +
-    expert), updating the slot table in place: keys [S] (int32, -1 free), ages [S] (int32 last-use tick, -1
-    free), clock [1] (the last tick). Cached experts are hits, touched in order; then each miss takes the slot of
-    the oldest tick (lowest index among equals) and gets a row (expert, slot) of the copy table [k, 2], whose other
-    rows are -1. slots [k] receives every expert's slot; counts [2] (int64) adds (hits, misses).
+    """Least-recently-used cache slots for one token's distinct chosen experts `ids` [k] of one layer (key =
+    key_base + expert), by the rule of engine/kernels/slot_table.py, updating the slot table in place: keys [S]
+    (int32, -1 free), ages [S] (int32 last-use tick, -1 free), clock [1] (the last tick). Each miss that takes a
+    slot gets a row (expert, slot) of the copy table [k, 2], whose other rows are -1. slots [k] receives every
+    expert's slot; counts [2] (int64) adds (hits, misses that took a slot).
     With cpu_counts [k + 1] (int32: of m misses, how many the CPU computes), the last cpu_counts[m] misses take
     no slot (slot 0, no copy, the table unchanged, not counted) and gpu_rows [k] (float32) is 0 for them, 1 for
     the rest."""
+    host = [t.cpu() for t in (keys, ages, clock)]  # the table itself when it lives on the host
+    split = cpu_counts.tolist() if cpu_counts is not None else None
     chosen = [key_base + int(e) for e in ids.tolist()]
-    tick = int(clock[0])
-    table.fill_(-1)
-    hits = 0
-    for j, key in enumerate(chosen):
-        match = (keys == key).nonzero()
-        if len(match):
-            tick += 1
-            slot = int(match[0, 0])
-            ages[slot], slots[j] = tick, slot
-            hits += 1
-    misses = len(chosen) - hits
-    on_gpu = misses - (int(cpu_counts[misses]) if cpu_counts is not None else 0)
-    copies = on_gpu  # the CPU's misses are no lookups of the cache, as when the host chooses
+    found, misses = SlotTable(*host).lookup(chosen, (lambda m: m - split[m]) if split is not None else None)
+    for tensor, on_host in zip((keys, ages, clock), host):
+        if tensor is not on_host:
+            tensor.copy_(on_host)
+    slots.copy_(torch.tensor([0 if slot is None else slot for slot in found], dtype=slots.dtype))
+    rows = [
+        [key - key_base, slot] if j in misses and slot is not None else [-1, -1]
+        for j, (key, slot) in enumerate(zip(chosen, found))
+    ]
+    table.copy_(torch.tensor(rows, dtype=table.dtype))
     if gpu_rows is not None:
-        gpu_rows.fill_(1.0)
-    for j, key in enumerate(chosen):
-        if not (keys == key).any():
-            if on_gpu == 0:  # the CPU's
-                slots[j] = 0
-                if gpu_rows is not None:
-                    gpu_rows[j] = 0.0
-                continue
-            on_gpu -= 1
-            tick += 1
-            victim = int(torch.argmin(ages))  # the first of equal minima
-            keys[victim], ages[victim], slots[j] = key, tick, victim
-            table[j, 0], table[j, 1] = key - key_base, victim
-    clock[0] = tick
-    counts[0] += hits
-    counts[1] += copies
+        gpu_rows.copy_(torch.tensor([0.0 if slot is None else 1.0 for slot in found]))
+    counts[0] += len(chosen) - len(misses)
+    counts[1] += sum(found[j] is not None for j in misses)
 
 
 def post_cpu_share(
