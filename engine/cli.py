@@ -14,6 +14,7 @@ import sys
 import time
 from pathlib import Path
 
+from engine.checkpoint.quant_config import KV_CACHE_CHOICES
 from engine.errors import CheckpointError
 from engine.experts.backend import BACKENDS
 from engine.resources import DEMO_MODEL, DEMO_NAME, resolve_model
@@ -67,6 +68,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--vram", type=float, help="VRAM budget in GiB (default: the preset's size, or the GPU's free memory for auto)"
     )
     plan.add_argument("--json", action="store_true")
+    _kv_cache_option(plan)
 
     bench = commands.add_parser("bench", help="speed of a full-size model with random weights (built in memory)")
     bench.add_argument("--synthetic", help="a built-in model description, e.g. qwen3.6-35b-a3b-nvfp4")
@@ -276,6 +278,11 @@ def _model_options(p: argparse.ArgumentParser) -> None:
         help="threads for the CPU's work: the whole model on the CPU, the "
         "experts it computes on a GPU run (default: physical cores)",
     )
+    _kv_cache_option(p)
+
+
+def _kv_cache_option(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--kv-cache", choices=KV_CACHE_CHOICES, default="auto", help="auto: fp8 where the model declares it")
 
 
 def _open_session(args):
@@ -342,7 +349,7 @@ def _load(args):
     if args.device == "cuda" and not gpu_status()[0]:
         raise CliError(f"--device cuda: {gpu_status()[1]}")
     try:
-        placement = plan_placement(args.model, args.preset, device=args.device)
+        placement = plan_placement(args.model, args.preset, device=args.device, kv_cache_dtype=args.kv_cache)
     except PlanError as exc:
         raise CliError(f"no VRAM plan fits: {exc}; try a bigger --preset or --device cpu") from None
     if placement.device == "cuda":  # the GPU's plan is worth a line; CPU mode is what a CPU build always does
@@ -570,7 +577,9 @@ def run_plan(args) -> int:
 
     try:
         footprint = (
-            footprint_from_synthetic(args.synthetic) if args.synthetic else footprint_from_checkpoint(args.model)
+            footprint_from_synthetic(args.synthetic, args.kv_cache)
+            if args.synthetic
+            else footprint_from_checkpoint(args.model, args.kv_cache)
         )
     except KeyError as exc:
         raise CliError(str(exc.args[0])) from None
