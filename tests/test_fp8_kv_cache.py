@@ -3,6 +3,7 @@ the first rows; the attention kernels read it directly (the Triton decode kernel
 model's logits stay near the bf16 cache's, and the planner's guaranteed prompt grows with the smaller rows."""
 
 import json
+import shutil
 
 import pytest
 import torch
@@ -218,8 +219,6 @@ def test_model_logits_on_the_fp8_cache_stay_near_the_bf16_caches(nvfp4_models):
 
 
 def test_the_checkpoints_kv_scales_are_the_caches(tiny_checkpoint, tmp_path):
-    import shutil
-
     folder = shutil.copytree(tiny_checkpoint("qwen3_5_moe", "nvfp4"), tmp_path / "with-kv-scales")
     tensors = load_file(folder / "model.safetensors")
     attention = "model.language_model.layers.3.self_attn"
