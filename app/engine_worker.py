@@ -66,7 +66,7 @@ def context_advice(context: int, asked: int, model_max: int, plan_tokens: int | 
 
 def state_fingerprint(folder: Path, placement, preset: str) -> str:
     """What a saved state is valid for: this model's files (path, size and time of its config and weights index),
-    the VRAM preset, and where and in what precision the model runs."""
+    the VRAM preset, where and in what precision the model runs, and its KV cache's format."""
     parts = [str(folder.resolve())]
     for name in ("config.json", "model.safetensors.index.json", "model.safetensors"):
         try:
@@ -74,7 +74,7 @@ def state_fingerprint(folder: Path, placement, preset: str) -> str:
         except OSError:
             continue
         parts.append(f"{name}:{stat.st_size}:{stat.st_mtime_ns}")
-    parts += [preset, placement.device, str(placement.dtype)]
+    parts += [preset, placement.device, str(placement.dtype), placement.kv_cache]
     return "|".join(parts)
 
 

@@ -24,7 +24,7 @@ from engine.experts.link import LinkLimit, LinkLimitError
 from engine.experts.routing import NOTES as ROUTING_NOTES
 from engine.experts.routing import ForcedRouting, force_routing
 from engine.experts.policy import BackendTrial
-from engine.loader import build_model, expert_executor
+from engine.loader import build_model, expert_executor, kv_dtype
 from engine.models.base import CausalLM
 from engine.runtime.planner import MemoryPlan, footprint_from_synthetic, plan_memory, preset_budget_bytes
 from engine.runtime.vram import cap_process_memory, measured_peak
@@ -64,7 +64,7 @@ def build_random_model(
     tensors = random_tensors(synthetic.tensor_layout(), config.zero_centered_norms, seed)
     where = Path(f"<random {name}>")
     checkpoint = Checkpoint(where, synthetic.quantization_config, shards=[TensorShard(tensors, where)])
-    source = WeightSource(checkpoint, config, torch.device(device), dtype)
+    source = WeightSource(checkpoint, config, torch.device(device), dtype, kv_dtype("auto", checkpoint.quant))
     executor = expert_executor(device, expert_cache_slots, pin_budget_bytes, expert_backend, cpu_threads, link)
     return build_model(source, executor)
 

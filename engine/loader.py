@@ -10,6 +10,7 @@ import torch
 
 from engine.checkpoint import Checkpoint
 from engine.checkpoint.source import WeightSource
+from engine.checkpoint.quant_config import QuantSettings, kv_cache_choice
 from engine.config import read_config
 from engine.experts.executor import CachedExpertExecutor, ReferenceExpertExecutor
 from engine.experts.link import LinkLimit
@@ -33,6 +34,7 @@ def load_model(
     pin_budget_bytes: int | None = None,
     expert_backend: str = "auto",
     cpu_threads: int | None = None,
+    kv_cache_dtype: str = "auto",
 ) -> CausalLM:
     """Open a Hugging Face checkpoint folder. Raises CheckpointError with the path and a plain cause.
 
@@ -41,13 +43,21 @@ def load_model(
     is computed from the host bank directly. `pin_budget_bytes` caps the page-locked host memory of the
     expert records (default: half of physical RAM); the split is in `model.expert_executor.stats()`.
     On a GPU, `expert_backend` says where a decode step's cache misses run (engine/experts/backend.py: auto,
-    gpu, offload, cpu, hybrid) and `cpu_threads` how many threads compute the CPU's share (default: cores)."""
+    gpu, offload, cpu, hybrid) and `cpu_threads` how many threads compute the CPU's share (default: cores).
+    `kv_cache_dtype` (engine.checkpoint.quant_config.KV_CACHE_CHOICES): fp8 keeps the KV cache in e4m3 with
+    scales, bf16 in the compute dtype, auto fp8 where the checkpoint declares an FP8 KV cache."""
     folder = Path(path).expanduser()
     config = read_config(folder)
     checkpoint = Checkpoint(folder, config.quantization_config)
-    source = WeightSource(checkpoint, config, torch.device(device), dtype)
+    source = WeightSource(checkpoint, config, torch.device(device), dtype, kv_dtype(kv_cache_dtype, checkpoint.quant))
     executor = expert_executor(device, expert_cache_slots, pin_budget_bytes, expert_backend, cpu_threads)
     return build_model(source, executor)
+
+
+def kv_dtype(kv_cache_dtype: str, quant: QuantSettings) -> torch.dtype | None:
+    """The KV cache dtype a WeightSource takes for a kv_cache_dtype option: torch.float8_e4m3fn for fp8, None (the
+    compute dtype) for bf16."""
+    return torch.float8_e4m3fn if kv_cache_choice(kv_cache_dtype, quant) == "fp8" else None
 
 
 def build_model(source: WeightSource, executor) -> CausalLM:

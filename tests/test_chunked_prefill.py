@@ -22,7 +22,8 @@ def _ids(n=150):
 
 @pytest.fixture(scope="module", params=[("qwen3_5_moe", "nvfp4"), ("qwen3_moe", "bf16")], ids=lambda p: "-".join(p))
 def model(request, tiny_checkpoint):
-    return engine.load_model(tiny_checkpoint(*request.param))
+    # unquantised KV: an FP8 cache measures its scales on the first chunk, so chunkings differ by its rounding
+    return engine.load_model(tiny_checkpoint(*request.param), kv_cache_dtype="bf16")
 
 
 @pytest.mark.parametrize("pattern", PATTERNS, ids=lambda p: "+".join(map(str, p[:4])))

@@ -48,7 +48,7 @@ BYTE_FIELDS = (
 
 @pytest.fixture(scope="module")
 def qwen36():
-    return footprint_from_synthetic(QWEN3_6)
+    return footprint_from_synthetic(QWEN3_6, "bf16")  # the figures below; test_fp8_kv_cache_plans: FP8
 
 
 def _gib(n):

@@ -7,7 +7,7 @@ refuses the methods and algorithms we cannot decode, and finds the FP8 block siz
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from engine.errors import CheckpointError
@@ -24,6 +24,7 @@ HF_QUANT_CONFIG = "hf_quant_config.json"
 class QuantSettings:
     method: str | None  # None for unquantised checkpoints
     fp8_block_size: tuple[int, int] = (128, 128)
+    kv_cache_fp8: bool = False  # the exporter declares an FP8 KV cache (calibrated for, or expected by, the build)
 
 
 def read_hf_quant_config(folder: Path) -> dict | None:
@@ -56,6 +57,21 @@ def read_quant_settings(folder: Path, quantization_config: dict | None) -> Quant
         raise CheckpointError(
             source, f"has a quantization_config that is not a JSON object ({quantization_config!r:.60})", REPAIR
         )
+    return replace(
+        _weight_settings(source, quantization_config), kv_cache_fp8=declares_fp8_kv_cache(quantization_config)
+    )
+
+
+def declares_fp8_kv_cache(quantization_config: dict) -> bool:
+    """Tell whether a quantisation section declares an FP8 KV cache: ModelOpt's kv_cache_quant_algo "FP8"
+    (hf_quant_config.json), or a kv_cache_scheme of 8-bit floats (config.json, ModelOpt and compressed-tensors)."""
+    scheme = quantization_config.get("kv_cache_scheme")
+    if isinstance(scheme, dict) and scheme.get("type") == "float" and scheme.get("num_bits") == 8:
+        return True
+    return str(quantization_config.get("kv_cache_quant_algo")).upper() == "FP8"
+
+
+def _weight_settings(source: Path, quantization_config: dict) -> QuantSettings:
     method = str(quantization_config.get("quant_method", "")).lower()
     if method == "fp8":
         block = quantization_config.get("weight_block_size") or [128, 128]
@@ -97,3 +113,16 @@ def _unknown(source: Path, what: str) -> CheckpointError:
         f"uses the unknown quantisation algorithm {what}",
         f"MoE Desk reads {SUPPORTED}; pick another build of this model",
     )
+
+
+KV_CACHE_CHOICES = ("auto", "bf16", "fp8")
+
+
+def kv_cache_choice(choice: str, quant: QuantSettings) -> str:
+    """Resolve a kv_cache_dtype option to "bf16" (unquantised rows in the compute dtype) or "fp8" (e4m3 rows with
+    scales); auto is bf16 until the FP8 path's prefill and kernels have been measured on a GPU (`quant` says
+    whether the checkpoint declares an FP8 KV cache, which is when fp8 is worth choosing)."""
+    if choice not in KV_CACHE_CHOICES:
+        raise ValueError(f"the KV cache dtype is one of {', '.join(KV_CACHE_CHOICES)}, not {choice!r}")
+    del quant  # auto's rule once measured: fp8 where quant.kv_cache_fp8
+    return "bf16" if choice == "auto" else choice

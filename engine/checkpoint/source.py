@@ -17,6 +17,7 @@ class WeightSource:
     config: ModelConfig
     device: torch.device
     dtype: torch.dtype
+    kv_dtype: torch.dtype | None = None  # the KV cache's (torch.float8_e4m3fn: FP8 with scales); None: dtype's
 
     def linear(self, module: str, in_features: int, out_features: int) -> StoredWeight:
         """A resident linear weight, kept in its stored format on the compute device."""

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 
+from engine.checkpoint.quant_config import KV_CACHE_CHOICES
 from engine.cli.common import CliError
 from engine.experts.backend import BACKENDS
 from engine.resources import DEMO_MODEL, resolve_model
@@ -50,6 +51,17 @@ def add_model_options(p: argparse.ArgumentParser) -> None:
         help="threads for the CPU's work: the whole model on the CPU, the "
         "experts it computes on a GPU run (default: physical cores)",
     )
+    add_kv_cache_option(p)
+
+
+def add_kv_cache_option(p: argparse.ArgumentParser) -> None:
+    """Add --kv-cache, the KV cache's format."""
+    p.add_argument(
+        "--kv-cache",
+        choices=KV_CACHE_CHOICES,
+        default="auto",
+        help="auto: bf16 for now; fp8 halves the KV cache (e4m3 with per-head scales)",
+    )
 
 
 def open_model(args):
@@ -82,7 +94,7 @@ def open_model(args):
     if args.device == "cuda" and not gpu_status()[0]:
         raise CliError(f"--device cuda: {gpu_status()[1]}")
     try:
-        placement = plan_placement(args.model, args.preset, device=args.device)
+        placement = plan_placement(args.model, args.preset, device=args.device, kv_cache_dtype=args.kv_cache)
     except PlanError as exc:
         raise CliError(f"no VRAM plan fits: {exc}; try a bigger --preset or --device cpu") from None
     if placement.device == "cuda":  # the GPU's plan is worth a line; CPU mode is what a CPU build always does

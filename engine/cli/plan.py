@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 
 from engine.cli.common import CliError
+from engine.cli.loading import add_kv_cache_option
 from engine.resources import resolve_model
 
 
@@ -21,6 +22,7 @@ def register(commands) -> None:
         "--vram", type=float, help="VRAM budget in GiB (default: the preset's size, or the GPU's free memory for auto)"
     )
     plan.add_argument("--json", action="store_true")
+    add_kv_cache_option(plan)
     plan.set_defaults(run=run_plan)
 
 
@@ -36,7 +38,9 @@ def run_plan(args) -> int:
 
     try:
         footprint = (
-            footprint_from_synthetic(args.synthetic) if args.synthetic else footprint_from_checkpoint(args.model)
+            footprint_from_synthetic(args.synthetic, args.kv_cache)
+            if args.synthetic
+            else footprint_from_checkpoint(args.model, args.kv_cache)
         )
     except KeyError as exc:
         raise CliError(str(exc.args[0])) from None

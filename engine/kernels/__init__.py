@@ -77,14 +77,20 @@ def gated_deltanet(
     )
 
 
-def causal_attention(q, k, v, scale):
+def causal_attention(q, k, v, scale, kv_scales=None):
+    """Grouped-query causal attention of q [T, Hq, D], the last T positions of k, v [S, Hkv, D]. With kv_scales
+    ([2, Hkv] float32), k and v are an FP8 cache's e4m3 bytes, dequantised a block at a time
+    (reference.fp8_causal_attention)."""
+    if kv_scales is not None:
+        return _kernel("fp8_causal_attention", q)(q, k, v, scale, kv_scales)
     return _kernel("causal_attention", q)(q, k, v, scale)
 
 
-def decode_attention(q, keys, values, position, scale):
+def decode_attention(q, keys, values, position, scale, kv_scales=None):
     """One token's attention (reference.decode_attention): q [1, Hq, D] at `position`, a device int tensor [1]
-    the CUDA kernel reads on the device (capturable), against rows 0..position of preallocated KV caches."""
-    return _kernel("decode_attention", q)(q, keys, values, position, scale)
+    the CUDA kernel reads on the device (capturable), against rows 0..position of preallocated KV caches (e4m3
+    bytes with kv_scales [2, Hkv], which the CUDA kernel decodes as it reads them)."""
+    return _kernel("decode_attention", q)(q, keys, values, position, scale, kv_scales)
 
 
 def decode_attention_capturable(q, keys, values) -> bool:

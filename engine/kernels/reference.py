@@ -15,6 +15,10 @@ from engine.kernels.groups import ExpertGroups
 from engine.kernels.slot_table import SlotTable
 
 GDN_CHUNK = 64  # tokens per chunk of the chunked gated delta rule
+# Attention over an FP8 KV cache in query x key blocks (online softmax): only one block of keys is ever
+# dequantised, so the cache stays one byte a value. The planner budgets these blocks (engine/runtime/planner.py).
+ATTENTION_QUERY_BLOCK = 128
+ATTENTION_KEY_BLOCK = 512
 
 
 def linear(x: torch.Tensor, weight: StoredWeight) -> torch.Tensor:
@@ -272,12 +276,59 @@ def gather_records(records: torch.Tensor, pool: torch.Tensor, table: torch.Tenso
 
 
 def decode_attention(
-    q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, position: torch.Tensor, scale: float
+    q: torch.Tensor,
+    keys: torch.Tensor,
+    values: torch.Tensor,
+    position: torch.Tensor,
+    scale: float,
+    kv_scales: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """q [1, Hq, D] of the token at `position` (int tensor [1]), whose key and value are already in rows
-    0..position of the caches keys [capacity, Hkv, D] and values [capacity, Hkv, Dv]; [1, Hq, Dv]."""
+    0..position of the caches keys [capacity, Hkv, D] and values [capacity, Hkv, Dv]; [1, Hq, Dv]. With
+    kv_scales, the caches hold e4m3 bytes (fp8_causal_attention)."""
     length = int(position.reshape(-1)[0]) + 1
+    if kv_scales is not None:
+        return fp8_causal_attention(q, keys[:length], values[:length], scale, kv_scales)
     return causal_attention(q, keys[:length], values[:length], scale)
+
+
+def dequantize_e4m3(rows: torch.Tensor, head_scales: torch.Tensor) -> torch.Tensor:
+    """Float32 values of KV rows [N, Hkv, D] stored as e4m3 bytes (uint8), times their KV head's scale [Hkv]."""
+    return rows.view(torch.float8_e4m3fn).float() * head_scales[:, None]
+
+
+def fp8_causal_attention(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float, kv_scales: torch.Tensor
+) -> torch.Tensor:
+    """causal_attention's contract over an FP8 cache: k [S, Hkv, D] and v [S, Hkv, Dv] are e4m3 bytes (uint8),
+    kv_scales [2, Hkv] float32 their keys' and values' scales per KV head. Computes in float32 in query x key
+    blocks with an online softmax, dequantising one block of keys and values at a time; [T, Hq, Dv] in q's dtype."""
+    new, heads, dim = q.shape
+    total, kv_heads, value_dim = k.shape[0], k.shape[1], v.shape[2]
+    groups = heads // kv_heads
+    out = q.new_empty(new, heads, value_dim)
+    for q_start in range(0, new, ATTENTION_QUERY_BLOCK):
+        rows = min(ATTENTION_QUERY_BLOCK, new - q_start)
+        query = q[q_start : q_start + rows].float().view(rows, kv_heads, groups, dim)
+        first = total - new + q_start  # the block's first query's position
+        query_pos = torch.arange(first, first + rows, device=q.device)
+        m = torch.full((rows, kv_heads, groups), float("-inf"), device=q.device)
+        total_weight = torch.zeros_like(m)
+        acc = torch.zeros(rows, kv_heads, groups, value_dim, device=q.device)
+        for k_start in range(0, first + rows, ATTENTION_KEY_BLOCK):  # the keys the block's last query sees
+            keys = dequantize_e4m3(k[k_start : k_start + ATTENTION_KEY_BLOCK], kv_scales[0])
+            values = dequantize_e4m3(v[k_start : k_start + ATTENTION_KEY_BLOCK], kv_scales[1])
+            scores = torch.einsum("nhgd,bhd->nhgb", query, keys) * scale
+            key_pos = torch.arange(k_start, k_start + keys.shape[0], device=q.device)
+            scores = scores.masked_fill((key_pos[None, :] > query_pos[:, None])[:, None, None, :], float("-inf"))
+            m_new = torch.maximum(m, scores.amax(dim=-1))  # finite: key 0, in the first block, is seen by all
+            p = torch.exp(scores - m_new[..., None])
+            alpha = torch.exp(m - m_new)
+            total_weight = total_weight * alpha + p.sum(dim=-1)
+            acc = acc * alpha[..., None] + torch.einsum("nhgb,bhd->nhgd", p, values)
+            m = m_new
+        out[q_start : q_start + rows] = (acc / total_weight[..., None]).reshape(rows, heads, value_dim).to(q.dtype)
+    return out
 
 
 def causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float) -> torch.Tensor:

@@ -8,7 +8,11 @@ caches keys [capacity, Hkv, D] and values [capacity, Hkv, Dv], query head h read
 Flash decoding in two kernels: the keys are cut into `splits` ranges (enough programs to fill the GPU at any
 length), each program takes one KV head and one range and keeps an online softmax for the KV head's query
 heads together, so each key is read once; the second kernel merges the ranges. Scores and sums are float32; the
-dots take TF32 tensor cores for 16-bit caches on Ampere and up, IEEE float32 otherwise (_dot_precision).
+dots take TF32 tensor cores for 16-bit and FP8 caches on Ampere and up, IEEE float32 otherwise (_dot_precision).
+
+An FP8 cache (e4m3 bytes, one key and one value scale per KV head) is read as bytes and decoded by bit
+manipulation (_e4m3_to_float32), not by the fp8 conversion instructions of sm_89 and up, so Turing and Ampere
+run it; a program's KV head has one scale, so the key scale multiplies the scores and the value scale the sums.
 """
 
 from __future__ import annotations
@@ -28,10 +32,25 @@ MERGE = 16  # ranges the merge kernel reads at a time
 
 
 @triton.jit
+def _e4m3_to_float32(raw):
+    """Float32 values of e4m3fn bytes (uint8): sign, 4 exponent bits (bias 7), 3 mantissa bits, no infinities,
+    0x7F/0xFF NaN; the exponent is rebiased into a float32's bits, subnormals (exponent 0) are mantissa x 2^-9."""
+    bits = raw.to(tl.int32)
+    magnitude = bits & 0x7F
+    sign = (bits & 0x80) << 24
+    normal = (sign | ((magnitude + (120 << 3)) << 20)).to(tl.float32, bitcast=True)
+    subnormal = (magnitude & 7).to(tl.float32) * 0.001953125
+    subnormal = tl.where(sign != 0, -subnormal, subnormal)
+    value = tl.where(magnitude < 8, subnormal, normal)
+    return tl.where(magnitude == 0x7F, float("nan"), value)
+
+
+@triton.jit
 def _split_kernel(
     q_ptr,
     k_ptr,
     v_ptr,
+    scales_ptr,
     position_ptr,
     acc_ptr,
     m_ptr,
@@ -48,8 +67,13 @@ def _split_kernel(
     BLOCK_N: tl.constexpr,
     SPLITS: tl.constexpr,
     PRECISION: tl.constexpr,
+    FP8: tl.constexpr,
 ):
     head, split = tl.program_id(0), tl.program_id(1)
+    key_scale, value_scale = scale, 1.0
+    if FP8:  # scales [2, Hkv]: keys' then values'
+        key_scale = scale * tl.load(scales_ptr + head)
+        value_scale = tl.load(scales_ptr + tl.num_programs(0) + head)
     length = tl.load(position_ptr).to(tl.int32) + 1
     per_split = tl.cdiv(tl.cdiv(length, SPLITS), BLOCK_N) * BLOCK_N
     start = split * per_split
@@ -66,22 +90,24 @@ def _split_kernel(
         n = first + tl.arange(0, BLOCK_N)
         valid = n < end
         keys = tl.load(
-            k_ptr + n[:, None].to(tl.int64) * stride_kn + head * stride_kh + d[None, :], mask=valid[:, None], other=0.0
-        ).to(tl.float32)
-        scores = tl.dot(q, tl.trans(keys), input_precision=PRECISION) * scale
+            k_ptr + n[:, None].to(tl.int64) * stride_kn + head * stride_kh + d[None, :], mask=valid[:, None], other=0
+        )
+        keys = _e4m3_to_float32(keys) if FP8 else keys.to(tl.float32)
+        scores = tl.dot(q, tl.trans(keys), input_precision=PRECISION) * key_scale
         scores = tl.where(valid[None, :], scores, float("-inf"))
         m_new = tl.maximum(m, tl.max(scores, axis=1))
         p = tl.exp(scores - m_new[:, None])
         alpha = tl.exp(m - m_new)
         total = total * alpha + tl.sum(p, axis=1)
         values = tl.load(
-            v_ptr + n[:, None].to(tl.int64) * stride_vn + head * stride_vh + dv[None, :], mask=valid[:, None], other=0.0
-        ).to(tl.float32)
+            v_ptr + n[:, None].to(tl.int64) * stride_vn + head * stride_vh + dv[None, :], mask=valid[:, None], other=0
+        )
+        values = _e4m3_to_float32(values) if FP8 else values.to(tl.float32)
         acc = acc * alpha[:, None] + tl.dot(p, values, input_precision=PRECISION)
         m = m_new
     keep = g < GROUP
     at = rows * SPLITS + split
-    tl.store(acc_ptr + at[:, None] * DV + dv[None, :], acc, mask=keep[:, None])
+    tl.store(acc_ptr + at[:, None] * DV + dv[None, :], acc * value_scale, mask=keep[:, None])
     tl.store(m_ptr + at, m, mask=keep)
     tl.store(l_ptr + at, total, mask=keep)
 
@@ -112,9 +138,10 @@ def _splits(device: torch.device) -> int:
 
 
 def _dot_precision(keys: torch.Tensor) -> str:
-    """TF32 tensor cores (Ampere and up) for 16-bit caches: a bf16 or fp16 key converts to TF32 exactly, so only
-    the softmax weights round (2^-11, below the bf16 output's rounding); the float32 FMA path took 188 us at 16,896
-    keys on the H200 against 9 us of memory traffic. Float32 caches (the reference runs) keep IEEE float32."""
+    """TF32 tensor cores (Ampere and up) for 16-bit and FP8 caches: a bf16, fp16 or e4m3 key converts to TF32
+    exactly, so only the softmax weights round (2^-11, below the bf16 output's rounding); the float32 FMA path took
+    188 us at 16,896 keys on the H200 against 9 us of memory traffic. Float32 caches (the reference runs) keep IEEE
+    float32."""
     if keys.dtype == torch.float32 or keys.device.type != "cuda":
         return "ieee"
     return "tf32" if torch.cuda.get_device_capability(keys.device)[0] >= 8 else "ieee"
@@ -134,10 +161,16 @@ def decode_attention_capturable(q: torch.Tensor, keys: torch.Tensor, values: tor
 
 
 def decode_attention(
-    q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, position: torch.Tensor, scale: float
+    q: torch.Tensor,
+    keys: torch.Tensor,
+    values: torch.Tensor,
+    position: torch.Tensor,
+    scale: float,
+    kv_scales: torch.Tensor | None = None,
 ) -> torch.Tensor:
+    """reference.decode_attention in two Triton kernels; with kv_scales [2, Hkv], keys and values are e4m3 bytes."""
     if not decode_attention_capturable(q, keys, values):
-        return reference.decode_attention(q, keys, values, position, scale)
+        return reference.decode_attention(q, keys, values, position, scale, kv_scales)
     heads, dim = q.shape[1], q.shape[2]
     kv_heads, value_dim = keys.shape[1], values.shape[2]
     group = heads // kv_heads
@@ -152,6 +185,7 @@ def decode_attention(
         q,
         keys,
         values,
+        kv_scales if kv_scales is not None else q,  # unread without FP8
         position,
         acc,
         m,
@@ -168,6 +202,7 @@ def decode_attention(
         BLOCK_N=block_n,
         SPLITS=splits,
         PRECISION=precision,
+        FP8=kv_scales is not None,
         num_warps=warps,
     )
     out = torch.empty(1, heads, value_dim, dtype=q.dtype, device=q.device)

@@ -11,6 +11,8 @@ from pathlib import Path
 
 import torch
 
+from engine.checkpoint.quant_config import kv_cache_choice, read_quant_settings
+from engine.config import read_config
 from engine.loader import load_model
 from engine.models.base import CausalLM
 from engine.runtime.planner import MemoryPlan, footprint_from_checkpoint, plan_memory, preset_budget_bytes
@@ -24,11 +26,13 @@ class Placement:
     dtype: torch.dtype
     plan: MemoryPlan | None  # the GPU's memory plan; None on the CPU
     note: str  # for the user: what runs where, and why
+    kv_cache: str = "bf16"  # the KV cache's dtype, "bf16" or "fp8": the plan's where there is one
 
     def to_dict(self) -> dict:
         return {
             "device": self.device,
             "dtype": str(self.dtype).removeprefix("torch."),
+            "kv_cache": self.kv_cache,
             "note": self.note,
             "plan": self.plan.to_dict() if self.plan else None,
         }
@@ -57,27 +61,35 @@ def gpu_status() -> tuple[bool, str]:
 
 
 def plan_placement(
-    folder: str | Path, preset: str, budget_bytes: int | None = None, custom: dict | None = None, device: str = "auto"
+    folder: str | Path,
+    preset: str,
+    budget_bytes: int | None = None,
+    custom: dict | None = None,
+    device: str = "auto",
+    kv_cache_dtype: str = "auto",
 ) -> Placement:
-    """The placement of the checkpoint at `folder`. PlanError when the GPU is usable but no plan fits."""
+    """The placement of the checkpoint at `folder`, its KV cache in the dtype kv_cache_dtype gives it
+    (quant_config.kv_cache_choice). PlanError when the GPU is usable but no plan fits."""
     usable, status = gpu_status()
     if device == "cpu" or not usable:
         why = "the CPU was chosen in the settings" if device == "cpu" else status
-        return Placement("cpu", torch.float32, None, f"CPU mode: {why}.")
+        config = read_config(Path(folder))
+        kv_cache = kv_cache_choice(kv_cache_dtype, read_quant_settings(Path(folder), config.quantization_config))
+        return Placement("cpu", torch.float32, None, f"CPU mode: {why}.", kv_cache)
     from engine.runtime.reserve import runtime_reserve
 
     reserve = runtime_reserve()  # before the free memory is read: a first measurement frees what it used
     if budget_bytes is None:
         budget_bytes = preset_budget_bytes(preset) or torch.cuda.mem_get_info()[0]
     plan = plan_memory(
-        footprint_from_checkpoint(folder),
+        footprint_from_checkpoint(folder, kv_cache_dtype),
         budget_bytes,
         preset,
         custom,
         reserve_bytes=reserve.reserve_bytes,
         reserve_source=reserve.source,
     )
-    return Placement("cuda", gpu_dtype(), plan, f"GPU mode on {status}: {plan.summary()}")
+    return Placement("cuda", gpu_dtype(), plan, f"GPU mode on {status}: {plan.summary()}", plan.kv_cache)
 
 
 def gpu_dtype() -> torch.dtype:
@@ -101,4 +113,5 @@ def load_placed(
         pin_budget_bytes=pin_budget_bytes,
         expert_backend=expert_backend,
         cpu_threads=cpu_threads,
+        kv_cache_dtype=placement.kv_cache,
     )

@@ -10,7 +10,9 @@ Assumptions (each a named constant below, with its reason):
    routers, norms and small tensors, lm_head. The embedding table stays in host RAM (one row
    per token is copied up) and so do the routed experts, which visit the GPU through the
    expert-cache slots.
-2. KV cache is bf16 and preallocated for kv_tokens over the full-attention layers only;
+2. KV cache is bf16, or FP8 (e4m3, one byte a value) where the checkpoint declares it or the
+   caller asks (ModelFootprint.kv_cache), preallocated for kv_tokens over the full-attention layers
+   only; an FP8 cache's scales (2 x KV heads float32 a layer) are within the allocator slack.
    Gated DeltaNet state (fp32 recurrent matrix plus bf16 conv window) is fixed per sequence.
    One sequence at a time.
 3. Prefill runs in chunks of prefill_chunk_tokens, so its temporary memory depends on the
@@ -41,11 +43,13 @@ import torch
 from engine.checkpoint import Checkpoint, LayoutShard
 from engine.checkpoint.formats import IGNORED_ROLES
 from engine.checkpoint.source import WeightSource
+from engine.checkpoint.quant_config import kv_cache_choice
 from engine.config import ModelConfig, read_config
 from engine.errors import CheckpointError
 from engine.experts.bank import ExpertBank
 from engine.experts.packed import expert_matrices
 from engine.kernels.record_layout import RecordLayout
+from engine.kernels import reference
 from engine.kernels.reference import GDN_CHUNK
 from engine.synthetic import SYNTHETIC_MODELS
 
@@ -56,14 +60,16 @@ BF16_BYTES = 2
 FP32_BYTES = 4
 INT64_BYTES = 8
 ACTIVATION_BYTES = BF16_BYTES  # activations between kernels are bf16 on the GPU
-KV_BYTES = BF16_BYTES  # the KV cache is bf16 (no KV quantisation)
+KV_BYTES = {"bf16": BF16_BYTES, "fp8": 1}  # a KV cache value by the cache's dtype (quant_config.kv_cache_choice)
 CONV_STATE_BYTES = BF16_BYTES  # the GDN conv window holds activations
 ACCUMULATOR_BYTES = FP32_BYTES  # residual stream, GDN scan and recurrent state, softmax, logits
 
 # ---- prefill workspace ---------------------------------------------------------------------
 GDN_SCAN_CHUNK = GDN_CHUNK  # tokens per block of the chunked gated delta rule (FLA uses the same 64)
-ATTENTION_QUERY_BLOCK = 128  # queries per attention block: big enough to keep the GPU busy
-ATTENTION_KEY_BLOCK = 512  # keys per block of the online softmax: scores never span the whole context
+# queries per attention block (big enough to keep the GPU busy) and keys per block of the online softmax (scores
+# never span the whole context): the blocks the FP8 cache's attention runs in
+ATTENTION_QUERY_BLOCK = reference.ATTENTION_QUERY_BLOCK
+ATTENTION_KEY_BLOCK = reference.ATTENTION_KEY_BLOCK
 # Sampling the last position: fp32 logits, fp32 probabilities, and a sorted copy (fp32 values,
 # int64 indices) for top-k/top-p.
 SAMPLING_BYTES_PER_VOCAB_ENTRY = 3 * FP32_BYTES + INT64_BYTES
@@ -160,6 +166,7 @@ class ModelFootprint:
     expert_layer_bytes: int  # one layer of cache slots: experts per layer x the runtime's record of one expert
     routed_expert_bytes: int  # all routed experts, in host RAM
     moe_layers: int
+    kv_cache: str = "bf16"  # the KV cache's dtype: "bf16" or "fp8" (quant_config.kv_cache_choice)
 
     @property
     def resident_bytes(self) -> int:
@@ -172,9 +179,9 @@ class ModelFootprint:
 
     @property
     def kv_bytes_per_token(self) -> int:
-        """K and V of every full-attention layer; GDN layers keep no per-token state."""
+        """K and V of every full-attention layer, in the KV cache's dtype; GDN layers keep no per-token state."""
         c = self.config
-        return c.num_attention_layers * 2 * c.num_key_value_heads * c.head_dim * KV_BYTES
+        return c.num_attention_layers * 2 * c.num_key_value_heads * c.head_dim * KV_BYTES[self.kv_cache]
 
     @property
     def gdn_state_bytes(self) -> int:
@@ -215,7 +222,7 @@ def _gdn_conv_channels(c: ModelConfig) -> int:
 
 
 @functools.lru_cache(maxsize=None)
-def footprint_from_synthetic(name: str) -> ModelFootprint:
+def footprint_from_synthetic(name: str, kv_cache_dtype: str = "auto") -> ModelFootprint:
     """The footprint of a model described in engine.synthetic: its real checkpoint's tensor layout, sized by the
     code that sizes a checkpoint folder, so the two cannot disagree."""
     if name not in SYNTHETIC_MODELS:
@@ -223,7 +230,7 @@ def footprint_from_synthetic(name: str) -> ModelFootprint:
     model = SYNTHETIC_MODELS[name]
     where = Path(name)
     checkpoint = Checkpoint(where, model.quantization_config, shards=[LayoutShard(model.tensor_layout(), where)])
-    return footprint_of(checkpoint, model.config, where)
+    return footprint_of(checkpoint, model.config, where, kv_cache_dtype)
 
 
 # Normalised tensor names (engine.checkpoint.normalise_key) by the component they belong to.
@@ -232,15 +239,18 @@ PROJECTIONS = re.compile(r"^layers\.\d+\.(self_attn|linear_attn)\.\w*proj\w*\.")
 ALWAYS_ON_MLP = re.compile(r"^layers\.\d+\.mlp\.(shared_expert|gate_proj|up_proj|down_proj)\.")
 
 
-def footprint_from_checkpoint(folder: str | Path) -> ModelFootprint:
+def footprint_from_checkpoint(folder: str | Path, kv_cache_dtype: str = "auto") -> ModelFootprint:
     """The footprint of a checkpoint folder, from its safetensors headers only (no weight data is read)."""
     folder = Path(folder).expanduser()
     config = read_config(folder)
-    return footprint_of(Checkpoint(folder, config.quantization_config), config, folder)
+    return footprint_of(Checkpoint(folder, config.quantization_config), config, folder, kv_cache_dtype)
 
 
-def footprint_of(checkpoint: Checkpoint, config: ModelConfig, folder: Path) -> ModelFootprint:
-    """The footprint of an open checkpoint (a folder's, or shard headers fetched before downloading)."""
+def footprint_of(
+    checkpoint: Checkpoint, config: ModelConfig, folder: Path, kv_cache_dtype: str = "auto"
+) -> ModelFootprint:
+    """The footprint of an open checkpoint (a folder's, or shard headers fetched before downloading), its KV cache
+    in the dtype the kv_cache_dtype option gives it (auto: FP8 where the checkpoint declares it)."""
     sizes = dict.fromkeys(("projection", "shared", "small", "lm_head", "embedding"), 0)
     expert_layers: dict[int, int] = {}
     for name, nbytes in checkpoint.tensor_bytes():
@@ -281,6 +291,7 @@ def footprint_of(checkpoint: Checkpoint, config: ModelConfig, folder: Path) -> M
         expert_layer_bytes=config.num_experts * record_bytes,
         routed_expert_bytes=sum(expert_layers.values()),
         moe_layers=len(expert_layers),
+        kv_cache=kv_cache_choice(kv_cache_dtype, checkpoint.quant),
     )
 
 
@@ -378,6 +389,7 @@ class MemoryPlan:
     max_prompt_tokens: int  # the largest prompt guaranteed to prefill and leave REPLY_RESERVE_TOKENS
     breakdown: dict[str, int]  # BREAKDOWN_LABELS keys and "total"
     reserve_source: str = DEFAULT_RESERVE_SOURCE  # "measured on <GPU>", or which estimate the runtime reserve is
+    kv_cache: str = "bf16"  # the KV cache's dtype the plan is sized for, which the model must load with
 
     @property
     def reserve_measured(self) -> bool:
@@ -401,7 +413,7 @@ class MemoryPlan:
             f"{self.model} {self.preset}: {_layers(self.expert_cache_layers)} of experts "
             f"({self.expert_slots:,} slots), overlap {'on' if self.prefill_overlap else 'off'}, "
             f"chunk {self.prefill_chunk_tokens}, "
-            f"KV {self.kv_tokens:,} tokens, prompts up to {self.max_prompt_tokens:,} tokens; "
+            f"KV {self.kv_tokens:,} tokens ({self.kv_cache}), prompts up to {self.max_prompt_tokens:,} tokens; "
             f"{_gib(self.breakdown['total'])} of {_gib(self.budget_bytes)}; runtime reserve {self.reserve_source}"
         )
 
@@ -413,7 +425,7 @@ class MemoryPlan:
             f"  expert cache       {_layers(self.expert_cache_layers)} x {experts_per_layer} experts = "
             f"{self.expert_slots:,} slots, prefill overlap {'on' if self.prefill_overlap else 'off'}",
             f"  prefill chunk      {self.prefill_chunk_tokens:,} tokens",
-            f"  KV cache           {self.kv_tokens:,} tokens; largest prompt guaranteed "
+            f"  KV cache           {self.kv_tokens:,} tokens ({self.kv_cache}); largest prompt guaranteed "
             f"{self.max_prompt_tokens:,} tokens (+{REPLY_RESERVE_TOKENS:,} for the reply)",
         ]
         for key, label in BREAKDOWN_LABELS.items():
@@ -588,6 +600,7 @@ def _plan(
         kv_tokens=kv_tokens,
         max_prompt_tokens=min(kv_tokens, footprint.max_context) - REPLY_RESERVE_TOKENS,
         breakdown=breakdown,
+        kv_cache=footprint.kv_cache,
     )
 
 
