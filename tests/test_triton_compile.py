@@ -36,6 +36,7 @@ KERNELS = [
     "gdn delta",
     "gdn gate norm",
     "decode attention",
+    "decode attention fp8",
     "decode attention merge",
     "gather records",
     "link mark",
