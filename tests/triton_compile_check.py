@@ -60,6 +60,23 @@ def _linear_case(fmt, gemv, table, swiglu=False):
     return triton_linear_kernel.linear_kernel, pointers, constexprs, ()
 
 
+def _decode_attention_case(fp8: bool):
+    """The decode attention kernel over a bf16 cache, or an FP8 one (uint8 rows, float32 scales)."""
+    rows = "*u8" if fp8 else "*bf16"
+    pointers = {
+        "q_ptr": "*bf16",
+        "k_ptr": rows,
+        "v_ptr": rows,
+        "scales_ptr": "*fp32" if fp8 else "*bf16",  # without FP8 unread: the caller passes q
+        "position_ptr": "*i64",
+        "acc_ptr": "*fp32",
+        "m_ptr": "*fp32",
+        "l_ptr": "*fp32",
+    }
+    sizes = {"GROUP": 8, "GROUP_PAD": 16, "D": 256, "DV": 256, "BLOCK_N": 64, "SPLITS": 32, "PRECISION": "tf32"}
+    return triton_attention._split_kernel, pointers, {**sizes, "FP8": fp8}, ("scale",)
+
+
 CASES = {
     "rms_norm": (
         triton_norm._rms_norm_kernel,
@@ -92,54 +109,8 @@ CASES = {
         {"BLOCK_DV": 128, "BLOCK_C": 256, "BLOCK_K": 4},
         ("eps",),
     ),
-    "decode attention": (
-        triton_attention._split_kernel,
-        {
-            "q_ptr": "*bf16",
-            "k_ptr": "*bf16",
-            "v_ptr": "*bf16",
-            "scales_ptr": "*bf16",  # unread: the caller passes q
-            "position_ptr": "*i64",
-            "acc_ptr": "*fp32",
-            "m_ptr": "*fp32",
-            "l_ptr": "*fp32",
-        },
-        {
-            "GROUP": 8,
-            "GROUP_PAD": 16,
-            "D": 256,
-            "DV": 256,
-            "BLOCK_N": 64,
-            "SPLITS": 32,
-            "PRECISION": "tf32",
-            "FP8": False,
-        },
-        ("scale",),
-    ),
-    "decode attention fp8": (
-        triton_attention._split_kernel,
-        {
-            "q_ptr": "*bf16",
-            "k_ptr": "*u8",
-            "v_ptr": "*u8",
-            "scales_ptr": "*fp32",
-            "position_ptr": "*i64",
-            "acc_ptr": "*fp32",
-            "m_ptr": "*fp32",
-            "l_ptr": "*fp32",
-        },
-        {
-            "GROUP": 8,
-            "GROUP_PAD": 16,
-            "D": 256,
-            "DV": 256,
-            "BLOCK_N": 64,
-            "SPLITS": 32,
-            "PRECISION": "tf32",
-            "FP8": True,
-        },
-        ("scale",),
-    ),
+    "decode attention": _decode_attention_case(fp8=False),
+    "decode attention fp8": _decode_attention_case(fp8=True),
     "decode attention merge": (
         triton_attention._merge_kernel,
         {"acc_ptr": "*fp32", "m_ptr": "*fp32", "l_ptr": "*fp32", "out_ptr": "*bf16"},
