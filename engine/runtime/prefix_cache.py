@@ -138,7 +138,7 @@ class PrefixCache:
 
     def _spill(self, entries: list[CachedPrefix]) -> None:
         """Write those of `entries` that end a sequence (no entry in RAM or on disk extends them) to disk."""
-        if self.spill is None:
+        if self.spill is None or not entries:
             return
         with self._lock:
             held = [*self._entries, *(e.ids for e in entries)]
