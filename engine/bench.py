@@ -56,15 +56,16 @@ def build_random_model(
     cpu_threads: int | None = None,
     seed: int = 0,
     link: LinkLimit | None = None,
+    kv_cache: str = "auto",
 ) -> CausalLM:
     """The synthetic model `name` in its real checkpoint layout, with honest random weights, in memory; `link`:
-    its expert copies held to an emulated link (engine/experts/link.py)."""
+    its expert copies held to an emulated link (engine/experts/link.py); `kv_cache`: the KV cache's format."""
     synthetic = SYNTHETIC_MODELS[name]
     config = synthetic.config
     tensors = random_tensors(synthetic.tensor_layout(), config.zero_centered_norms, seed)
     where = Path(f"<random {name}>")
     checkpoint = Checkpoint(where, synthetic.quantization_config, shards=[TensorShard(tensors, where)])
-    source = WeightSource(checkpoint, config, torch.device(device), dtype, kv_dtype("auto", checkpoint.quant))
+    source = WeightSource(checkpoint, config, torch.device(device), dtype, kv_dtype(kv_cache, checkpoint.quant))
     executor = expert_executor(device, expert_cache_slots, pin_budget_bytes, expert_backend, cpu_threads, link)
     return build_model(source, executor)
 
@@ -224,6 +225,7 @@ def run_bench(
     decode_after: list[int] | None = None,
     gpu_step_seconds: float | None = None,
     link_bytes_per_s: float | None = None,
+    kv_cache: str = "auto",
 ) -> dict:
     """On CUDA with a plan, the process is held to the plan's budget (engine/runtime/vram.py) for the whole
     run, and each prompt length reports its measured peak against it. `routings`: forced routing modes
@@ -237,7 +239,8 @@ def run_bench(
     GPU's own step for the decode ceilings, where no `fixed` row can measure it (a cache smaller than a step's
     experts over all layers). `link_bytes_per_s` (CUDA): expert copies held to an emulated link of that rate
     (engine/experts/link.py), below the measured one (else LinkLimitError, before anything is built); the link
-    figures, bounds, ceilings and the split's calibration are then the held rate's."""
+    figures, bounds, ceilings and the split's calibration are then the held rate's. `kv_cache`: the KV cache's
+    format (the plan's must match)."""
     synthetic = SYNTHETIC_MODELS[name]
     slots = plan.expert_slots if plan is not None else None
     chunk = plan.prefill_chunk_tokens if plan is not None else DEFAULT_PREFILL_CHUNK
@@ -255,6 +258,7 @@ def run_bench(
         "pageable_experts": pageable,
         "cpu_threads": cpu_threads,
         "link_limit_bytes_per_s": link_bytes_per_s,
+        "kv_cache": kv_cache,
         "plan": plan.to_dict() if plan is not None else None,
         "notes": [ROUTING_NOTES[mode] for mode in modes],
         "runs": [],
@@ -278,7 +282,7 @@ def run_bench(
     # The CPU kernel and the calibration are made when a backend needs them; the backend then switches per run
     build_backend = "hybrid" if set(backends or []) & {"cpu", "hybrid", "auto"} else "offload"
     model = build_random_model(
-        name, device, dtype, slots, 0 if pageable else None, build_backend, cpu_threads, seed, link
+        name, device, dtype, slots, 0 if pageable else None, build_backend, cpu_threads, seed, link, kv_cache
     )
     result["build_seconds"] = time.perf_counter() - started
     executor = model.expert_executor
@@ -408,13 +412,14 @@ def _run_one(
 
 
 def plan_for(
-    name: str, preset: str | None, vram_gib: float | None, reserve_bytes: int | None = None
+    name: str, preset: str | None, vram_gib: float | None, reserve_bytes: int | None = None, kv_cache: str = "auto"
 ) -> MemoryPlan | None:
+    """The memory plan of synthetic model `name` under `preset` (None without one), its KV cache in `kv_cache`."""
     if preset is None:
         return None
     budget = int(vram_gib * 2**30) if vram_gib else preset_budget_bytes(preset)
     extra = {} if reserve_bytes is None else {"reserve_bytes": reserve_bytes}
-    return plan_memory(footprint_from_synthetic(name), budget, preset, **extra)
+    return plan_memory(footprint_from_synthetic(name, kv_cache), budget, preset, **extra)
 
 
 def format_result(result: dict) -> str:

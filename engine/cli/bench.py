@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 
 from engine.cli.common import CliError
+from engine.cli.loading import add_kv_cache_option
 
 
 def register(commands) -> None:
@@ -76,6 +77,7 @@ def register(commands) -> None:
         help="CUDA: hold host->GPU expert copies to this many GB/s, below the measured rate, to "
         "emulate a narrower link (e.g. 6.5 for a laptop's PCIe 4.0 x4)",
     )
+    add_kv_cache_option(bench)
     bench.add_argument("--json", action="store_true")
     bench.set_defaults(run=run_bench)
 
@@ -112,7 +114,7 @@ def run_bench(args) -> int:
             from engine.runtime.reserve import runtime_reserve
 
             reserve = runtime_reserve().reserve_bytes
-        plan = bench.plan_for(args.synthetic, args.preset, args.vram_limit, reserve)
+        plan = bench.plan_for(args.synthetic, args.preset, args.vram_limit, reserve, args.kv_cache)
     except (ValueError, PlanError) as exc:
         raise CliError(str(exc)) from None
     backends = None
@@ -169,6 +171,7 @@ def run_bench(args) -> int:
             decode_after=decode_after,
             gpu_step_seconds=args.gpu_step_ms / 1e3 if args.gpu_step_ms else None,
             link_bytes_per_s=args.link_gbps * 1e9 if args.link_gbps is not None else None,
+            kv_cache=args.kv_cache,
         )
     except LinkLimitError as exc:
         raise CliError(str(exc)) from None

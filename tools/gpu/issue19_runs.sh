@@ -11,6 +11,12 @@
 #             backend. 4gb's cache cannot hold a fixed step's 320 experts: it takes the GPU step from an
 #             earlier part of the same call (12gb or 8gb), or GPU_STEP_MS from an earlier call
 #   pageable  the field report's case at 4gb: records pageable, 8 CPU threads, every backend and auto
+#   resume    returning to a 16K-token chat at 4gb with the real tokenizer (issue 25): the next turn's TTFT from
+#             the RAM and disk state stores against a re-prefill (`engine bench-resume`)
+#   fp8       the FP8 KV cache (issue 24): its tests on this GPU (the Triton decode kernel compiled, not
+#             interpreted), then 4gb prefill 4,096 and 16,384 and decode 64 with --kv-cache bf16 and fp8
+#   memdiff   what the 4gb model holds after its build and a 4,096-token prefill, by engine source line, on this
+#             tree and on OLD_TREE (a copy of an earlier tree's engine/, default .old-tree) for comparison
 #   laptop    the field report's laptop emulated (issue 22): 4gb, expert copies held to 6.5 GB/s (PCIe 4.0 x4),
 #             8 CPU threads, records pinned then pageable, every backend and auto, decode 64 after 4,096
 # Run from the repository root on a CUDA machine, e.g. `bash tools/gpu/issue19_runs.sh 12gb 4gb`; results go
@@ -71,6 +77,26 @@ for part in "$@"; do
             bench pageable "${LIMIT:-200}" --preset 4gb --prompt-tokens 4096 --decode-tokens 64 --decode-inputs random \
                 --routing uniform,locality --pageable --cpu-threads 8 --expert-backends auto,cpu,hybrid,offload \
                 $(gpu_step_ms) ;;
+        resume)
+            tok=$(mktemp -d)
+            cp tests/fixtures/real-tokenizers/qwen3.6/{tokenizer_config.json,generation_config.json,chat_template.jinja} "$tok"/
+            gunzip -c tests/fixtures/real-tokenizers/qwen3.6/tokenizer.json.gz > "$tok/tokenizer.json"
+            started=$SECONDS
+            timeout "${LIMIT:-240}" python3 -m engine bench-resume --synthetic "$MODEL" --device cuda --preset 4gb \
+                --tokenizer "$tok" --history-tokens 16384 --output "$OUT/resume_4gb.json" > "$OUT/resume_4gb.txt" 2>&1
+            echo "bench-resume 4gb rc=$? in $((SECONDS - started)) s"; tail -12 "$OUT/resume_4gb.txt" ;;
+        fp8)
+            timeout 150 python3 -m pytest -q -p no:cacheprovider tests/test_fp8_kv_cache.py > "$OUT/fp8_tests.txt" 2>&1
+            echo "fp8 tests on the GPU rc=$?"; tail -5 "$OUT/fp8_tests.txt"
+            for kv in bf16 fp8; do
+                bench "fp8_4gb_$kv" "${LIMIT:-150}" --preset 4gb --prompt-tokens 4096,16384 --decode-after 4096 \
+                    --decode-tokens 64 --decode-inputs random --routing uniform --expert-backends auto --kv-cache "$kv"
+            done ;;
+        memdiff)
+            for tree in "$PWD" "${OLD_TREE:-$PWD/.old-tree}"; do
+                PYTHONPATH=$tree timeout 150 python3 tools/gpu/memory_diff.py --preset 4gb --prompt-tokens 4096 \
+                    --output "$OUT/memdiff_$(basename "$tree").json" 2>&1 | tail -14
+            done ;;
         laptop)
             for records in pinned pageable; do
                 # shellcheck disable=SC2046
