@@ -27,7 +27,12 @@ from engine.testing.tiny_checkpoints import write_tiny_checkpoint  # noqa: E402
 
 # fixtures shared across modules, registered here so the tests that use them need no import
 from hub_fixtures import fake_hub, hf_home  # noqa: E402, F401
-from remote_fixtures import fake_api, remote, server  # noqa: E402, F401
+
+try:
+    from remote_fixtures import fake_api, remote, server  # noqa: E402, F401
+except ModuleNotFoundError as missing:  # the GPU machine lacks the server stack: its tests of the engine run without it
+    if missing.name not in ("fastapi", "uvicorn"):
+        raise
 
 
 @pytest.fixture(scope="session")

@@ -15,6 +15,7 @@ from engine.kernels.groups import ExpertGroups
 from engine.kernels.slot_table import SlotTable
 
 GDN_CHUNK = 64  # tokens per chunk of the chunked gated delta rule
+GDN_GROUP_TOKENS = 8 * GDN_CHUNK  # chunks computed together; the planner budgets one group's temporaries
 # Attention over an FP8 KV cache in query x key blocks (online softmax): only one block of keys is ever
 # dequantised, so the cache stays one byte a value. The planner budgets these blocks (engine/runtime/planner.py).
 ATTENTION_QUERY_BLOCK = 128
@@ -70,20 +71,28 @@ def gated_delta_rule(q, k, v, g, beta, state):
     g: [T, Hv] log-decay (<= 0); beta: [T, Hv]. Returns o [T, Hv, Dv] in float32.
     The state evolves as S <- exp(g) S + k (beta (v - exp(g) S^T k))^T and o = S^T q.
     """
-    q, k, v, g, beta = (t.float().transpose(0, 1) for t in (q, k, v, g, beta))  # heads first
-    if q.shape[1] == 1 and state.dtype == torch.float32:  # in place: a decode step makes no state-sized temporaries
-        state.mul_(g[:, 0].exp()[:, None, None])
-        delta = beta[:, 0, None] * (v[:, 0] - torch.einsum("hkv,hk->hv", state, k[:, 0]))
-        state.baddbmm_(k[:, 0, :, None], delta[:, None, :])
-        return torch.einsum("hkv,hk->hv", state, q[:, 0]).unsqueeze(0)
+    if q.shape[0] == 1 and state.dtype == torch.float32:  # in place: a decode step makes no state-sized temporaries
+        q, k, v, g, beta = (t[0].float() for t in (q, k, v, g, beta))
+        state.mul_(g.exp()[:, None, None])
+        delta = beta[:, None] * (v - torch.einsum("hkv,hk->hv", state, k))
+        state.baddbmm_(k[:, :, None], delta[:, None, :])
+        return torch.einsum("hkv,hk->hv", state, q).unsqueeze(0)
     s = state.float()
-    outputs = []
-    for start in range(0, q.shape[1], GDN_CHUNK):
-        end = min(start + GDN_CHUNK, q.shape[1])
-        o, s = _delta_chunk(q[:, start:end], k[:, start:end], v[:, start:end], g[:, start:end], beta[:, start:end], s)
-        outputs.append(o)
+    out = torch.empty(*v.shape, dtype=torch.float32, device=v.device)
+    for start in range(0, q.shape[0], GDN_GROUP_TOKENS):  # groups bound the temporaries, whatever the prompt
+        end = min(start + GDN_GROUP_TOKENS, q.shape[0])
+        whole = end - (end - start) % GDN_CHUNK
+        for first, last, length in ((start, whole, GDN_CHUNK), (whole, end, end - whole)):
+            if last > first:  # the whole chunks together, then a shorter last one
+                o, s = _delta_chunks(*(_chunk_major(t[first:last], length) for t in (q, k, v, g, beta)), s)
+                out[first:last].unflatten(0, (-1, length)).copy_(o.transpose(1, 2))
     state.copy_(s)
-    return torch.cat(outputs, dim=1).transpose(0, 1)
+    return out
+
+
+def _chunk_major(t: torch.Tensor, length: int) -> torch.Tensor:
+    """Copy token-first [T, H, ...] into [T / length, H, length, ...] in float32, each chunk's heads contiguous."""
+    return t.float().unflatten(0, (-1, length)).transpose(1, 2).clone(memory_format=torch.contiguous_format)
 
 
 def gated_deltanet(
@@ -124,29 +133,47 @@ def gated_deltanet(
     beta = torch.sigmoid(b.float())
     decay = -a_log.exp() * F.softplus(a.float() + dt_bias)
     out = gated_delta_rule(q, k, v, decay, beta, recurrent).to(qkv.dtype)
+    del q, k, v  # the norm's float32 temporaries take their place
     z = z.reshape(tokens, value_heads, value_dim)
     out = rms_norm(out, norm_weight, eps, 0.0) * F.silu(z.float()).to(qkv.dtype)
     return out.reshape(tokens, -1)
 
 
-def _delta_chunk(q, k, v, g, beta, s):
-    """One chunk in closed form. With G the inclusive cumulative log-decay inside the chunk, the values
-    written to the state solve (I + A) U = beta*V - beta*exp(G) K S0, A strictly lower triangular with
-    A_ij = beta_i exp(G_i - G_j) k_i.k_j; then o_i = exp(G_i) S0^T q_i + sum_{j<=i} exp(G_i - G_j)(q_i.k_j) u_j."""
-    length = q.shape[1]
-    cum = g.cumsum(dim=1)  # [H, C]
-    decay = cum[:, :, None] - cum[:, None, :]
+def _delta_chunks(q, k, v, g, beta, s):
+    """Run the rule over N chunks of L tokens each ([N, H, L, ...]) from the state s [H, Dk, Dv], in closed form.
+
+    With G the inclusive cumulative log-decay inside a chunk and A strictly lower triangular with
+    A_ij = beta_i exp(G_i - G_j) k_i.k_j, the values a chunk writes to its entering state S are
+    u = U - W S, where U = (I + A)^-1 diag(beta) V and W = (I + A)^-1 diag(beta exp(G)) K do not depend on S;
+    then o_i = exp(G_i) S^T q_i + sum_{j<=i} exp(G_i - G_j)(q_i.k_j) u_j. Everything but u and the states is
+    computed for all chunks at once, so the loop over chunks is three small kernels a chunk.
+    Returns o [N, H, L, Dv] and the state after the last chunk; k is overwritten.
+    """
+    chunks, length = k.shape[0], k.shape[2]
+    cum = g.cumsum(dim=-1)  # [N, H, L]
     causal = torch.ones(length, length, dtype=torch.bool, device=q.device).tril()
-    decay = decay.masked_fill(~causal, float("-inf")).exp()  # [H, C, C], zero above the diagonal
-    strictly_lower = decay.masked_fill(torch.eye(length, dtype=torch.bool, device=q.device), 0.0)
-    a = beta[:, :, None] * (k @ k.transpose(1, 2)) * strictly_lower
-    rhs = beta[:, :, None] * (v - cum.exp()[:, :, None] * (k @ s))
-    identity = torch.eye(length, dtype=a.dtype, device=a.device)
-    u = torch.linalg.solve_triangular(identity + a, rhs, upper=False, unitriangular=True)
-    o = cum.exp()[:, :, None] * (q @ s) + ((q @ k.transpose(1, 2)) * decay) @ u
-    last = cum[:, -1]
-    s = s * last.exp()[:, None, None] + (k * (last[:, None] - cum).exp()[:, :, None]).transpose(1, 2) @ u
-    return o, s
+    decay = (cum[..., :, None] - cum[..., None, :]).masked_fill(~causal, float("-inf")).exp()  # zero above
+    system = (k @ k.transpose(-1, -2)).mul_(decay).mul_(beta[..., None])
+    system.diagonal(dim1=-2, dim2=-1).fill_(1.0)  # I + A: A is zero on the diagonal
+    identity = torch.eye(length, dtype=q.dtype, device=q.device).expand_as(system)
+    inverse = torch.linalg.solve_triangular(system, identity, upper=False, unitriangular=True).mul_(beta[..., None, :])
+    del system
+    new_v = inverse @ v  # U, which the loop turns into u chunk by chunk
+    w = inverse.mul_(cum.exp()[..., None, :]) @ k
+    del inverse
+    scores = decay.mul_(q @ k.transpose(-1, -2))  # exp(G_i - G_j) q_i.k_j, j <= i
+    k_to_end = k.mul_((cum[..., -1:] - cum).exp()[..., None]).transpose(-1, -2)  # each key decayed to its chunk's end
+    end_decay = cum[..., -1].exp()[..., None, None]  # [N, H, 1, 1]
+    states = s.new_empty(chunks + 1, *s.shape)  # the state entering each chunk, and the last one's result
+    states[0] = s
+    for chunk in range(chunks):
+        new_v[chunk].baddbmm_(w[chunk], states[chunk], alpha=-1.0)
+        torch.mul(states[chunk], end_decay[chunk], out=states[chunk + 1])
+        states[chunk + 1].baddbmm_(k_to_end[chunk], new_v[chunk])
+    del w
+    o = (q @ states[:chunks]).mul_(cum.exp()[..., None])
+    o.flatten(0, 1).baddbmm_(scores.flatten(0, 1), new_v.flatten(0, 1))
+    return o, states[chunks]
 
 
 def router_topk(logits: torch.Tensor, top_k: int, normalise: bool) -> tuple[torch.Tensor, torch.Tensor]:

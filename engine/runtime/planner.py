@@ -50,7 +50,7 @@ from engine.experts.bank import ExpertBank
 from engine.experts.packed import expert_matrices
 from engine.kernels.record_layout import RecordLayout
 from engine.kernels import reference
-from engine.kernels.reference import GDN_CHUNK
+from engine.kernels.reference import GDN_CHUNK, GDN_GROUP_TOKENS
 from engine.synthetic import SYNTHETIC_MODELS
 
 KIB, MIB, GIB = 2**10, 2**20, 2**30
@@ -323,19 +323,29 @@ def prefill_workspace(config: ModelConfig, chunk_tokens: int) -> dict[str, int]:
 
 
 def _gdn_workspace(c: ModelConfig, tokens: int) -> int:
+    """Bytes a Gated DeltaNet layer holds at its peak over a chunk: what lives through the whole call, and the
+    chunked rule's temporaries for one group of tokens (reference.gated_delta_rule)."""
     heads, key_dim, value_dim = c.linear_num_value_heads, c.linear_key_head_dim, c.linear_value_head_dim
     conv, values = _gdn_conv_channels(c), heads * value_dim
     per_token = (
         (conv + values) * ACTIVATION_BYTES  # in_proj_qkv and in_proj_z outputs
         + 2 * heads * ACCUMULATOR_BYTES  # beta and decay from in_proj_b and in_proj_a
-        + conv * ACTIVATION_BYTES  # causal conv output
-        + (2 * heads * key_dim + heads * value_dim) * ACCUMULATOR_BYTES  # q, k (per value head), v
-        + (heads * key_dim + 3 * heads * value_dim) * ACCUMULATOR_BYTES  # scan's w, u, new v, output
-        + heads * (GDN_SCAN_CHUNK + 1) * ACCUMULATOR_BYTES  # intra-block matrix and cumulative decay
-        + values * ACTIVATION_BYTES
-    )  # gated RMSNorm output, input of out_proj
-    block_states = math.ceil(tokens / GDN_SCAN_CHUNK) * heads * key_dim * value_dim * ACCUMULATOR_BYTES
-    return tokens * per_token + block_states
+        + conv * ACTIVATION_BYTES  # causal conv output, of which v is a view
+        + 2 * heads * key_dim * ACCUMULATOR_BYTES  # q and k per value head, normalised
+        + values * ACCUMULATOR_BYTES  # the rule's output
+    )
+    group = min(tokens, GDN_GROUP_TOKENS)
+    group_per_token = (
+        heads
+        * ACCUMULATOR_BYTES
+        * (
+            3 * key_dim  # the group's q and k laid out by chunk, and w
+            + 4 * value_dim  # its v (and v cast to float32 on the way), u (turned into the values written), its output
+            + 4 * GDN_SCAN_CHUNK  # intra-chunk matrices: decay, I + A, the solver's copy of it, its inverse
+        )
+    )
+    states = (math.ceil(group / GDN_SCAN_CHUNK) + 1) * heads * key_dim * value_dim * ACCUMULATOR_BYTES
+    return tokens * per_token + group * group_per_token + states
 
 
 def _attention_workspace(c: ModelConfig, tokens: int) -> int:

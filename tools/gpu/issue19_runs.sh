@@ -17,6 +17,9 @@
 #             interpreted), then 4gb prefill 4,096 and 16,384 and decode 64 with --kv-cache bf16 and fp8
 #   memdiff   what the 4gb model holds after its build and a 4,096-token prefill, by engine source line, on this
 #             tree and on OLD_TREE (a copy of an earlier tree's engine/, default .old-tree) for comparison
+#   prefill   a Gated DeltaNet layer's prefill chunk on this tree and OLD_TREE (time, peak against the plan's
+#             term), its workspace test, then 4gb prefill 4,096 (first: it pays the compile), 512 and 16,384,
+#             uniform routing, auto
 #   laptop    the field report's laptop emulated (issue 22): 4gb, expert copies held to 6.5 GB/s (PCIe 4.0 x4),
 #             8 CPU threads, records pinned then pageable, every backend and auto, decode 64 after 4,096
 # Run from the repository root on a CUDA machine, e.g. `bash tools/gpu/issue19_runs.sh 12gb 4gb`; results go
@@ -97,6 +100,14 @@ for part in "$@"; do
                 PYTHONPATH=$tree timeout 150 python3 tools/gpu/memory_diff.py --preset 4gb --prompt-tokens 4096 \
                     --output "$OUT/memdiff_$(basename "$tree").json" 2>&1 | tail -14
             done ;;
+        prefill)
+            for tree in "$PWD" "${OLD_TREE:-$PWD/.old-tree}"; do
+                PYTHONPATH=$tree timeout 120 python3 tools/gpu/gdn_prefill.py --tokens 1000,1024,2048 \
+                    --output "$OUT/gdn_$(basename "$tree").json" 2>&1 | tail -4
+            done
+            timeout 120 python3 -m pytest -q -p no:cacheprovider gpu_tests/test_gdn_workspace.py 2>&1 | tail -3
+            bench prefill_4gb "${LIMIT:-300}" --preset 4gb --prompt-tokens 4096,512,16384 --decode-after 4096 \
+                --decode-tokens 32 --decode-inputs random --routing uniform --expert-backends auto ;;
         laptop)
             for records in pinned pageable; do
                 # shellcheck disable=SC2046

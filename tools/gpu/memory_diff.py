@@ -3,6 +3,9 @@ on, prefills one prompt, and prints the live bytes grouped by the engine source 
 with --output). Run it on two trees (PYTHONPATH) and compare, to find what a change added.
 
     python tools/gpu/memory_diff.py --preset 4gb --prompt-tokens 4096 --output OUT.json
+With --bench, runs `engine bench` with the arguments that follow instead and prints the live bytes at its first
+out-of-memory error (or nothing, if it has none):
+    python tools/gpu/memory_diff.py --bench --preset 4gb --prompt-tokens 4096 --decode-tokens 0
 """
 
 from __future__ import annotations
@@ -40,8 +43,38 @@ def live_by_source() -> dict[str, int]:
     return dict(sorted(totals.items(), key=lambda item: -item[1]))
 
 
+def print_table(live: dict[str, int], rows: int = 25) -> None:
+    """Print the largest entries of a live_by_source() table, in MiB."""
+    for where, size in list(live.items())[:rows]:
+        print(f"  {size / 2**20:9.2f} MiB  {where}")
+
+
+def bench_at_oom(bench_args: list[str]) -> int:
+    """Run `engine bench` with the allocator's history on; print the live bytes at its first out-of-memory error."""
+    from engine.cli import main as engine_main
+
+    at_oom: list[tuple[int, dict[str, int]]] = []
+
+    def observe(device, size, allocated, free):
+        del device, allocated, free
+        if not at_oom:
+            at_oom.append((size, live_by_source()))
+
+    torch.cuda.memory._record_memory_history(max_entries=200_000)
+    torch._C._cuda_attach_out_of_memory_observer(observe)
+    code = engine_main(["bench", "--synthetic", MODEL, *bench_args])
+    for size, live in at_oom:
+        print(f"first out of memory: {size / 2**20:.1f} MiB asked, {sum(live.values()) / 2**20:.1f} MiB live:")
+        print_table(live, 40)
+    if not at_oom:
+        print(f"no out-of-memory error; peak {torch.cuda.max_memory_allocated() / 2**20:.1f} MiB")
+    return code
+
+
 def main() -> int:
     """Build, snapshot, prefill, snapshot; print both tables."""
+    if sys.argv[1:2] == ["--bench"]:
+        return bench_at_oom(sys.argv[2:])
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--preset", default="4gb")
     parser.add_argument("--prompt-tokens", type=int, default=4096)
@@ -66,8 +99,7 @@ def main() -> int:
         f"after build {report['after_build_bytes'] / mib:.1f} MiB; prefill {report['prefill']}, "
         f"peak {report['prefill_peak_bytes'] / mib:.1f} MiB"
     )
-    for where, size in list(report["after_build"].items())[:25]:
-        print(f"  {size / mib:9.2f} MiB  {where}")
+    print_table(report["after_build"])
     if args.output:
         with open(args.output, "w") as out:
             json.dump(report, out, indent=1)
