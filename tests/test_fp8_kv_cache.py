@@ -170,7 +170,9 @@ def test_triton_decode_attention_reads_the_fp8_cache(heads, kv_heads, dim, value
     values = reference.dequantize_e4m3(raw_v[:rows], scales[1])
     expected = reference.causal_attention(q.float(), keys, values, dim**-0.5)
     assert got.shape == (1, heads, value_dim) and got.dtype == dtype
-    tolerance = 1e-5 if dtype == torch.float32 else 1e-2  # bf16: the output's rounding
+    tolerance = 1e-2  # bf16: the output's rounding
+    if dtype == torch.float32:  # on Ampere and up the kernel's dots run in TF32: q and the weights keep 10 bits
+        tolerance = 5e-3 if triton_attention._dot_precision(raw_k) == "tf32" else 1e-5
     assert torch.allclose(got.float(), expected, rtol=tolerance, atol=tolerance)
     on_reference = reference.decode_attention(q, raw_k, raw_v, at, dim**-0.5, scales)
     assert torch.allclose(on_reference.float(), expected, rtol=tolerance, atol=tolerance)

@@ -187,7 +187,7 @@ def test_4gb_plan_is_the_field_report_fix_with_a_long_prompt(qwen36):
     # with nvidia's real layout (NVFP4 LM head: 1.57 GiB resident) the 32,768 goal and the largest chunk both fit,
     # and what is left goes to KV
     assert plan.max_prompt_tokens >= GUARANTEED_PROMPT_4GB, plan.format_table()
-    assert plan.max_prompt_tokens == 43776 and plan.prefill_chunk_tokens == PREFILL_CHUNK_MAX
+    assert plan.max_prompt_tokens == 50432 and plan.prefill_chunk_tokens == PREFILL_CHUNK_MAX
 
 
 def test_8gb_and_12gb_plans(qwen36):

@@ -43,6 +43,17 @@ def live_by_source() -> dict[str, int]:
     return dict(sorted(totals.items(), key=lambda item: -item[1]))
 
 
+def free_blocks() -> list[int]:
+    """Sizes of the allocator's free blocks inside its segments, largest first: the holes fragmentation leaves."""
+    holes = [
+        block["size"]
+        for segment in torch.cuda.memory._snapshot()["segments"]
+        for block in segment["blocks"]
+        if block["state"] == "inactive"
+    ]
+    return sorted(holes, reverse=True)
+
+
 def print_table(live: dict[str, int], rows: int = 25) -> None:
     """Print the largest entries of a live_by_source() table, in MiB."""
     for where, size in list(live.items())[:rows]:
@@ -58,14 +69,18 @@ def bench_at_oom(bench_args: list[str]) -> int:
     def observe(device, size, allocated, free):
         del device, allocated, free
         if not at_oom:
-            at_oom.append((size, live_by_source()))
+            at_oom.append((size, live_by_source(), free_blocks()))
 
     torch.cuda.memory._record_memory_history(max_entries=200_000)
     torch._C._cuda_attach_out_of_memory_observer(observe)
-    code = engine_main(["bench", "--synthetic", MODEL, *bench_args])
-    for size, live in at_oom:
+    try:
+        code = engine_main(["bench", "--synthetic", MODEL, *bench_args])
+    except torch.OutOfMemoryError:
+        code = 1
+    for size, live, holes in at_oom:
         print(f"first out of memory: {size / 2**20:.1f} MiB asked, {sum(live.values()) / 2**20:.1f} MiB live:")
         print_table(live, 40)
+        print(f"free blocks inside segments (MiB, largest first): {[round(h / 2**20, 1) for h in holes[:20]]}")
     if not at_oom:
         print(f"no out-of-memory error; peak {torch.cuda.max_memory_allocated() / 2**20:.1f} MiB")
     return code
