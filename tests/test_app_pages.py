@@ -88,7 +88,7 @@ def test_plan_bar_shows_each_part_of_a_plan(qtbot):
     ]
     sizes = dict((key, n) for key, _, n in bar.parts())
     assert sizes["free"] == plan["headroom_bytes"]
-    assert "KV cache  1005.0 MiB" in bar.legend_texts()
+    assert "KV cache  990.0 MiB" in bar.legend_texts()
     assert "expert cache  435.0 MiB" in bar.legend_texts()
     assert bar.bar.part_at(1) == "resident_weights"  # the largest part starts the bar
     assert "4.00 GiB planned of a 4.00 GiB budget" in bar.total_label.text()

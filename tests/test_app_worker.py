@@ -216,7 +216,7 @@ def test_without_a_usable_gpu_the_reserve_is_the_reference_estimate(cpu_only):
     assert found["gpu_usable"] is False and found["gpu_status"] == "no GPU in this test"
     assert found["measured"] is False and found["reserve_bytes"] == DEFAULT_RUNTIME_RESERVE_BYTES
     assert found["source"] == DEFAULT_RESERVE_SOURCE
-    assert seen["log"] == [("info", f"runtime reserve 672 MiB: {DEFAULT_RESERVE_SOURCE}")]
+    assert seen["log"] == [("info", f"runtime reserve 688 MiB: {DEFAULT_RESERVE_SOURCE}")]
 
 
 def test_on_a_usable_gpu_the_worker_emits_the_measured_reserve(monkeypatch):

@@ -203,10 +203,10 @@ def test_plan_cli_on_a_replica_prints_the_synthetic_plan(name, replica, capsys):
 def test_nvidia_4gb_plan_from_the_real_headers(replica, replica_footprint):
     plan = plan_memory(replica_footprint("qwen3.6-35b-a3b-nvfp4"), 4 * GIB, "4gb")
     assert round(plan.breakdown["resident_weights"] / GIB, 2) == 1.57
-    assert (plan.kv_cache, plan.prefill_chunk_tokens, plan.max_prompt_tokens) == ("bf16", 2048, 50432)
+    assert (plan.kv_cache, plan.prefill_chunk_tokens, plan.max_prompt_tokens) == ("bf16", 2048, 49664)
     # the export declares an FP8 KV cache (kv_cache_quant_algo); chosen, it takes 10 KiB a token, not 20
     fp8 = plan_memory(footprint_from_checkpoint(replica("qwen3.6-35b-a3b-nvfp4"), "fp8"), 4 * GIB, "4gb")
-    assert (fp8.kv_cache, fp8.prefill_chunk_tokens, fp8.max_prompt_tokens) == ("fp8", 2048, 101888)
+    assert (fp8.kv_cache, fp8.prefill_chunk_tokens, fp8.max_prompt_tokens) == ("fp8", 2048, 100352)
 
 
 # ---- (c) a replica loads on the CPU without its weights being read --------------------------------

@@ -18,6 +18,7 @@ from engine.runtime.planner import (
     RESERVE_INSIDE_ALLOCATOR_BYTES,
     footprint_from_synthetic,
     plan_memory,
+    cublas_workspaces_bytes,
     runtime_reserve_bytes,
 )
 
@@ -27,9 +28,11 @@ GPU = SimpleNamespace(
     total_memory=4 * GIB,
     multi_processor_count=20,
     max_threads_per_multi_processor=1536,
+    major=8,
 )
 FORMULA = runtime_reserve_bytes(20, 1536)
-FORMULA_OUTSIDE = FORMULA - RESERVE_INSIDE_ALLOCATOR_BYTES
+FORMULA_OUTSIDE = FORMULA - RESERVE_INSIDE_ALLOCATOR_BYTES - cublas_workspaces_bytes(8)
+WORKSPACES = 16 * MIB  # what the fake run leaves allocated inside the allocator, as cuBLAS's workspaces
 
 
 class FakeCard:
@@ -38,7 +41,7 @@ class FakeCard:
 
     def __init__(self, monkeypatch, others=300 * MIB, nvml=True):
         self.others, self.nvml, self.started = others, nvml, False
-        self.outside, self.allocator = 0, 0
+        self.outside, self.allocator, self.allocated = 0, 0, 0
         self.after_work = 500 * MIB  # what the process holds outside the allocator once the tiny model ran
         self.drift = []  # added to other programs' memory at each reading, to mimic one allocating meanwhile
         self.runs = 0
@@ -51,6 +54,7 @@ class FakeCard:
         monkeypatch.setattr(cuda, "get_device_name", lambda device=None: self._start() or GPU.name)
         monkeypatch.setattr(cuda, "mem_get_info", lambda device=None: self._read(cuda_view=True))
         monkeypatch.setattr(cuda, "memory_reserved", lambda device=None: self.allocator)
+        monkeypatch.setattr(cuda, "memory_allocated", lambda device=None: self.allocated)
         for name in ("synchronize", "empty_cache", "reset_peak_memory_stats"):
             monkeypatch.setattr(cuda, name, lambda device=None: None)
         monkeypatch.setattr(reserve, "_nvml_used_by_uuid", lambda: self._read(cuda_view=False) if self.nvml else None)
@@ -58,7 +62,7 @@ class FakeCard:
 
     def new_process(self):
         """This process ends and another starts: nothing on the card is its, and it has measured nothing."""
-        self.started, self.outside, self.allocator = False, 0, 0
+        self.started, self.outside, self.allocator, self.allocated = False, 0, 0, 0
         reserve.forget_in_process()
 
     def _start(self):
@@ -75,6 +79,7 @@ class FakeCard:
         self.runs += 1
         assert device == torch.device("cuda", 0)
         self.outside, self.allocator = self.after_work, 20 * MIB  # kernels loaded; the allocator keeps a cached block
+        self.allocated = WORKSPACES  # in use inside that block for the process's life
 
 
 @pytest.fixture
@@ -99,7 +104,8 @@ def test_the_measured_reserve_is_the_reading_plus_what_the_planner_adds(card):
     assert got.measured and got.measured_outside_bytes == 500 * MIB and not got.others_included
     outside = 500 * MIB + reserve.FULL_MODEL_KERNELS_BYTES + DECODE_GRAPH_EXEC_BYTES
     assert got.outside_allocator_bytes == outside
-    assert got.reserve_bytes == outside + RESERVE_INSIDE_ALLOCATOR_BYTES
+    assert got.lingering_bytes == WORKSPACES
+    assert got.reserve_bytes == outside + RESERVE_INSIDE_ALLOCATOR_BYTES + WORKSPACES
     assert got.source == "measured on NVIDIA Test 4GB" and got.gpu == GPU.name
 
 
@@ -119,7 +125,7 @@ def test_a_measurement_is_cached_by_gpu_driver_cuda_and_torch(card, monkeypatch)
         key == f"v{reserve.RESERVE_VERSION}|{GPU.name}|driver 570.10|cuda {torch.version.cuda}|"
         f"torch {torch.__version__}"
     )
-    assert saved[key] == {"measured_outside_bytes": 500 * MIB}
+    assert saved[key] == {"measured_outside_bytes": 500 * MIB, "lingering_bytes": WORKSPACES}
 
     card.new_process()  # the file answers, nothing runs
     assert reserve.runtime_reserve() == first and card.runs == 1

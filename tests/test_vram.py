@@ -8,11 +8,15 @@ import pytest
 import torch
 
 from engine.runtime import reserve, vram
-from engine.runtime.planner import RESERVE_INSIDE_ALLOCATOR_BYTES, MIB, runtime_reserve_bytes
+from engine.runtime.planner import MIB, RESERVE_INSIDE_ALLOCATOR_BYTES, cublas_workspaces_bytes, runtime_reserve_bytes
 
 GIB = 2**30
 H200 = SimpleNamespace(
-    name="NVIDIA H200", total_memory=140 * GIB, multi_processor_count=132, max_threads_per_multi_processor=2048
+    name="NVIDIA H200",
+    total_memory=140 * GIB,
+    multi_processor_count=132,
+    max_threads_per_multi_processor=2048,
+    major=9,
 )
 
 
@@ -35,7 +39,7 @@ def fake_cuda(monkeypatch):
 
 def test_the_allocator_gets_the_budget_less_the_outside_estimate(fake_cuda):
     cap = vram.cap_process_memory(4 * GIB)
-    outside = runtime_reserve_bytes(132, 2048) - RESERVE_INSIDE_ALLOCATOR_BYTES
+    outside = runtime_reserve_bytes(132, 2048, 9) - RESERVE_INSIDE_ALLOCATOR_BYTES - cublas_workspaces_bytes(9)
     assert cap.outside_estimate_bytes == outside == (544 + 24 + 264) * MIB  # context, decode graphs, local memory
     assert cap.allocator_limit_bytes == 4 * GIB - outside
     assert fake_cuda["fraction"] == pytest.approx(cap.allocator_limit_bytes / H200.total_memory)

@@ -94,8 +94,14 @@ ALLOCATOR_SLACK_BYTES = 64 * MIB
 # it). Measured for the 40-layer Qwen3.6 (91 graphs, H200): pool 6 MiB, graphs 18 MiB; rounded up.
 DECODE_GRAPH_POOL_BYTES = 16 * MIB
 DECODE_GRAPH_EXEC_BYTES = 24 * MIB
-# The part of the reserve that lies inside PyTorch's allocator, so under the VRAM cap (engine/runtime/vram.py).
+# The part of the reserve that lies inside PyTorch's allocator, so under the VRAM cap (engine/runtime/vram.py),
+# besides the cuBLAS workspaces below.
 RESERVE_INSIDE_ALLOCATOR_BYTES = ALLOCATOR_SLACK_BYTES + DECODE_GRAPH_POOL_BYTES
+# PyTorch keeps a cuBLAS workspace in its allocator for every stream that has run a GEMM, for the process's life
+# (CUBLAS_WORKSPACE_CONFIG: 32 MiB from Hopper on, else ":4096:2:16:8"); a chat runs GEMMs on the compute
+# stream and on the stream that captures the decode graphs.
+CUBLAS_WORKSPACE_STREAMS = 2
+REFERENCE_COMPUTE_MAJOR = 8  # the RTX 2050 is an Ampere card (sm_86)
 
 # ---- plan policy ---------------------------------------------------------------------------
 TARGET_PROMPT_TOKENS = 32768  # the prompt the issue asks a 4 GB card to take (the report crashed at ~600)
@@ -134,10 +140,19 @@ def preset_budget_bytes(preset: str) -> int | None:
     return PRESET_BUDGET_BYTES.get(preset)
 
 
-def runtime_reserve_bytes(multiprocessors: int, threads_per_multiprocessor: int) -> int:
-    """The reserve for a given GPU (torch.cuda.get_device_properties gives both numbers)."""
+def cublas_workspaces_bytes(compute_major: int) -> int:
+    """Estimate the cuBLAS workspaces a chatting process keeps in PyTorch's allocator on a GPU of this generation."""
+    each = 32 * MIB if compute_major >= 9 else 2 * 4096 * KIB + 8 * 16 * KIB
+    return CUBLAS_WORKSPACE_STREAMS * each
+
+
+def runtime_reserve_bytes(
+    multiprocessors: int, threads_per_multiprocessor: int, compute_major: int = REFERENCE_COMPUTE_MAJOR
+) -> int:
+    """The reserve for a given GPU (torch.cuda.get_device_properties gives the numbers)."""
     local_memory = multiprocessors * threads_per_multiprocessor * CUDA_STACK_BYTES_PER_THREAD
-    return CUDA_CONTEXT_BYTES + DECODE_GRAPH_EXEC_BYTES + local_memory + RESERVE_INSIDE_ALLOCATOR_BYTES
+    inside = RESERVE_INSIDE_ALLOCATOR_BYTES + cublas_workspaces_bytes(compute_major)
+    return CUDA_CONTEXT_BYTES + DECODE_GRAPH_EXEC_BYTES + local_memory + inside
 
 
 DEFAULT_RUNTIME_RESERVE_BYTES = runtime_reserve_bytes(REFERENCE_MULTIPROCESSORS, REFERENCE_THREADS_PER_MULTIPROCESSOR)

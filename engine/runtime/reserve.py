@@ -8,7 +8,9 @@ kernels a chat uses are loaded), is dropped, and what the process then holds out
 its memory in use less `torch.cuda.memory_reserved()`. "In use" is the card's used memory less what it
 held before this process started CUDA, read through NVML; without NVML, or with CUDA already started,
 it is the card's whole used memory, other programs' included (a larger reserve, never a smaller).
-The parts the tiny model cannot show are added from the planner: a full-size model's extra kernel
+What stays allocated inside the allocator once the model is dropped (cuBLAS's workspaces, one per stream that ran
+a GEMM) is read as well, since it lives under the VRAM cap for the process's life. The parts the tiny model cannot
+show are added from the planner: a full-size model's extra kernel
 images, its decode graphs, and the allocator's slack and graph pool.
 
 A reading that cannot be right (it moved while being taken, or lies outside plausible bounds) is not
@@ -33,10 +35,12 @@ from engine.runtime.planner import (
     DEFAULT_RESERVE_SOURCE,
     DEFAULT_RUNTIME_RESERVE_BYTES,
     MIB,
+    REFERENCE_COMPUTE_MAJOR,
     RESERVE_INSIDE_ALLOCATOR_BYTES,
+    cublas_workspaces_bytes,
 )
 
-RESERVE_VERSION = 1  # bump when what is measured changes: older entries are then measured again
+RESERVE_VERSION = 2  # bump when what is measured changes: older entries are then measured again
 RESERVE_FILE_NAME = "runtime_reserve.json"
 # Kernel images a full-size forward loads beyond the tiny model's (other tile shapes, cuBLAS's kernels for wide
 # GEMMs); docs/PLANNER.md gives the measurement this rounds up.
@@ -64,24 +68,27 @@ class RuntimeReserve:
     measured: bool
     gpu: str | None  # the GPU's name; None without one
     measured_outside_bytes: int | None = None  # the reading itself: context, kernel images, local memory
+    lingering_bytes: int | None = None  # the reading of what stays allocated inside the allocator (cuBLAS workspaces)
     others_included: bool = False  # the reading had no baseline, so other programs' GPU memory is in it
 
     def to_dict(self) -> dict:
         return asdict(self)
 
 
-def measured_reserve(outside_bytes: int, gpu: str, others_included: bool) -> RuntimeReserve:
-    """The reserve from a reading of the outside part: that, plus what the planner budgets beyond what a tiny
-    model shows (a full-size model's extra kernels and its decode graphs, the allocator's slack and graph pool)."""
+def measured_reserve(outside_bytes: int, gpu: str, others_included: bool, lingering_bytes: int = 0) -> RuntimeReserve:
+    """The reserve from the readings: what lies outside the allocator and what stays inside it without a model,
+    plus what the planner budgets beyond what a tiny model shows (a full-size model's extra kernels and its decode
+    graphs, the allocator's slack and graph pool)."""
     outside = outside_bytes + FULL_MODEL_KERNELS_BYTES + DECODE_GRAPH_EXEC_BYTES
     source = f"measured on {gpu}" + (", other programs' GPU memory included" if others_included else "")
     return RuntimeReserve(
-        outside + RESERVE_INSIDE_ALLOCATOR_BYTES,
+        outside + RESERVE_INSIDE_ALLOCATOR_BYTES + lingering_bytes,
         outside,
         source,
         measured=True,
         gpu=gpu,
         measured_outside_bytes=outside_bytes,
+        lingering_bytes=lingering_bytes,
         others_included=others_included,
     )
 
@@ -90,7 +97,9 @@ def reference_estimate() -> RuntimeReserve:
     """The planner's default reserve, for the reference card: what a plan made without a GPU uses."""
     return RuntimeReserve(
         DEFAULT_RUNTIME_RESERVE_BYTES,
-        DEFAULT_RUNTIME_RESERVE_BYTES - RESERVE_INSIDE_ALLOCATOR_BYTES,
+        DEFAULT_RUNTIME_RESERVE_BYTES
+        - RESERVE_INSIDE_ALLOCATOR_BYTES
+        - cublas_workspaces_bytes(REFERENCE_COMPUTE_MAJOR),
         DEFAULT_RESERVE_SOURCE,
         measured=False,
         gpu=None,
@@ -104,7 +113,7 @@ def formula_estimate(device: torch.device, why: str) -> RuntimeReserve:
     reserve, props = gpu_runtime_reserve_bytes(device), torch.cuda.get_device_properties(device)
     return RuntimeReserve(
         reserve,
-        reserve - RESERVE_INSIDE_ALLOCATOR_BYTES,
+        reserve - RESERVE_INSIDE_ALLOCATOR_BYTES - cublas_workspaces_bytes(props.major),
         f"estimate for {props.name} from its {props.multi_processor_count} SMs, not measured: {why}",
         measured=False,
         gpu=props.name,
@@ -233,6 +242,7 @@ def measure_runtime_reserve(
     work(device)
     gc.collect()  # the model, its state and its decode graphs go; the kernel images stay loaded
     torch.cuda.synchronize(device)
+    lingering = torch.cuda.memory_allocated(device)  # before empty_cache, which may hand the workspaces back
     torch.cuda.empty_cache()
     readings = []
     for index in range(READINGS):
@@ -258,7 +268,7 @@ def measure_runtime_reserve(
                 "not read the card before CUDA started"
             )
         )
-    return measured_reserve(outside, props.name, others_included=baseline_used is None)
+    return measured_reserve(outside, props.name, others_included=baseline_used is None, lingering_bytes=lingering)
 
 
 def _highest_plausible(device: torch.device) -> int:
@@ -290,7 +300,10 @@ def runtime_reserve(device: torch.device | str = "cuda") -> RuntimeReserve:
         except torch.cuda.OutOfMemoryError:
             reserve = formula_estimate(device, "the GPU had no memory free for the measurement")
         if reserve.measured and not reserve.others_included:
-            saved[key] = {"measured_outside_bytes": reserve.measured_outside_bytes}
+            saved[key] = {
+                "measured_outside_bytes": reserve.measured_outside_bytes,
+                "lingering_bytes": reserve.lingering_bytes,
+            }
             _write_saved(path, saved)
     _IN_PROCESS[device.index] = reserve
     return reserve
@@ -306,12 +319,16 @@ def _read_saved(path: Path) -> dict:
 
 def _from_saved(entry: object, device: torch.device) -> RuntimeReserve | None:
     """A cached reading made into the reserve, or None when it is missing, malformed or not plausible here."""
-    outside = entry.get("measured_outside_bytes") if isinstance(entry, dict) else None
-    if isinstance(outside, bool) or not isinstance(outside, int):
+    if not isinstance(entry, dict):
         return None
-    if not MIN_PLAUSIBLE_OUTSIDE_BYTES <= outside <= _highest_plausible(device):
+    outside, lingering = entry.get("measured_outside_bytes"), entry.get("lingering_bytes")
+    if any(isinstance(n, bool) or not isinstance(n, int) for n in (outside, lingering)):
         return None
-    return measured_reserve(outside, torch.cuda.get_device_name(device), others_included=False)
+    if not MIN_PLAUSIBLE_OUTSIDE_BYTES <= outside <= _highest_plausible(device) or lingering < 0:
+        return None
+    return measured_reserve(
+        outside, torch.cuda.get_device_name(device), others_included=False, lingering_bytes=lingering
+    )
 
 
 def _write_saved(path: Path, saved: dict) -> None:

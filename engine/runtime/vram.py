@@ -35,7 +35,7 @@ def gpu_runtime_reserve_bytes(device: torch.device | str = "cuda") -> int:
     """The planner's runtime reserve for this GPU (its SM count and threads per SM set the local memory)."""
     props = torch.cuda.get_device_properties(device)
     threads = getattr(props, "max_threads_per_multi_processor", DEFAULT_THREADS_PER_MULTIPROCESSOR)
-    return runtime_reserve_bytes(props.multi_processor_count, threads)
+    return runtime_reserve_bytes(props.multi_processor_count, threads, props.major)
 
 
 def outside_allocator_bytes(device: torch.device | str = "cuda") -> int:
