@@ -343,24 +343,25 @@ def _gdn_workspace(c: ModelConfig, tokens: int) -> int:
     heads, key_dim, value_dim = c.linear_num_value_heads, c.linear_key_head_dim, c.linear_value_head_dim
     conv, values = _gdn_conv_channels(c), heads * value_dim
     per_token = (
-        (conv + values) * ACTIVATION_BYTES  # in_proj_qkv and in_proj_z outputs
-        + 2 * heads * ACCUMULATOR_BYTES  # beta and decay from in_proj_b and in_proj_a
+        (conv + values + 2 * heads) * ACTIVATION_BYTES  # in_proj_qkv, in_proj_z, in_proj_b and in_proj_a outputs
+        + 2 * heads * ACCUMULATOR_BYTES  # beta and decay
         + conv * ACTIVATION_BYTES  # causal conv output, of which v is a view
         + 2 * heads * key_dim * ACCUMULATOR_BYTES  # q and k per value head, normalised
         + values * ACCUMULATOR_BYTES  # the rule's output
     )
     group = min(tokens, GDN_GROUP_TOKENS)
-    group_per_token = (
+    per_group_token = (
         heads
         * ACCUMULATOR_BYTES
         * (
             3 * key_dim  # the group's q and k laid out by chunk, and w
-            + 4 * value_dim  # its v (and v cast to float32 on the way), u (turned into the values written), its output
+            + 4 * value_dim  # its v (and its float32 cast), u (turned into the values written), its output
             + 4 * GDN_SCAN_CHUNK  # intra-chunk matrices: decay, I + A, the solver's copy of it, its inverse
+            + 6  # its gates laid out by chunk, their cumulative sum and its exponentials
         )
     )
     states = (math.ceil(group / GDN_SCAN_CHUNK) + 1) * heads * key_dim * value_dim * ACCUMULATOR_BYTES
-    return tokens * per_token + group * group_per_token + states
+    return tokens * per_token + group * per_group_token + states
 
 
 def _attention_workspace(c: ModelConfig, tokens: int) -> int:
