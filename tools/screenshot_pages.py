@@ -1,10 +1,14 @@
-"""Screenshot every page of the main window at one size and theme (docs/screenshots/).
+"""Screenshot every page of the main window as a screen of one size and scaling shows it, in one theme.
 
-    QT_SCALE_FACTOR=2 .venv/bin/python -m tools.screenshot_pages OUT_FOLDER WIDTHxHEIGHT light|dark [PREFIX]
+    QT_SCALE_FACTOR=1.25 .venv/bin/python -m tools.screenshot_pages OUT_FOLDER 1366x768 light|dark [PREFIX]
+
+WIDTHxHEIGHT is the screen in device pixels and QT_SCALE_FACTOR its scaling: the window fills the screen's logical
+size (1366x768 at 125 % is 1093x614), as a maximised window would, less its frame.
 
 The window opens offscreen with the built-in demo model, a private settings file and a private chat store
 seeded with one conversation that shows prose, inline code, a quote, a link, a code block and raw HTML from
-the model; nothing of the user's is read or written. Files are named PREFIX-PAGE-WIDTHxHEIGHT@SCALE-THEME.png.
+the model; nothing of the user's is read or written. Files are named PREFIX-PAGE-WIDTHxHEIGHT@SCALE-THEME.png, the
+screen's size and scaling.
 Exits non-zero when the model does not load in time.
 """
 
@@ -71,7 +75,8 @@ def main(argv: list[str] | None = None) -> int:
     store = ConversationStore(scratch / "chats.sqlite3")
     _seed(store)
     window = MainWindow(store, settings)
-    window.resize(width, height)
+    scale = float(os.environ.get("QT_SCALE_FACTOR", "1"))
+    window.resize(round(width / scale), round(height / scale))
     window.show()
     wait = QEventLoop()
     window.modelReady.connect(wait.quit)
@@ -84,13 +89,12 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     window.dismiss_cpu_notice()  # acknowledged once by every user; the pages are what is shown
     out.mkdir(parents=True, exist_ok=True)
-    scale = os.environ.get("QT_SCALE_FACTOR", "1")
     for page in PAGES:
         window.show_page(page)
         pause = QEventLoop()
         QTimer.singleShot(300, pause.quit)  # layouts and the throttled transcript settle
         pause.exec()
-        path = out / f"{prefix}-{page.lower()}-{width}x{height}@{scale}x-{theme}.png"
+        path = out / f"{prefix}-{page.lower()}-{width}x{height}@{scale:g}x-{theme}.png"
         window.grab().save(str(path))
         print(path)
     window.close()
