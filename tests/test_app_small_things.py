@@ -8,6 +8,8 @@ from PySide6.QtGui import QKeySequence, QShortcut
 from app.__main__ import private_settings
 from app.pages.chat import BUSY_NOTE_REPLY, SYSTEM_PROMPT_SET, SYSTEM_PROMPT_UNSET
 from app.settings import AppSettings
+from app.widgets import conversation_list
+from app.widgets.conversation_list import CONVERSATION_ID_ROLE
 from app.widgets.transcript import UserBubble
 
 
@@ -100,3 +102,42 @@ def test_the_smoke_test_s_settings_are_a_copy_that_changes_nothing_of_the_user_s
     private.set("preset", "4gb")
     private.set("window_geometry", "BBBB")
     assert user.get("preset") == "8gb" and user.get("window_geometry") == "AAAA"
+
+
+class _MenuClosedWithoutAChoice:
+    """A context menu the user closes without choosing (a real one would wait for the user)."""
+
+    def __init__(self, parent):
+        del parent
+
+    def addAction(self, text):  # noqa: N802 (Qt's name)
+        return text
+
+    def exec(self, where):
+        del where
+
+    def deleteLater(self):  # noqa: N802 (Qt's name)
+        pass
+
+
+def test_right_clicking_another_chat_keeps_the_open_one(qtbot, page, fake, monkeypatch):
+    """The menu acts on the chat under the pointer; the transcript stays the open chat's (it painted two before)."""
+    send(qtbot, page, "first chat")
+    fake.reply("one")
+    first = page.current_conversation_id()
+    page.new_chat()
+    send(qtbot, page, "second chat")
+    fake.reply("two")
+    second = page.current_conversation_id()
+    panel = page.conversation_list
+    view = panel.view
+    other = view.visualRect(panel.model.index(panel.model.row_of(first))).center()
+    asked = []
+    view.customContextMenuRequested.connect(lambda position: asked.append(view.indexAt(position)))
+    monkeypatch.setattr(conversation_list, "QMenu", _MenuClosedWithoutAChoice)
+    qtbot.mouseClick(view.viewport(), Qt.MouseButton.RightButton, pos=other)
+    view.customContextMenuRequested.emit(other)  # what Qt sends after the press on a desktop
+    assert page.current_conversation_id() == second
+    assert asked and asked[0].data(CONVERSATION_ID_ROLE) == first
+    qtbot.mouseClick(view.viewport(), Qt.MouseButton.LeftButton, pos=other)
+    assert page.current_conversation_id() == first

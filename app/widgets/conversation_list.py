@@ -27,6 +27,17 @@ CONVERSATION_ID_ROLE = Qt.ItemDataRole.UserRole
 ModelIndex = QModelIndex | QPersistentModelIndex
 
 
+class _ChatListView(QListView):
+    """The chat list: a right-button press opens the item's menu without opening the chat, so the transcript under
+    the menu stays the one the user was reading."""
+
+    def mousePressEvent(self, event) -> None:  # noqa: N802 (Qt's name)
+        if event.button() == Qt.MouseButton.RightButton:
+            event.accept()
+            return
+        super().mousePressEvent(event)
+
+
 class ConversationListModel(QAbstractListModel):
     """Conversations newest first, optionally filtered by a search text; titles are editable."""
 
@@ -94,7 +105,7 @@ class ConversationList(QWidget):
         self.search_field.setPlaceholderText("Search chats")
         self.search_field.setClearButtonEnabled(True)
         self.model = ConversationListModel(store, self)
-        self.view = QListView()
+        self.view = _ChatListView()
         self.view.setModel(self.model)
         self.view.setEditTriggers(
             QAbstractItemView.EditTrigger.DoubleClicked | QAbstractItemView.EditTrigger.EditKeyPressed
