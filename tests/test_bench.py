@@ -292,3 +292,18 @@ def test_auto_is_held_to_the_ceiling_of_the_backend_it_chose():
     }
     add_ceilings(result, record_bytes=1_000_000, moe_layers=10, top_k=4, gpu_step=0.001)
     assert decode["decode_ceiling_tokens_per_s"] == pytest.approx(50.0)  # the CPU's 1 GB/s, not the link's 4
+
+
+def test_running_out_of_memory_before_any_row_is_said_in_one_line(capsys, monkeypatch):
+    """Each prompt's row reports its own out-of-memory error; one in the build or the warm-up chunk ends the run
+    with what happened and what to do, not a traceback."""
+    from engine import bench as bench_module
+
+    def no_memory(*args, **kwargs):
+        raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 64.00 MiB.\nmore detail")
+
+    monkeypatch.setattr(bench_module, "run_bench", no_memory)
+    code, out, err = bench(["--prompt-tokens", "40", "--decode-tokens", "2"], capsys)
+    assert code != 0 and out == ""
+    assert "warm-up chunk" in err and "Tried to allocate 64.00 MiB" in err and "smaller --preset" in err
+    assert "more detail" not in err and "Traceback" not in err

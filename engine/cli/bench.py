@@ -175,6 +175,12 @@ def run_bench(args) -> int:
         )
     except LinkLimitError as exc:
         raise CliError(str(exc)) from None
+    except torch.OutOfMemoryError as exc:  # each prompt's row catches its own: this is the build or the warm-up
+        raise CliError(
+            "the GPU ran out of memory building the model or prefilling the warm-up chunk, before any measurement "
+            f"({str(exc).splitlines()[0]}): the plan does not hold on this GPU. Try a smaller --preset, and "
+            "report this line with the GPU's name"
+        ) from None
     print(json.dumps(result, indent=2) if args.json else bench.format_result(result))
     return 0
 
