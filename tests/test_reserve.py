@@ -109,6 +109,18 @@ def test_the_measured_reserve_is_the_reading_plus_what_the_planner_adds(card):
     assert got.source == "measured on NVIDIA Test 4GB" and got.gpu == GPU.name
 
 
+def test_what_was_allocated_before_the_measurement_is_not_counted_as_lingering(card):
+    card._start()
+    card.allocated = 100 * MIB  # a model already loaded in this process
+
+    def tiny_model_run(device):
+        card.outside, card.allocated = card.after_work, card.allocated + WORKSPACES
+
+    card.work = tiny_model_run
+    got = reserve.runtime_reserve()
+    assert got.measured and got.lingering_bytes == WORKSPACES
+
+
 def test_without_nvml_other_programs_count_in_and_the_reading_is_not_cached(card):
     card.nvml = False
     got = reserve.runtime_reserve()

@@ -239,10 +239,12 @@ def measure_runtime_reserve(
     when the reading cannot be right."""
     props = torch.cuda.get_device_properties(device)
     baseline_used = baseline.get(_plain_uuid(props.uuid)) if baseline else None
+    allocated_before = torch.cuda.memory_allocated(device) if torch.cuda.is_initialized() else 0
     work(device)
     gc.collect()  # the model, its state and its decode graphs go; the kernel images stay loaded
     torch.cuda.synchronize(device)
-    lingering = torch.cuda.memory_allocated(device)  # before empty_cache, which may hand the workspaces back
+    # what the run left allocated (before empty_cache, which may hand the workspaces back), not what was already
+    lingering = max(0, torch.cuda.memory_allocated(device) - allocated_before)
     torch.cuda.empty_cache()
     readings = []
     for index in range(READINGS):
