@@ -151,8 +151,12 @@ def runtime_reserve_bytes(
 ) -> int:
     """The reserve for a given GPU (torch.cuda.get_device_properties gives the numbers)."""
     local_memory = multiprocessors * threads_per_multiprocessor * CUDA_STACK_BYTES_PER_THREAD
-    inside = RESERVE_INSIDE_ALLOCATOR_BYTES + cublas_workspaces_bytes(compute_major)
-    return CUDA_CONTEXT_BYTES + DECODE_GRAPH_EXEC_BYTES + local_memory + inside
+    return CUDA_CONTEXT_BYTES + DECODE_GRAPH_EXEC_BYTES + local_memory + reserve_inside_allocator_bytes(compute_major)
+
+
+def reserve_inside_allocator_bytes(compute_major: int = REFERENCE_COMPUTE_MAJOR) -> int:
+    """The part of the formula's reserve that lies inside PyTorch's allocator on a GPU of this generation."""
+    return RESERVE_INSIDE_ALLOCATOR_BYTES + cublas_workspaces_bytes(compute_major)
 
 
 DEFAULT_RUNTIME_RESERVE_BYTES = runtime_reserve_bytes(REFERENCE_MULTIPROCESSORS, REFERENCE_THREADS_PER_MULTIPROCESSOR)

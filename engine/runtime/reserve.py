@@ -35,9 +35,8 @@ from engine.runtime.planner import (
     DEFAULT_RESERVE_SOURCE,
     DEFAULT_RUNTIME_RESERVE_BYTES,
     MIB,
-    REFERENCE_COMPUTE_MAJOR,
     RESERVE_INSIDE_ALLOCATOR_BYTES,
-    cublas_workspaces_bytes,
+    reserve_inside_allocator_bytes,
 )
 
 RESERVE_VERSION = 2  # bump when what is measured changes: older entries are then measured again
@@ -97,9 +96,7 @@ def reference_estimate() -> RuntimeReserve:
     """The planner's default reserve, for the reference card: what a plan made without a GPU uses."""
     return RuntimeReserve(
         DEFAULT_RUNTIME_RESERVE_BYTES,
-        DEFAULT_RUNTIME_RESERVE_BYTES
-        - RESERVE_INSIDE_ALLOCATOR_BYTES
-        - cublas_workspaces_bytes(REFERENCE_COMPUTE_MAJOR),
+        DEFAULT_RUNTIME_RESERVE_BYTES - reserve_inside_allocator_bytes(),
         DEFAULT_RESERVE_SOURCE,
         measured=False,
         gpu=None,
@@ -113,7 +110,7 @@ def formula_estimate(device: torch.device, why: str) -> RuntimeReserve:
     reserve, props = gpu_runtime_reserve_bytes(device), torch.cuda.get_device_properties(device)
     return RuntimeReserve(
         reserve,
-        reserve - RESERVE_INSIDE_ALLOCATOR_BYTES - cublas_workspaces_bytes(props.major),
+        reserve - reserve_inside_allocator_bytes(props.major),
         f"estimate for {props.name} from its {props.multi_processor_count} SMs, not measured: {why}",
         measured=False,
         gpu=props.name,
