@@ -153,8 +153,8 @@ def _delta_chunks(q, k, v, g, beta, s):
     cum = g.cumsum(dim=-1)  # [N, H, L]
     causal = torch.ones(length, length, dtype=torch.bool, device=q.device).tril()
     decay = (cum[..., :, None] - cum[..., None, :]).masked_fill(~causal, float("-inf")).exp()  # zero above
+    # A below the diagonal; unitriangular=True reads the diagonal as ones, so this is solved as I + A
     system = (k @ k.transpose(-1, -2)).mul_(decay).mul_(beta[..., None])
-    system.diagonal(dim1=-2, dim2=-1).fill_(1.0)  # I + A: A is zero on the diagonal
     identity = torch.eye(length, dtype=q.dtype, device=q.device).expand_as(system)
     inverse = torch.linalg.solve_triangular(system, identity, upper=False, unitriangular=True).mul_(beta[..., None, :])
     del system
