@@ -15,7 +15,7 @@ from engine.kernels.groups import ExpertGroups
 from engine.kernels.slot_table import SlotTable
 
 GDN_CHUNK = 64  # tokens per chunk of the chunked gated delta rule
-GDN_GROUP_TOKENS = 4 * GDN_CHUNK  # chunks computed together; the planner budgets one group's temporaries
+GDN_GROUP_TOKENS = 8 * GDN_CHUNK  # chunks computed together; the planner budgets one group's temporaries
 # Attention over an FP8 KV cache in query x key blocks (online softmax): only one block of keys is ever
 # dequantised, so the cache stays one byte a value. The planner budgets these blocks (engine/runtime/planner.py).
 ATTENTION_QUERY_BLOCK = 128

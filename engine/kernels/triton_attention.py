@@ -38,10 +38,10 @@ def _e4m3_to_float32(raw):
     bits = raw.to(tl.int32)
     magnitude = bits & 0x7F
     sign = (bits & 0x80) << 24
-    normal = (sign | ((magnitude + (120 << 3)) << 20)).to(tl.float32, bitcast=True)
-    subnormal = (magnitude & 7).to(tl.float32) * 0.001953125
-    subnormal = tl.where(sign != 0, -subnormal, subnormal)
-    value = tl.where(magnitude < 8, subnormal, normal)
+    normal = sign | ((magnitude + (120 << 3)) << 20)
+    # the sign goes in as a bit: negating a float zero on the GPU may give +0.0
+    subnormal = ((magnitude & 7).to(tl.float32) * 0.001953125).to(tl.int32, bitcast=True) | sign
+    value = tl.where(magnitude < 8, subnormal, normal).to(tl.float32, bitcast=True)
     return tl.where(magnitude == 0x7F, float("nan"), value)
 
 
