@@ -476,8 +476,8 @@ class _Rule:
 
 RULES = {
     "4gb": _Rule(min_layers=1, overlap=False, fills_layers=False),  # the field report's fix, made official
-    "8gb": _Rule(min_layers=OVERLAP_MIN_LAYERS, overlap=True, fills_layers=False),
-    "12gb": _Rule(min_layers=OVERLAP_MIN_LAYERS, overlap=True, fills_layers=True),
+    "8gb": _Rule(min_layers=OVERLAP_MIN_LAYERS, overlap=False, fills_layers=False),
+    "12gb": _Rule(min_layers=OVERLAP_MIN_LAYERS, overlap=False, fills_layers=True),
 }
 
 
@@ -492,8 +492,8 @@ def plan_memory(
 ) -> MemoryPlan:
     """A plan that fits budget_bytes, or PlanError saying what is needed, what is there and what to change.
 
-    preset: "4gb" one layer of expert slots, no overlap; "8gb" two layers with overlap;
-    "12gb" as many layers as fit after the KV target, overlap on; "auto" chooses between those
+    preset: "4gb" one layer of expert slots; "8gb" two layers; "12gb" as many layers as fit
+    after the KV target (no preset overlaps prefill: it ran slower, docs/PLANNER.md); "auto" chooses between those
     rules from the budget (pass the GPU's free memory); "custom" checks `custom`'s
     expert_cache_layers, prefill_overlap, prefill_chunk_tokens and kv_tokens against the budget.
     reserve_bytes: the actual GPU's reserve, when known (engine/runtime/reserve.py measures it);
@@ -540,7 +540,7 @@ def _fixed_bytes(footprint: ModelFootprint, layers: int, reserve_bytes: int) -> 
 def _auto_policy(footprint: ModelFootprint, budget: int, reserve_bytes: int) -> str:
     """The rules auto applies to a budget: 12gb's, or 4gb's below the point where they pay.
 
-    12gb's rules (two or more cache layers, overlap) start once two layers fit beside the KV
+    12gb's rules (two or more cache layers) start once two layers fit beside the KV
     target and the largest chunk; below that one layer leaves the memory to a bigger chunk,
     which speeds prefill far more than a second layer of slots would.
     """
