@@ -114,7 +114,7 @@ class ExpertCache:
         block = self._block_holding(layer)
         copied_for_this_use = block is None or layer in self._prefetched
         if block is None:
-            block = self._stream_victim()
+            block = self._least_recent_block()
             first = block * experts
             with self._copying(packed.pinned) as copy:
                 copy(self.pool[first : first + experts], packed.records, block)
@@ -214,20 +214,10 @@ class ExpertCache:
         whole = np.array_equal(table.keys[first : first + experts], np.arange(layer * experts, (layer + 1) * experts))
         return first // experts if whole else None
 
-    def _stream_victim(self) -> int:
-        """Choose the block a streamed layer goes into: the least recent block holding no whole layer, else the
-        second most recent (the lowest index among equals)."""
-        # Prefill streams the layers in order, chunk after chunk: under LRU fewer blocks than layers miss every
-        # layer, while evicting the newest keeps the first layers held; the very newest may still be read.
-        experts = self.experts_per_layer
-        keys = self.table.keys[: self.blocks * experts].reshape(self.blocks, experts)
-        last_use = self.table.ages[: self.blocks * experts].reshape(self.blocks, experts).max(axis=1)
-        whole = (keys[:, 0] >= 0) & (keys[:, 0] % experts == 0) & np.all(keys == keys[:, :1] + np.arange(experts), 1)
-        if not whole.all():
-            return int(np.argmin(np.where(whole, np.iinfo(np.int32).max, last_use)))
-        if self.blocks < 3:
-            return int(np.argmin(last_use))
-        return int(np.argsort(-last_use, kind="stable")[1])
+    def _least_recent_block(self) -> int:
+        """The block whose last use (the latest age of its slots) is the oldest, the lowest index among equals."""
+        last_use = self.table.ages[: self.blocks * self.experts_per_layer].reshape(self.blocks, -1).max(axis=1)
+        return int(np.argmin(last_use))
 
     @contextlib.contextmanager
     def _copying(self, pinned: bool):
