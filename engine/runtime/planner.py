@@ -470,14 +470,13 @@ class _Rule:
     """How a preset spends memory once the fixed costs are paid."""
 
     min_layers: int
-    overlap: bool
     fills_layers: bool  # memory left after the KV target and the largest chunk buys more cache layers
 
 
 RULES = {
-    "4gb": _Rule(min_layers=1, overlap=False, fills_layers=False),  # the field report's fix, made official
-    "8gb": _Rule(min_layers=OVERLAP_MIN_LAYERS, overlap=False, fills_layers=False),
-    "12gb": _Rule(min_layers=OVERLAP_MIN_LAYERS, overlap=False, fills_layers=True),
+    "4gb": _Rule(min_layers=1, fills_layers=False),  # the field report's fix, made official
+    "8gb": _Rule(min_layers=2, fills_layers=False),
+    "12gb": _Rule(min_layers=2, fills_layers=True),
 }
 
 
@@ -492,9 +491,9 @@ def plan_memory(
 ) -> MemoryPlan:
     """A plan that fits budget_bytes, or PlanError saying what is needed, what is there and what to change.
 
-    preset: "4gb" one layer of expert slots; "8gb" two layers; "12gb" as many layers as fit
-    after the KV target (no preset overlaps prefill: it ran slower, docs/PLANNER.md); "auto" chooses between those
-    rules from the budget (pass the GPU's free memory); "custom" checks `custom`'s
+    preset: "4gb" one layer of expert slots; "8gb" two layers; "12gb" as many layers as fit after
+    the KV target (no preset overlaps prefill: it ran slower, docs/PLANNER.md); "auto" chooses
+    between those rules from the budget (pass the GPU's free memory); "custom" checks `custom`'s
     expert_cache_layers, prefill_overlap, prefill_chunk_tokens and kv_tokens against the budget.
     reserve_bytes: the actual GPU's reserve, when known (engine/runtime/reserve.py measures it);
     reserve_source: where that figure came from, for the plan to say (by default: the reference card's
@@ -545,7 +544,7 @@ def _auto_policy(footprint: ModelFootprint, budget: int, reserve_bytes: int) -> 
     which speeds prefill far more than a second layer of slots would.
     """
     needed = (
-        _fixed_bytes(footprint, OVERLAP_MIN_LAYERS, reserve_bytes)
+        _fixed_bytes(footprint, RULES["12gb"].min_layers, reserve_bytes)
         + _workspace(footprint, PREFILL_CHUNK_MAX)
         + _kv_target(footprint) * footprint.kv_bytes_per_token
     )
@@ -587,7 +586,7 @@ def _preset_plan(footprint: ModelFootprint, budget: int, preset: str, policy: st
         preset,
         policy,
         layers,
-        rule.overlap,
+        False,  # no preset overlaps prefill with expert streaming: measured slower (docs/PLANNER.md)
         chunk,
         min(kv_tokens, footprint.max_context),
         reserve_bytes,
