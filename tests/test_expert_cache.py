@@ -98,6 +98,36 @@ def test_a_whole_layer_streams_into_the_least_recently_used_block():
     assert cache.bytes_copied == 3 * 4 * packed[0].layout.record_bytes
 
 
+def test_kept_layers_stay_while_the_others_take_turns():
+    """Prefill visits the layers in order every chunk: with kept layers only the others are copied again."""
+    packed, _ = packed_layers(layers=5)
+    cache = cache_for(packed, slots=16)  # four blocks of four: two kept, two taking turns
+    cache.keep_when_streaming([0, 1])
+    record = packed[0].layout.record_bytes
+    for chunk in range(3):
+        for layer in range(5):
+            cache.stream_layer(layer, packed[layer])
+        assert cache.bytes_copied == (5 + 3 * chunk) * 4 * record  # after the first chunk: layers 2, 3 and 4
+    assert cache.missing(0, list(range(4))) == [] and cache.missing(1, list(range(4))) == []
+    assert cache.hits == 2 * 2 * 4 and cache.misses == (5 + 3 + 3) * 4
+
+
+def test_without_kept_layers_each_chunk_copies_every_layer_again():
+    packed, _ = packed_layers(layers=5)
+    cache = cache_for(packed, slots=16)
+    for _ in range(2):
+        for layer in range(5):
+            cache.stream_layer(layer, packed[layer])
+    assert cache.hits == 0 and cache.bytes_copied == 10 * 4 * packed[0].layout.record_bytes
+
+
+def test_keeping_more_layers_than_leave_turn_blocks_is_refused():
+    packed, _ = packed_layers(layers=5)
+    cache = cache_for(packed, slots=16)
+    with pytest.raises(ValueError, match="room for 2"):
+        cache.keep_when_streaming([0, 1, 2])
+
+
 def test_streaming_a_layer_drops_its_single_expert_copies():
     packed, _ = packed_layers(layers=2)
     cache = cache_for(packed, slots=9)  # two blocks and one slot beyond them
@@ -160,7 +190,7 @@ def test_no_slots_is_refused():
     ],
     ids=lambda case: "-".join(map(str, case)),
 )
-@pytest.mark.parametrize("layers_of_slots", [0.5, 1, 2])
+@pytest.mark.parametrize("layers_of_slots", [0.5, 1, 2, 3])
 def test_cached_path_equals_the_reference(tiny_checkpoint, layout, layers_of_slots):
     """Prefill chunks (whole layers streamed when a block exists, rounds of fetches when not) and decode
     steps (single-expert fetches) give the reference's logits."""
@@ -195,3 +225,19 @@ def test_a_cache_big_enough_for_every_expert_copies_each_once(tiny_checkpoint):
     assert second["expert_bytes_copied"] == first["expert_bytes_copied"]
     record = model.expert_executor.cache.layout.record_bytes
     assert first["expert_bytes_copied"] == 4 * 8 * record  # each layer streamed once, as one block
+
+
+def test_a_cache_short_of_every_layer_keeps_its_first_layers_between_chunks(tiny_checkpoint):
+    """Three blocks for four layers: layer 0 stays, layers 1-3 take turns in two blocks, so a second pass over
+    the prompt copies three layers, not four."""
+    folder = tiny_checkpoint("qwen3_5_moe", "nvfp4")
+    model = engine.load_model(folder, expert_cache_slots=3 * 8)
+    ids = torch.randint(2, 320, (90,), generator=torch.Generator().manual_seed(5))
+    model.score(ids)
+    first = model.expert_executor.stats()
+    model.score(ids)
+    second = model.expert_executor.stats()
+    record = model.expert_executor.cache.layout.record_bytes
+    assert first["expert_bytes_copied"] == 4 * 8 * record
+    assert second["expert_bytes_copied"] - first["expert_bytes_copied"] == 3 * 8 * record
+    assert second["expert_cache_hits"] - first["expert_cache_hits"] == 8

@@ -6,7 +6,10 @@ Two ways in:
   (decode, small chunks);
 - `stream_layer(layer)`: a whole layer of experts in one copy into a block of slots, the unit of
   layer-streamed prefill. The pool is cut into `slots // experts` such blocks: with two or more,
-  layer i+1 streams into one while layer i computes from another (prefill overlap).
+  layer i+1 streams into one while layer i computes from another (prefill overlap). When the pool holds
+  fewer blocks than the model has layers, plain LRU would evict every layer before its next use (prefill
+  visits the layers in order, chunk after chunk); `keep_when_streaming` names the layers whose blocks stay,
+  and the rest take turns in the other blocks.
 
 On CUDA every copy runs on a copy stream. Events order it against compute: a copy into a block waits
 for the last compute that read the block (`release`), compute waits for the copies it reads (`ready`).
@@ -36,6 +39,11 @@ from engine.kernels.record_layout import RecordLayout
 from engine.kernels.slot_table import SlotTable
 
 
+# Blocks that streamed layers take turns in beside the kept ones: one computes while the next layer streams into
+# the other, so a copy never waits for the compute it would overwrite.
+STREAM_TURN_BLOCKS = 2
+
+
 class ExpertCache:
     def __init__(
         self,
@@ -59,6 +67,7 @@ class ExpertCache:
         self._device_current = False  # whether decode steps may have changed the table since the host read it
         self._clock_bound = -1  # while they may: the highest tick their lookups can reach
         self._prefetched: set[int] = set()  # layers streamed ahead of use: their first use counts as misses
+        self._kept: tuple[int, ...] = ()  # layers whose whole blocks a streamed layer never takes
         self._copy_stream = torch.cuda.Stream(self.device) if cuda else None
         self._released = {} if cuda else None  # block (or -1: slots outside blocks) -> event after its last read
         self._ready = None  # event after the latest copy
@@ -102,6 +111,19 @@ class ExpertCache:
                     copy(self._slot_rows[slot], packed.rows[expert], self._block(slot))
         return found
 
+    @property
+    def kept_layers(self) -> tuple[int, ...]:
+        """The layers whose blocks streamed layers leave alone (keep_when_streaming)."""
+        return self._kept
+
+    def keep_when_streaming(self, layers: list[int]) -> None:
+        """Keep the blocks holding `layers` whole when other layers stream in, so each prefill chunk copies only
+        the layers that do not fit; at least STREAM_TURN_BLOCKS blocks stay free to take turns."""
+        kept = max(0, self.blocks - STREAM_TURN_BLOCKS)
+        if len(layers) > kept:
+            raise ValueError(f"{len(layers)} layers to keep, but {self.blocks} blocks leave room for {kept}")
+        self._kept = tuple(layers)
+
     def stream_layer(self, layer: int, packed: PackedExperts, count_as_lookups: bool = True) -> int:
         """Put every expert of `layer` in one block (one copy unless it is already there); its first slot. Each
         expert counts as a lookup, touched in expert order; `count_as_lookups=False` for a prefetch, whose
@@ -114,7 +136,7 @@ class ExpertCache:
         block = self._block_holding(layer)
         copied_for_this_use = block is None or layer in self._prefetched
         if block is None:
-            block = self._least_recent_block()
+            block = self._stream_victim()
             first = block * experts
             with self._copying(packed.pinned) as copy:
                 copy(self.pool[first : first + experts], packed.records, block)
@@ -214,9 +236,15 @@ class ExpertCache:
         whole = np.array_equal(table.keys[first : first + experts], np.arange(layer * experts, (layer + 1) * experts))
         return first // experts if whole else None
 
-    def _least_recent_block(self) -> int:
-        """The block whose last use (the latest age of its slots) is the oldest, the lowest index among equals."""
+    def _stream_victim(self) -> int:
+        """The block a streamed layer goes into: of those not holding a kept layer whole, the one whose last use
+        (the latest age of its slots) is the oldest, the lowest index among equals."""
         last_use = self.table.ages[: self.blocks * self.experts_per_layer].reshape(self.blocks, -1).max(axis=1)
+        last_use = last_use.astype(np.float64)
+        for layer in self._kept:
+            block = self._block_holding(layer)
+            if block is not None:
+                last_use[block] = np.inf
         return int(np.argmin(last_use))
 
     @contextlib.contextmanager

@@ -28,7 +28,7 @@ import torch.nn.functional as F
 
 from engine import kernels
 from engine.experts.bank import ExpertBank, run_expert
-from engine.experts.cache import ExpertCache
+from engine.experts.cache import STREAM_TURN_BLOCKS, ExpertCache
 from engine.experts.decode_step import ExpertDecodeStep
 from engine.experts.link import LinkLimit, LinkThrottle
 from engine.experts.packed import PackedExperts, pack_banks
@@ -181,6 +181,8 @@ class CachedExpertExecutor:
         self._next_layer = dict(zip(layers, layers[1:]))
         first = self.packed[layers[0]]
         self.cache = ExpertCache(self.device, self.slots, first.layout, first.records.shape[0], self._throttle())
+        if self.cache.blocks < len(layers):  # prefill would stream every layer each chunk: the first ones stay
+            self.cache.keep_when_streaming(layers[: max(0, self.cache.blocks - STREAM_TURN_BLOCKS)])
         self._gather_link = self._throttle()  # its own mark: the gathers run on the step's streams, not the copy stream
         if self.requested_backend is Backend.GPU and self.cache.blocks < len(layers):
             raise ValueError(
