@@ -15,6 +15,7 @@ from engine.runtime.planner import (
     GIB,
     MIB,
     PREFILL_CHUNK_MAX,
+    RULES,
     REPLY_RESERVE_TOKENS,
     PlanError,
     footprint_from_checkpoint,
@@ -187,7 +188,7 @@ def test_4gb_plan_is_the_field_report_fix_with_a_long_prompt(qwen36):
     # with nvidia's real layout (NVFP4 LM head: 1.57 GiB resident) the 32,768 goal and the largest chunk both fit,
     # and what is left goes to KV
     assert plan.max_prompt_tokens >= GUARANTEED_PROMPT_4GB, plan.format_table()
-    assert plan.max_prompt_tokens == 49664 and plan.prefill_chunk_tokens == PREFILL_CHUNK_MAX
+    assert plan.max_prompt_tokens == 49664 and plan.prefill_chunk_tokens == RULES["4gb"].max_chunk == 2048
 
 
 def test_8gb_and_12gb_plans(qwen36):
@@ -195,7 +196,9 @@ def test_8gb_and_12gb_plans(qwen36):
     plan12 = plan_memory(qwen36, 12 * GIB, "12gb")
     assert plan8.expert_cache_layers == 2 and not plan8.prefill_overlap
     assert not plan12.prefill_overlap and plan12.expert_cache_layers > plan8.expert_cache_layers
-    assert plan8.prefill_chunk_tokens == plan12.prefill_chunk_tokens == PREFILL_CHUNK_MAX
+    # 8gb spends KV it has to spare on the largest chunk (fewer expert bytes a prompt token); 12gb spends it on layers
+    assert plan8.prefill_chunk_tokens == PREFILL_CHUNK_MAX and plan8.max_prompt_tokens > 4 * TARGET_PROMPT
+    assert plan12.prefill_chunk_tokens == RULES["12gb"].max_chunk < PREFILL_CHUNK_MAX
     assert plan12.max_prompt_tokens >= TARGET_PROMPT
 
 

@@ -109,9 +109,9 @@ REPLY_RESERVE_TOKENS = 1024  # KV kept free after the longest guaranteed prompt 
 MIN_KV_TOKENS = 4096  # the field report's largest working context; a plan with less is refused
 KV_TOKEN_GRANULE = 256  # KV is sized in whole blocks of this many tokens
 PREFILL_CHUNK_MIN = 128  # two GDN scan blocks; smaller chunks re-stream every expert for too few tokens
-# Beyond ~2048 tokens a chunk's GPU work on a consumer card already takes about as long as
-# streaming all routed experts over PCIe once, so bigger chunks stop speeding prefill up.
-PREFILL_CHUNK_MAX = 2048
+# A chunk streams every layer's experts it does not hold once, and waits for the copies: more tokens a chunk
+# are fewer bytes a token, up to where the chunk's temporaries cost more than they save.
+PREFILL_CHUNK_MAX = 8192
 PREFILL_CHUNK_CHOICES = tuple(
     PREFILL_CHUNK_MIN * 2**i for i in range(int(math.log2(PREFILL_CHUNK_MAX // PREFILL_CHUNK_MIN)) + 1)
 )
@@ -471,12 +471,15 @@ class _Rule:
 
     min_layers: int
     fills_layers: bool  # memory left after the KV target and the largest chunk buys more cache layers
+    max_chunk: int  # the largest prefill chunk the rule buys before spending the rest
 
 
+# 4gb keeps 2,048-token chunks so the rest of its memory stays prompt; 12gb's is worth more as cache layers, which
+# prefill keeps instead of recopying (experts/cache.py); 8gb has KV to spare for bigger chunks.
 RULES = {
-    "4gb": _Rule(min_layers=1, fills_layers=False),  # the field report's fix, made official
-    "8gb": _Rule(min_layers=2, fills_layers=False),
-    "12gb": _Rule(min_layers=2, fills_layers=True),
+    "4gb": _Rule(min_layers=1, fills_layers=False, max_chunk=2048),  # the field report's fix, made official
+    "8gb": _Rule(min_layers=2, fills_layers=False, max_chunk=PREFILL_CHUNK_MAX),
+    "12gb": _Rule(min_layers=2, fills_layers=True, max_chunk=2048),
 }
 
 
@@ -545,7 +548,7 @@ def _auto_policy(footprint: ModelFootprint, budget: int, reserve_bytes: int) -> 
     """
     needed = (
         _fixed_bytes(footprint, RULES["12gb"].min_layers, reserve_bytes)
-        + _workspace(footprint, PREFILL_CHUNK_MAX)
+        + _workspace(footprint, RULES["12gb"].max_chunk)
         + _kv_target(footprint) * footprint.kv_bytes_per_token
     )
     return "12gb" if needed <= budget else "4gb"
@@ -565,11 +568,12 @@ def _preset_plan(footprint: ModelFootprint, budget: int, preset: str, policy: st
     needed = _workspace(footprint, PREFILL_CHUNK_MIN) + min_kv * per_token
     if free < needed:
         raise PlanError(_does_not_fit(footprint, budget, preset, layers, reserve_bytes, min_kv))
-    fitting = [c for c in PREFILL_CHUNK_CHOICES if _workspace(footprint, c) + kv_target * per_token <= free]
+    choices = [c for c in PREFILL_CHUNK_CHOICES if c <= rule.max_chunk]
+    fitting = [c for c in choices if _workspace(footprint, c) + kv_target * per_token <= free]
     chunk = fitting[-1] if fitting else PREFILL_CHUNK_MIN
     if not fitting:  # the target prompt is out of reach: all that is left goes to KV
         kv_tokens = _whole_blocks((free - _workspace(footprint, chunk)) // per_token)
-    elif chunk < PREFILL_CHUNK_MAX:  # memory short of the next chunk size stays as headroom
+    elif chunk < rule.max_chunk:  # memory short of the next chunk size stays as headroom
         kv_tokens = kv_target
     else:
         spare = free - _workspace(footprint, chunk) - kv_target * per_token
