@@ -11,14 +11,15 @@
 #             prefill of 512, 4,096 and 16,384 tokens (depth 0) and decode of 128 tokens after a 4,096-token
 #             prompt (-d 4096), flash attention on, -ub/-b $UB, all layers on the GPU but the N layers' experts,
 #             16 threads.
+#             FITS="4gb:40:1024 8gb:33:2048" skips a preset's probe with an earlier call's N and batch.
 #   llamalaptop   the laptop row's llama.cpp: the 4gb fit (llama_4gb_fit.json of this call, or N=... UB=...),
 #             8 threads, prefill of 4,096 and decode of 128 after 4,096. Its link is not held: the throttle of
 #             MoE Desk's bench (--link-gbps) lives in MoE Desk's copy path, and llama.cpp issues its own copies.
 #   llamaub   the prefill batch llama.cpp runs best at: -ub/-b 512, 1024, 2048, 4096 on the 4,096-token prompt,
 #             every expert on the CPU, with the peak of each (to choose UB for the preset parts)
-#   ours4gb|ours8gb|ours12gb|ourslaptop   MoE Desk's bench, as tools/gpu/issue19_runs.sh 4gb|8gb|12gb|laptop run it
-#             (same prompts, decode 128 after 4,096, 16 threads; laptop: 6.5 GB/s link, 8 threads). ours4gb and
-#             ourslaptop need the GPU's own step from a 12gb or 8gb run: GPU_STEP_MS=... (ms) or one in $OUT.
+#   ours4gb|ours8gb|ours12gb   MoE Desk's bench at the preset: prompts 4,096 (first: it pays the compile), 512
+#             and 16,384, decode 128 after 4,096, uniform routing, every backend and auto, 16 threads
+#   ourslaptop   tools/gpu/issue19_runs.sh laptop: 4gb, 6.5 GB/s link, 8 threads, records pinned then pageable
 # Results go to $OUT (default ./gpu-results): llama_<part>_{probe,prefill,decode}.json (llama-bench's JSON),
 # .err (its stderr), .vram (peak bytes above the idle GPU), llama_<preset|laptop>_fit.json (the N, the budget);
 # bench_<preset>.json as issue19_runs.sh writes them. `python3 tools/gpu/side_by_side.py $OUT` prints the table.
@@ -63,19 +64,32 @@ over() {  # name, budget GiB: true if that run's measured peak is over the budge
     awk -v budget="$2" 'NR == 1 { over = $1 > budget * 2^30 } END { exit !over }' "$OUT/llama_$1.vram"
 }
 
+known_fit() {  # preset: "N UB" from FITS (e.g. FITS="4gb:40:1024 12gb:24:2048"), or nothing
+    local fit
+    for fit in ${FITS:-}; do
+        [ "${fit%%:*}" = "$1" ] && echo "${fit#*:}" | tr : ' ' && return
+    done
+}
+
 llama_preset() {  # preset, budget GiB, thread counts (comma-separated)
-    local preset=$1 gib=$2 threads=$3 ub=$UB n fewer attempt
-    measured "${preset}_probe" "${PROBE_LIMIT:-120}" -ncmoe "$PROBE_N" -t 16 -ub "$ub" -b "$ub" -p 16384 -n 0 \
-        -r 1 --no-warmup -v
-    if [ "$ub" -gt 512 ] && over "${preset}_probe" "$gib"; then  # a smaller batch's compute buffer may fit
-        ub=512
-        echo "$preset: over the budget with every expert on the CPU at -ub $UB; probing -ub $ub"
+    local preset=$1 gib=$2 threads=$3 ub=$UB n fewer attempt known
+    known=$(known_fit "$preset")
+    if [ -n "$known" ]; then  # an earlier call's fit: the measured runs below still check it against the budget
+        n=${known% *} ub=${known#* }
+        echo "$preset: --n-cpu-moe $n -ub $ub from FITS (no probe)"
+    else
         measured "${preset}_probe" "${PROBE_LIMIT:-120}" -ncmoe "$PROBE_N" -t 16 -ub "$ub" -b "$ub" -p 16384 -n 0 \
             -r 1 --no-warmup -v
+        if [ "$ub" -gt 512 ] && over "${preset}_probe" "$gib"; then  # a smaller batch's compute buffer may fit
+            ub=512
+            echo "$preset: over the budget with every expert on the CPU at -ub $UB; probing -ub $ub"
+            measured "${preset}_probe" "${PROBE_LIMIT:-120}" -ncmoe "$PROBE_N" -t 16 -ub "$ub" -b "$ub" -p 16384 \
+                -n 0 -r 1 --no-warmup -v
+        fi
+        n=$(python3 tools/gpu/llama_vram.py choose "$gib" "$(cat "$OUT/llama_${preset}_probe.vram")" "$PROBE_N")
+        echo "$preset: --n-cpu-moe $n; the probe's GPU buffers (MiB):" \
+            "$(python3 tools/gpu/llama_vram.py buffers "$OUT/llama_${preset}_probe.err")"
     fi
-    n=$(python3 tools/gpu/llama_vram.py choose "$gib" "$(cat "$OUT/llama_${preset}_probe.vram")" "$PROBE_N")
-    echo "$preset: --n-cpu-moe $n; the probe's GPU buffers (MiB):" \
-        "$(python3 tools/gpu/llama_vram.py buffers "$OUT/llama_${preset}_probe.err")"
     for attempt in 1 2; do
         measured "${preset}_prefill" "${LIMIT:-200}" -ncmoe "$n" -t "$threads" -ub "$ub" -b "$ub" \
             -p 512,4096,16384 -n 0 -r "$REPS"
@@ -116,7 +130,15 @@ for part in "$@"; do
             for ub in 512 1024 2048 4096; do
                 measured "ub$ub" "${LIMIT:-120}" -ncmoe "$PROBE_N" -t 16 -ub "$ub" -b "$ub" -p 4096 -n 0 -r 1
             done ;;
-        ours4gb|ours8gb|ours12gb|ourslaptop) bash tools/gpu/issue19_runs.sh "${part#ours}" ;;
+        ours4gb|ours8gb|ours12gb)  # the table's prompts and decode, uniform routing, every backend and auto
+            started=$SECONDS preset=${part#ours}
+            timeout "${LIMIT:-240}" python3 -m engine bench --synthetic qwen3.6-35b-a3b-nvfp4 --json --preset "$preset" \
+                --prompt-tokens 4096,512,16384 --decode-after 4096 --decode-tokens 128 --decode-inputs random \
+                --routing uniform --expert-backends offload,cpu,hybrid,auto \
+                > "$OUT/bench_$preset.json" 2> "$OUT/bench_$preset.err"
+            echo "bench $preset rc=$? in $((SECONDS - started)) s"
+            python3 tools/gpu/summarise.py "$OUT/bench_$preset.json" "$OUT/bench_$preset.err" ;;
+        ourslaptop) bash tools/gpu/issue19_runs.sh laptop ;;
         *) echo "unknown part $part (llama4gb llama8gb llama12gb llamalaptop llamaub ours4gb ours8gb ours12gb" \
                 "ourslaptop)" ;;
     esac
