@@ -288,6 +288,7 @@ def run_bench(
     executor = model.expert_executor
     result["expert_placement"] = dict(executor.host_report)
     result["expert_backend"] = executor.stats().get("expert_backend")
+    result["prefill_kept_layers"] = executor.stats().get("expert_cache_kept_layers", 0)
     if executor.calibration is not None:
         result["calibration"] = executor.calibration.to_dict()
     packed = executor.packed

@@ -222,7 +222,7 @@ def prefill_seconds(
     compute_seconds_per_token: float,
     overlap: bool,
 ) -> float:
-    """A modelled prefill: per chunk, every MoE layer's experts over the link, and the GPU's compute; their
+    """A modelled prefill: per chunk, `chunk_bytes` of experts over the link, and the GPU's compute; their
     larger with overlap, their sum without."""
     full, rest = divmod(tokens, chunk)
     seconds = 0.0
@@ -273,6 +273,12 @@ def run_vram_bytes_per_s(result: dict) -> float:
     return next((rate for model, rate in RUN_GPU_VRAM_BYTES_PER_S.items() if model in name), float("inf"))
 
 
+def streamed_chunk_bytes(result: dict, footprint: ModelFootprint) -> float:
+    """Expert bytes a prefill chunk copies: every MoE layer's but the ones the cache keeps between chunks
+    (`prefill_kept_layers` of the run), as from a prompt's second chunk on."""
+    return (footprint.moe_layers - result.get("prefill_kept_layers", 0)) * footprint.expert_layer_bytes
+
+
 def _prefill_compute(result: dict, chunk_bytes: float) -> float | None:
     """The GPU's compute time a prompt token, from the run's CHECK_PROMPT row (its transfer taken out where
     the plan does not overlap them: with overlap the row is compute-bound or the link's)."""
@@ -316,7 +322,7 @@ def _error_summary(errors: list[float]) -> dict:
 def check(result: dict, footprint: ModelFootprint) -> dict:
     """The formulas against the run's own measurements at its own rates: each decode (every routing but
     `fixed`, every backend) and each prompt's prefill; errors are modelled / measured - 1."""
-    chunk_bytes = footprint.moe_layers * footprint.expert_layer_bytes
+    chunk_bytes = streamed_chunk_bytes(result, footprint)
     calibration = result.get("calibration") or {}
     rates = Rates(
         result["gpu_step_seconds"],
@@ -377,7 +383,7 @@ def project_card(
     """Decode (each backend, each routing the run measured) and prefill on `card`, by the formulas at its
     figures, and each scaled by the measured / modelled ratio of the same row on the run's GPU."""
     calibration = result.get("calibration") or {}
-    chunk_bytes = footprint.moe_layers * footprint.expert_layer_bytes
+    chunk_bytes = streamed_chunk_bytes(result, footprint)
     context = CHECK_PROMPT + max((r.get("decode_tokens", 0) for r in result["runs"]), default=0) // 2
     run_fixed_bytes = gpu_bytes_per_token(footprint, 1.0, context)  # the fixed step: every expert a hit
     per_thread = (

@@ -167,3 +167,14 @@ def test_no_projection_without_a_gpu_step(footprint):
     result = run_result()
     del result["gpu_step_seconds"]
     assert bp.projection(result, footprint) is None
+
+
+def test_layers_the_cache_keeps_are_not_streamed_again(footprint):
+    """At 12gb prefill keeps 17 of 40 layers between chunks, so the card's modelled chunk copies 23 layers."""
+    result = run_result(preset="12gb")
+    assert bp.streamed_chunk_bytes(result, footprint) == 40 * footprint.expert_layer_bytes
+    kept = dict(result, prefill_kept_layers=17)
+    assert bp.streamed_chunk_bytes(kept, footprint) == 23 * footprint.expert_layer_bytes
+    plain = bp.projection(result, footprint)["cards"][0]["prefill_tokens_per_s"][16384]["modelled"]
+    keeping = bp.projection(kept, footprint)["cards"][0]["prefill_tokens_per_s"][16384]["modelled"]
+    assert keeping > plain

@@ -241,3 +241,4 @@ def test_a_cache_short_of_every_layer_keeps_its_first_layers_between_chunks(tiny
     assert first["expert_bytes_copied"] == 4 * 8 * record
     assert second["expert_bytes_copied"] - first["expert_bytes_copied"] == 3 * 8 * record
     assert second["expert_cache_hits"] - first["expert_cache_hits"] == 8
+    assert second["expert_cache_kept_layers"] == 1

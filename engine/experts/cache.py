@@ -179,6 +179,7 @@ class ExpertCache:
             "expert_bytes_copied": copied,
             "expert_cache_bytes": self.nbytes,
             "expert_cache_hit_rate": hits / lookups if lookups else 0.0,
+            "expert_cache_kept_layers": len(self._kept),
         }
 
     # ---- the slot table where decode steps choose slots inside their graphs --------------------------------
