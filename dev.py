@@ -18,8 +18,8 @@ VENV = ROOT / ".venv"
 # The pinned CPU build that the development and CI machines hold on disk; an unpinned torch
 # requirement would download a multi-GB CUDA build instead.
 TORCH = "torch==2.13.0"
-# Tests of the app besides tests/test_app_*.py (they need a QApplication)
-QT_TEST_FILES = ("test_download_dialog.py", "test_storage_damage.py")
+# The app's tests (they need a QApplication), run in a process of their own
+APP_TESTS = "tests/app"
 # Debian/Ubuntu packages of the system libraries Qt's X11 platform plugin loads, which pip cannot install
 QT_SYSTEM_PACKAGES = {
     "libxcb-cursor.so.0": "libxcb-cursor0",
@@ -125,13 +125,8 @@ def main(argv: list[str]) -> int:
         return run(venv_python(), "-m", "pytest", *rest, **env)
     # The app's tests run in a process of their own: with a QApplication left from them, the engine tests'
     # process crashed in Qt's event processing after a later test (2026-12-01, cause not found yet)
-    qt_tests = [
-        str(p.relative_to(ROOT))
-        for p in sorted((ROOT / "tests").glob("test_*.py"))
-        if p.name.startswith("test_app_") or p.name in QT_TEST_FILES
-    ]
-    app = run(venv_python(), "-m", "pytest", *qt_tests, **env)
-    engine = run(venv_python(), "-m", "pytest", *(f"--ignore={t}" for t in qt_tests), **env)
+    app = run(venv_python(), "-m", "pytest", APP_TESTS, **env)
+    engine = run(venv_python(), "-m", "pytest", f"--ignore={APP_TESTS}", **env)
     return app or engine
 
 

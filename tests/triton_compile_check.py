@@ -1,5 +1,5 @@
 """Compiles every Triton kernel to PTX for the GPU generations named on the command line, without a GPU, and
-prints one JSON line per (kernel, capability): run by tests/test_triton_compile.py in a process of its own,
+prints one JSON line per (kernel, capability): run by tests/engine/kernels/test_triton_compile.py in a process of its own,
 since the rest of the suite runs Triton's interpreter, where kernels are Python functions."""
 
 import json

@@ -8,7 +8,7 @@ lowest index among equals (so free slots first, lowest index first), and is touc
 
 `SlotTable.lookup` is that rule, the only definition of it: the host applies it to the cache's table
 (engine/experts/cache.py), `reference.assign_slots` applies it to tensors it is given, and the device's kernel
-(triton_slots.py) is checked against that reference, step by step, by tests/test_slot_replay.py.
+(triton_slots.py) is checked against that reference, step by step, by tests/engine/kernels/test_slot_replay.py.
 """
 
 from __future__ import annotations

@@ -5,7 +5,7 @@ router's ids to reach Python and the slots to come back (about 85 us a layer, 3.
 Same contract as reference.assign_slots, whose rule is the slot table's (engine/kernels/slot_table.py): one
 program holds the whole table (keys and last-use ticks) in registers; the chosen experts that are cached are hits
 and are touched first, in order, then each miss takes the slot with the oldest tick (free slots hold -1, lowest
-index first) and is listed in the copy table for triton_gather. tests/test_slot_replay.py replays long runs of
+index first) and is listed in the copy table for triton_gather. tests/engine/kernels/test_slot_replay.py replays long runs of
 lookups through it, the host's lookups on the same table, and a textbook LRU, which must agree at every step.
 With a CPU share (engine/kernels/cpu_share.py), the last misses of the CPU's count take no slot.
 """

@@ -57,7 +57,7 @@ for part in "$@"; do
     case "$part" in
         quick)
             timeout 200 python3 -m pytest -q -p no:cacheprovider --durations=6 gpu_tests/test_gpu_runtime.py \
-                gpu_tests/test_gpu_reserve.py gpu_tests/test_forced_routing.py gpu_tests/test_link_limit.py \
+                gpu_tests/test_gpu_reserve.py gpu_tests/test_forced_routing.py gpu_tests/engine/experts/test_link_limit.py \
                 -k "not worst_case" \
                 > "$OUT/gpu_tests_quick.txt" 2>&1
             echo "gpu_tests quick rc=$?"; tail -12 "$OUT/gpu_tests_quick.txt"
@@ -89,7 +89,7 @@ for part in "$@"; do
                 --tokenizer "$tok" --history-tokens 16384 --output "$OUT/resume_4gb.json" > "$OUT/resume_4gb.txt" 2>&1
             echo "bench-resume 4gb rc=$? in $((SECONDS - started)) s"; tail -12 "$OUT/resume_4gb.txt" ;;
         fp8)
-            timeout 150 python3 -m pytest -q -p no:cacheprovider tests/test_fp8_kv_cache.py > "$OUT/fp8_tests.txt" 2>&1
+            timeout 150 python3 -m pytest -q -p no:cacheprovider tests/engine/kernels/test_fp8_kv_cache.py > "$OUT/fp8_tests.txt" 2>&1
             echo "fp8 tests on the GPU rc=$?"; tail -5 "$OUT/fp8_tests.txt"
             for kv in bf16 fp8; do
                 bench "fp8_4gb_$kv" "${LIMIT:-150}" --preset 4gb --prompt-tokens 4096,16384 --decode-after 4096 \

@@ -55,7 +55,7 @@ def reference_pair(tiny_checkpoint, tmp_path_factory):
         if layout not in cache:
             folder = tiny_checkpoint(*layout)
             ref_folder = dequantised_copy(folder, tmp_path_factory.mktemp("reference"))
-            # transformers keeps an unquantised KV cache; the FP8 one is held to it in tests/test_fp8_kv_cache.py
+            # transformers keeps an unquantised KV cache; the FP8 one is held to it in tests/engine/kernels/test_fp8_kv_cache.py
             cache[layout] = engine.load_model(folder, kv_cache_dtype="bf16"), transformers_model(ref_folder)
         return cache[layout]
 

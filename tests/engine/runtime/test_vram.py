@@ -1,6 +1,6 @@
 """The VRAM cap's arithmetic, with CUDA's answers stood in for (no GPU here; gpu_tests/ and the bench run it
 for real): the allocator gets the budget less what lies outside it, and the measured peak adds that back.
-The reserve here is the planner's formula for the H200 (tests/test_reserve.py covers the measured one)."""
+The reserve here is the planner's formula for the H200 (tests/engine/runtime/test_reserve.py covers the measured one)."""
 
 from types import SimpleNamespace
 

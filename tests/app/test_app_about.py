@@ -1,7 +1,6 @@
 """The About box (version, PyTorch, GPU or CPU mode), the window icon, and the first-run CPU-mode notice."""
 
 import re
-from pathlib import Path
 
 import pytest
 import torch
@@ -10,8 +9,8 @@ from app import about
 from app.main_window import MainWindow
 from app.storage import ConversationStore
 from engine.runtime import placement
+from locations import ROOT
 
-ROOT = Path(__file__).resolve().parent.parent
 NO_DRIVER = "no NVIDIA GPU or driver was found (install or update the NVIDIA driver to use the GPU)"
 
 

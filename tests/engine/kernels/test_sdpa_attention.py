@@ -14,6 +14,7 @@ import torch
 
 from engine.kernels import reference
 from engine.kernels.sdpa_attention import causal_attention
+from locations import ROOT
 
 KV_HEADS = 2
 # (new tokens T, total tokens S): the whole prompt at once, a chunk after a prefix, one decode step
@@ -134,7 +135,7 @@ def test_memory_stays_below_one_score_matrix_per_head():
     shapes = [shape for shape, _ in cases.values()]
     run = subprocess.run(
         [sys.executable, "-c", MEASURE, json.dumps(shapes)],
-        cwd=Path(__file__).resolve().parents[1],
+        cwd=ROOT,
         capture_output=True,
         text=True,
         timeout=120,

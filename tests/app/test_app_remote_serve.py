@@ -7,7 +7,6 @@ import asyncio
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 import httpx
 import pytest
@@ -20,8 +19,8 @@ from app.pages.chat import ChatPage
 from app.remote_engine import probe
 from app.remote_store import RemoteEndpoint
 from app.storage import ConversationStore
+from locations import ROOT
 
-ROOT = Path(__file__).resolve().parent.parent
 KEY = "sk-serve-test-5e1a"
 START_TIMEOUT_S = 120
 

@@ -10,12 +10,11 @@ import random
 import re
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 import torch
+from locations import ROOT
 
-ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 

@@ -4,15 +4,15 @@ and the chat templates rendered exactly as transformers' apply_chat_template ren
 import copy
 import itertools
 import json
-from pathlib import Path
 
 import pytest
 from transformers import AutoTokenizer
 
 from engine.errors import CheckpointError
 from engine.runtime.tokenizer import ChatTokenizer, IncrementalDetokenizer
+from locations import FIXTURES
 
-GOLDEN_PATH = Path(__file__).parent / "fixtures" / "real-tokenizers" / "qwen3.6" / "golden-encodings.json"
+GOLDEN_PATH = FIXTURES / "real-tokenizers" / "qwen3.6" / "golden-encodings.json"
 GOLDEN = json.loads(GOLDEN_PATH.read_text(encoding="utf-8"))["entries"]
 NAMES = ("qwen3.6", "qwen3")
 

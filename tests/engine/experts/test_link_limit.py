@@ -1,7 +1,7 @@
 """The emulated narrow host->GPU link (engine/experts/link.py, `bench --link-gbps`): its arithmetic on a fake
 clock, the copies it holds still happening byte for byte, the split's calibration seeing the held rate, and
 the bench's checks of the flag. The CUDA kernels that hold the streams are compiled by test_triton_compile.py
-and timed by gpu_tests/test_link_limit.py."""
+and timed by gpu_tests/engine/experts/test_link_limit.py."""
 
 import pytest
 import torch

@@ -30,8 +30,9 @@ from engine.runtime.planner import (
 )
 from engine.synthetic import SYNTHETIC_MODELS
 from engine.testing.replica import write_replica
+from locations import FIXTURES
 
-FIXTURES = Path(__file__).parent / "fixtures" / "real-layouts"
+REAL_LAYOUTS = FIXTURES / "real-layouts"
 REAL = {  # synthetic model -> its real checkpoint's folder of fixtures
     "qwen3.6-35b-a3b-nvfp4": "nvidia-Qwen3.6-35B-A3B-NVFP4",
     "qwen3.6-35b-a3b": "Qwen-Qwen3.6-35B-A3B",
@@ -46,7 +47,7 @@ HEADER_TEXT_TOLERANCE = 0.0001  # the headers' JSON text (spacing, order of keys
 
 
 def _real(name: str, file_name: str):
-    path = FIXTURES / REAL[name] / file_name
+    path = REAL_LAYOUTS / REAL[name] / file_name
     if file_name.endswith(".gz"):
         return json.loads(gzip.decompress(path.read_bytes()))
     return json.loads(path.read_text()) if path.is_file() else None

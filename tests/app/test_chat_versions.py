@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 import shutil
 import sqlite3
-from pathlib import Path
 
 import pytest
 from PySide6.QtCore import Qt
@@ -16,10 +15,11 @@ from app.chat_export import ChatImportError, from_json, to_json, to_markdown
 from app.pages.chat import UNDO_MS, ChatPage
 from app.storage import SCHEMA_VERSION, ConversationStore, chat_history
 from app.widgets.transcript import AssistantBubble, MarkdownPart
+from locations import FIXTURES
 
 # Written by the flat-schema store of commit 7442f9f (app/storage.py before the tree): three chats, one edited
 # the old way (the turns after the edit deleted), a draft, a system prompt, thinking off.
-SCHEMA0_FILE = Path(__file__).parent / "fixtures" / "chats-schema0.sqlite3"
+SCHEMA0_FILE = FIXTURES / "chats-schema0.sqlite3"
 
 
 def send(qtbot, page: ChatPage, text: str) -> None:

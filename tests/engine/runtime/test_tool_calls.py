@@ -7,7 +7,6 @@ themselves and read them back token by token."""
 import json
 import random
 import re
-from pathlib import Path
 
 import pytest
 
@@ -23,8 +22,9 @@ from engine.runtime.tool_calls import (
     call_opening,
     tool_call_style,
 )
+from locations import FIXTURES
 
-REAL_TOKENIZERS = Path(__file__).parent / "fixtures" / "real-tokenizers"
+REAL_TOKENIZERS = FIXTURES / "real-tokenizers"
 
 TOOLS = [
     {

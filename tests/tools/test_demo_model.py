@@ -5,7 +5,6 @@ import multiprocessing
 import random
 import sys
 from concurrent.futures import ProcessPoolExecutor
-from pathlib import Path
 
 import pytest
 import torch
@@ -15,9 +14,10 @@ from engine.resources import DEMO_MODEL
 from engine.runtime.session import ChatSession
 from engine.runtime.sampling import SamplingParams
 from engine.runtime.tokenizer import ChatTokenizer
+from locations import ROOT
 from reference import transformers_greedy, transformers_model
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(ROOT))
 from tools.demo_data import is_correct, sample_problems  # noqa: E402
 
 GREEDY = SamplingParams(temperature=0.0, max_new_tokens=200)

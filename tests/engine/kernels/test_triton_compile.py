@@ -6,13 +6,11 @@ import json
 import os
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
+from locations import ROOT
 
 pytest.importorskip("triton", reason="Triton ships for Linux; the Windows app runs the reference kernels")
-
-ROOT = Path(__file__).resolve().parent.parent
 
 
 @pytest.fixture(scope="module")
