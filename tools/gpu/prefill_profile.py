@@ -6,12 +6,15 @@ uniform routing, the plan's chunks. From the repository root on a CUDA machine:
 Prints the prefill's wall time and expert bytes copied (twice, after an untimed warm-up of two chunks), with the
 cache's kept layers and without them where the cache holds fewer blocks than the model has layers, then a
 torch.profiler view of one prefill: the GPU's busy time by kind of kernel, the host-to-device copies, the
-kernels that took longest, and the wall time the GPU was idle.
+kernels that took longest, and the wall time the GPU was idle; then cProfile's view of one more prefill: the
+host's functions by their own time, where the host spends what the GPU waits for.
 """
 
 from __future__ import annotations
 
 import argparse
+import cProfile
+import pstats
 import time
 
 import torch
@@ -97,6 +100,12 @@ def main() -> None:
     print("longest kernels (self CUDA time, s; calls):")
     for event in sorted(events, key=lambda e: -e.self_device_time_total)[:14]:
         print(f"  {event.self_device_time_total / 1e6:8.3f}  {event.count:6d}  {event.key[:96]}")
+    host = cProfile.Profile()
+    host.enable()
+    wall, _ = prefill(model, args.tokens, chunk, 5)
+    host.disable()
+    print(f"host profile of one prefill (wall {wall:.3f} s under cProfile), by own time:")
+    pstats.Stats(host).sort_stats("tottime").print_stats(18)
     print(measured_peak())
 
 
