@@ -20,6 +20,9 @@
 #   prefill   a Gated DeltaNet layer's prefill chunk on this tree and OLD_TREE (time, peak against the plan's
 #             term), its workspace test, then 4gb prefill 4,096 (first: it pays the compile), 512 and 16,384,
 #             uniform routing, auto
+#   redesign  issue 23's before and after in one call: OLD_TREE (default .old-tree; for issue 23 `git archive 7442f9f
+#             engine`, the tree before the decode redesign) and this tree, each at PRESETS (default "4gb 8gb 12gb";
+#             about 90 s a bench: two presets a call), prefill 4,096, decode 128 after it, uniform, every backend
 #   laptop    the field report's laptop emulated (issue 22): 4gb, expert copies held to 6.5 GB/s (PCIe 4.0 x4),
 #             8 CPU threads, records pinned then pageable, every backend and auto, decode 64 after 4,096
 # Run from the repository root on a CUDA machine, e.g. `bash tools/gpu/issue19_runs.sh 12gb 4gb`; results go
@@ -108,6 +111,20 @@ for part in "$@"; do
             timeout 120 python3 -m pytest -q -p no:cacheprovider gpu_tests/test_gdn_workspace.py 2>&1 | tail -3
             bench prefill_4gb "${LIMIT:-300}" --preset 4gb --prompt-tokens 4096,512,16384 --decode-after 4096 \
                 --decode-tokens 32 --decode-inputs random --routing uniform --expert-backends auto ;;
+        redesign)  # `python -m` imports the engine of the folder it starts in, so each tree runs from its own
+            out=$(cd "$OUT" && pwd)
+            for preset in ${PRESETS:-4gb 8gb 12gb}; do
+                for tree in before after; do
+                    root=$PWD name=redesign_${preset}_$tree started=$SECONDS
+                    [ "$tree" = before ] && root=${OLD_TREE:-$PWD/.old-tree}
+                    (cd "$root" && timeout "${LIMIT:-150}" python3 -m engine bench --synthetic "$MODEL" --json \
+                        --preset "$preset" --prompt-tokens 4096 --decode-after 4096 --decode-tokens 128 \
+                        --decode-inputs random --routing uniform --expert-backends offload,cpu,hybrid,auto \
+                        > "$out/bench_$name.json" 2> "$out/bench_$name.err")
+                    echo "bench $name rc=$? in $((SECONDS - started)) s"
+                    python3 tools/gpu/summarise.py "$OUT/bench_$name.json" "$OUT/bench_$name.err"
+                done
+            done ;;
         laptop)
             for records in pinned pageable; do
                 # shellcheck disable=SC2046
