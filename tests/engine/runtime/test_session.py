@@ -1,6 +1,5 @@
 """Chat sessions: streaming events, reasoning split, stop strings, cancel, multi-turn reuse, rollback."""
 
-
 import pytest
 import torch
 
