@@ -109,6 +109,12 @@ CASES = {
         {"BLOCK_DV": 128, "BLOCK_C": 256, "BLOCK_K": 4},
         ("eps",),
     ),
+    "gdn recurrence": (
+        triton_gdn._recurrence_kernel,
+        {name: "*fp32" for name in ("u_ptr", "w_ptr", "k_ptr", "decay_ptr", "states_ptr")},
+        {"BLOCK_L": 64, "BLOCK_DK": 128, "BLOCK_DV": 32},
+        (),
+    ),
     "decode attention": _decode_attention_case(fp8=False),
     "decode attention fp8": _decode_attention_case(fp8=True),
     "decode attention merge": (

@@ -64,7 +64,21 @@ def causal_conv1d(x: torch.Tensor, conv_state: torch.Tensor, weight: torch.Tenso
     return F.silu(out[0].t())
 
 
-def gated_delta_rule(q, k, v, g, beta, state):
+def delta_chunk_states(new_v, w, k_to_end, end_decay, s):
+    """The chunked rule's one sequential part: from the state s [H, Dk, Dv], turn each chunk's U (new_v [N, H, L,
+    Dv], in place) into u = U - W S and carry S to the next chunk, S <- end_decay S + K_to_end u. w [N, H, L, Dk],
+    k_to_end [N, H, Dk, L], end_decay [N, H, 1, 1]. Returns the states entering each chunk and the last one's
+    result, [N + 1, H, Dk, Dv]."""
+    states = s.new_empty(new_v.shape[0] + 1, *s.shape)
+    states[0] = s
+    for chunk in range(new_v.shape[0]):
+        new_v[chunk].baddbmm_(w[chunk], states[chunk], alpha=-1.0)
+        torch.mul(states[chunk], end_decay[chunk], out=states[chunk + 1])
+        states[chunk + 1].baddbmm_(k_to_end[chunk], new_v[chunk])
+    return states
+
+
+def gated_delta_rule(q, k, v, g, beta, state, recurrence=delta_chunk_states):
     """Gated delta rule over T tokens, continuing from `state` [Hv, Dk, Dv] (updated in place).
 
     q, k: [T, Hv, Dk] (already L2-normalised; q already scaled); v: [T, Hv, Dv];
@@ -84,7 +98,8 @@ def gated_delta_rule(q, k, v, g, beta, state):
         whole = end - (end - start) % GDN_CHUNK
         for first, last, length in ((start, whole, GDN_CHUNK), (whole, end, end - whole)):
             if last > first:  # the whole chunks together, then a shorter last one
-                o, s = _delta_chunks(*(_chunk_major(t[first:last], length) for t in (q, k, v, g, beta)), s)
+                chunked = (_chunk_major(t[first:last], length) for t in (q, k, v, g, beta))
+                o, s = _delta_chunks(*chunked, s, recurrence)
                 out[first:last].unflatten(0, (-1, length)).copy_(o.transpose(1, 2))
     state.copy_(s)
     return out
@@ -111,12 +126,14 @@ def gated_deltanet(
     value_heads,
     key_dim,
     value_dim,
+    recurrence=delta_chunk_states,
 ):
     """A Gated DeltaNet layer between its input and output projections, as GatedDeltaNet composes it.
 
     qkv [T, conv channels], z [T, value heads * value dim], b, a [T, value heads] are the projections (activation
     dtype); conv_state [channels, K-1] and recurrent [value heads, key dim, value dim] (float32) are updated in
-    place. Returns the gated, normalised o [T, value heads * value dim] in qkv's dtype.
+    place. Returns the gated, normalised o [T, value heads * value dim] in qkv's dtype. `recurrence`: the chunked
+    rule's sequential part (delta_chunk_states).
     """
     tokens, keys = qkv.shape[0], key_heads * key_dim
     qkv = causal_conv1d(qkv, conv_state, conv_weight)
@@ -132,22 +149,23 @@ def gated_deltanet(
     v = v.view(tokens, value_heads, value_dim)
     beta = torch.sigmoid(b.float())
     decay = -a_log.exp() * F.softplus(a.float() + dt_bias)
-    out = gated_delta_rule(q, k, v, decay, beta, recurrent).to(qkv.dtype)
+    out = gated_delta_rule(q, k, v, decay, beta, recurrent, recurrence).to(qkv.dtype)
     del q, k, v  # the norm's float32 temporaries take their place
     z = z.reshape(tokens, value_heads, value_dim)
     out = rms_norm(out, norm_weight, eps, 0.0) * F.silu(z.float()).to(qkv.dtype)
     return out.reshape(tokens, -1)
 
 
-def _delta_chunks(q, k, v, g, beta, s):
+def _delta_chunks(q, k, v, g, beta, s, recurrence=delta_chunk_states):
     """Run the rule over N chunks of L tokens each ([N, H, L, ...]) from the state s [H, Dk, Dv], in closed form.
 
     With G the inclusive cumulative log-decay inside a chunk and A strictly lower triangular with
     A_ij = beta_i exp(G_i - G_j) k_i.k_j, the values a chunk writes to its entering state S are
     u = U - W S, where U = (I + A)^-1 diag(beta) V and W = (I + A)^-1 diag(beta exp(G)) K do not depend on S;
     then o_i = exp(G_i) S^T q_i + sum_{j<=i} exp(G_i - G_j)(q_i.k_j) u_j. Everything but u and the states is
-    computed for all chunks at once, so the loop over chunks is three small kernels a chunk.
-    Returns o [N, H, L, Dv] and the state after the last chunk; k is overwritten.
+    computed for all chunks at once; the loop over chunks is `recurrence` (delta_chunk_states' contract: three
+    small kernels a chunk in the reference, one kernel in all on CUDA). Returns o [N, H, L, Dv] and the state
+    after the last chunk; k is overwritten.
     """
     chunks, length = k.shape[0], k.shape[2]
     cum = g.cumsum(dim=-1)  # [N, H, L]
@@ -164,12 +182,7 @@ def _delta_chunks(q, k, v, g, beta, s):
     scores = decay.mul_(q @ k.transpose(-1, -2))  # exp(G_i - G_j) q_i.k_j, j <= i
     k_to_end = k.mul_((cum[..., -1:] - cum).exp()[..., None]).transpose(-1, -2)  # each key decayed to its chunk's end
     end_decay = cum[..., -1].exp()[..., None, None]  # [N, H, 1, 1]
-    states = s.new_empty(chunks + 1, *s.shape)  # the state entering each chunk, and the last one's result
-    states[0] = s
-    for chunk in range(chunks):
-        new_v[chunk].baddbmm_(w[chunk], states[chunk], alpha=-1.0)
-        torch.mul(states[chunk], end_decay[chunk], out=states[chunk + 1])
-        states[chunk + 1].baddbmm_(k_to_end[chunk], new_v[chunk])
+    states = recurrence(new_v, w, k_to_end, end_decay, s)
     del w
     o = (q @ states[:chunks]).mul_(cum.exp()[..., None])
     o.flatten(0, 1).baddbmm_(scores.flatten(0, 1), new_v.flatten(0, 1))

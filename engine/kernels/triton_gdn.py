@@ -1,5 +1,7 @@
 """One Gated DeltaNet decode step (a single token) in two Triton kernels, for CUDA: the reference composition
-launches ~50 small kernels a layer, which cost more than the work itself whether launched or replayed.
+launches ~50 small kernels a layer, which cost more than the work itself whether launched or replayed. A prompt
+chunk runs the reference's chunked rule with its one sequential part, the state carried from chunk to chunk, in a
+third kernel (_recurrence_kernel) instead of three small launches a 64-token chunk.
 
 Same contract, float32 arithmetic and rounding points as reference.gated_deltanet:
   1. _delta_kernel, one program per (value head, block of value columns): the causal conv + SiLU of the channels it
@@ -191,6 +193,7 @@ def gated_deltanet(
             value_heads,
             key_dim,
             value_dim,
+            delta_chunk_states,
         )
     channels, values = qkv.shape[1], value_heads * value_dim
     o = torch.empty(values, dtype=qkv.dtype, device=qkv.device)
@@ -235,3 +238,93 @@ def gated_deltanet(
         num_warps=4,
     )
     return out
+
+
+@triton.jit
+def _recurrence_kernel(
+    u_ptr,
+    w_ptr,
+    k_ptr,
+    decay_ptr,
+    states_ptr,
+    chunks,
+    heads,
+    length,
+    key_dim,
+    value_dim,
+    k_stride_n,
+    k_stride_h,
+    k_stride_d,
+    k_stride_l,
+    BLOCK_L: tl.constexpr,
+    BLOCK_DK: tl.constexpr,
+    BLOCK_DV: tl.constexpr,
+):
+    """One program per (head, block of value columns): its slice of the state in registers, chunk after chunk
+    u = U - W S (written over U), then S <- decay S + K_to_end u, each state stored as reference.delta_chunk_states
+    returns it. The dots are in IEEE float32, as the reference's matmuls."""
+    head = tl.program_id(0)
+    cols = tl.program_id(1) * BLOCK_DV + tl.arange(0, BLOCK_DV)
+    col_in = cols < value_dim
+    tokens = tl.arange(0, BLOCK_L)
+    token_in = tokens < length
+    dk = tl.arange(0, BLOCK_DK)
+    dk_in = dk < key_dim
+    state_at = head * key_dim * value_dim + dk[:, None] * value_dim + cols[None, :]
+    state_in = dk_in[:, None] & col_in[None, :]
+    state = tl.load(states_ptr + state_at, mask=state_in, other=0.0)
+    state_step = heads * key_dim * value_dim
+    for chunk in range(chunks):
+        first = (chunk * heads + head) * length
+        w = tl.load(
+            w_ptr + (first + tokens[:, None]) * key_dim + dk[None, :],
+            mask=token_in[:, None] & dk_in[None, :],
+            other=0.0,
+        )
+        u_at = (first + tokens[:, None]) * value_dim + cols[None, :]
+        u_in = token_in[:, None] & col_in[None, :]
+        u = tl.load(u_ptr + u_at, mask=u_in, other=0.0) - tl.dot(w, state, input_precision="ieee")
+        tl.store(u_ptr + u_at, u, mask=u_in)
+        k_to_end = tl.load(
+            k_ptr + chunk * k_stride_n + head * k_stride_h + dk[:, None] * k_stride_d + tokens[None, :] * k_stride_l,
+            mask=dk_in[:, None] & token_in[None, :],
+            other=0.0,
+        )
+        decay = tl.load(decay_ptr + chunk * heads + head)
+        state = state * decay + tl.dot(k_to_end, u, input_precision="ieee")
+        tl.store(states_ptr + (chunk + 1) * state_step + state_at, state, mask=state_in)
+
+
+def delta_chunk_states(new_v, w, k_to_end, end_decay, s):
+    """reference.delta_chunk_states in one launch: the states entering each chunk and the last one's result."""
+    chunks, heads, length, value_dim = new_v.shape
+    key_dim = w.shape[-1]
+    tensors = (new_v, w, k_to_end, end_decay, s)
+    if (
+        key_dim > MAX_KEY_DIM
+        or any(t.dtype != torch.float32 for t in tensors)
+        or not (new_v.is_contiguous() and w.is_contiguous() and s.is_contiguous())
+    ):
+        return reference.delta_chunk_states(*tensors)
+    states = s.new_empty(chunks + 1, *s.shape)
+    states[0] = s
+    block_dk = max(16, triton.next_power_of_2(key_dim))  # tl.dot takes blocks of 16 or more
+    block_dv = max(16, min(triton.next_power_of_2(value_dim), 4096 // block_dk))  # ~4K state elements a program
+    _recurrence_kernel[(heads, triton.cdiv(value_dim, block_dv))](
+        new_v,
+        w,
+        k_to_end,
+        end_decay.reshape(chunks, heads).contiguous(),
+        states,
+        chunks,
+        heads,
+        length,
+        key_dim,
+        value_dim,
+        *k_to_end.stride(),
+        BLOCK_L=max(16, triton.next_power_of_2(length)),
+        BLOCK_DK=block_dk,
+        BLOCK_DV=block_dv,
+        num_warps=8,
+    )
+    return states

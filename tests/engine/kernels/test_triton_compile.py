@@ -33,6 +33,7 @@ KERNELS = [
     "rms_norm",
     "gdn delta",
     "gdn gate norm",
+    "gdn recurrence",
     "decode attention",
     "decode attention fp8",
     "decode attention merge",

@@ -123,16 +123,35 @@ def test_a_zero_state_and_extreme_gates():
         assert _close(got, expected, 1e-5)
 
 
-def test_more_than_one_token_goes_to_the_reference():
-    _, value_heads, _, value_dim, _ = SHAPES["tiny"]
+@pytest.mark.parametrize("tokens", [3, 70, 150])
+def test_a_prompt_chunk_equals_the_reference(tokens):
+    """More than one token runs the reference's chunked rule with its recurrence in one kernel: the same output and
+    states, to float32 rounding (64-token chunks and a shorter last one)."""
+    _, value_heads, _, value_dim, _ = SHAPES["odd-dims"]
     gen = torch.Generator().manual_seed(4)
-    params = {name: t.to(DEVICE) for name, t in _parameters(gen, *SHAPES["tiny"]).items()}
+    params = {name: t.to(DEVICE) for name, t in _parameters(gen, *SHAPES["odd-dims"]).items()}
     channels = params["conv_weight"].shape[0]
-    qkv = torch.randn(3, channels, generator=gen).to(DEVICE)
-    z = torch.randn(3, value_heads * value_dim, generator=gen).to(DEVICE)
-    b, a = torch.randn(2, 3, value_heads, generator=gen).to(DEVICE)
-    for got, expected in zip(*_both_steps(qkv, z, b, a, params, SHAPES["tiny"], torch.ones)):
-        assert torch.equal(got, expected)
+    qkv = torch.randn(tokens, channels, generator=gen).to(DEVICE)
+    z = torch.randn(tokens, value_heads * value_dim, generator=gen).to(DEVICE)
+    b, a = torch.randn(2, tokens, value_heads, generator=gen).to(DEVICE)
+    for got, expected in zip(*_both_steps(qkv, z, b, a, params, SHAPES["odd-dims"], torch.ones)):
+        assert _close(got, expected, TOLERANCE[torch.float32])
+
+
+@pytest.mark.parametrize("chunks, heads, length, key_dim, value_dim", [(3, 2, 64, 32, 48), (1, 3, 20, 16, 16)])
+def test_the_recurrence_kernel_equals_the_reference_loop(chunks, heads, length, key_dim, value_dim):
+    gen = torch.Generator().manual_seed(chunks + length)
+    new_v = torch.randn(chunks, heads, length, value_dim, generator=gen).to(DEVICE)
+    w = (0.2 * torch.randn(chunks, heads, length, key_dim, generator=gen)).to(DEVICE)
+    k = (0.2 * torch.randn(chunks, heads, length, key_dim, generator=gen)).to(DEVICE)
+    end_decay = torch.rand(chunks, heads, 1, 1, generator=gen).to(DEVICE)
+    s = torch.randn(heads, key_dim, value_dim, generator=gen).to(DEVICE)
+    expected_v = new_v.clone()
+    expected = reference.delta_chunk_states(expected_v, w, k.transpose(-1, -2), end_decay, s)
+    got = triton_gdn.delta_chunk_states(new_v, w, k.transpose(-1, -2), end_decay, s)
+    assert got.shape == (chunks + 1, heads, key_dim, value_dim)
+    assert _close(got, expected, 1e-5) and _close(new_v, expected_v, 1e-5)
+    assert not torch.equal(got[-1], s)  # the state moved
 
 
 def _both_steps(qkv, z, b, a, params, shape, fill):
