@@ -296,17 +296,10 @@ def run_bench(
     routing = force_routing(model, modes[0], seed) if modes != [MODEL_ROUTING] else None
     if routing is not None and slots:
         result["uniform_floor_hit_rate"] = min(1.0, slots / (len(packed) * model.config.num_experts))
-    # Untimed: a chunk and a few tokens compile and load every kernel, so no row pays for it
-    measure(
-        model,
-        device,
-        min(chunk, max(prompt_lengths)),
-        2,
-        chunk,
-        seed + 1,
-        plan.kv_tokens if plan is not None else None,
-        routing=routing,
-    )
+    # Untimed: a chunk, the shortest prompt and a few tokens compile and load the kernels the rows use (their
+    # tile shapes follow the rows an expert gets), so no row pays for it, as llama-bench warms each test
+    for warm in sorted({min(chunk, max(prompt_lengths)), min(chunk, min(prompt_lengths))}, reverse=True):
+        measure(model, device, warm, 2, chunk, seed + 1, plan.kv_tokens if plan is not None else None, routing=routing)
     for length in prompt_lengths:
         decodes = decode_after is None or length in decode_after
         for mode in modes:
