@@ -73,8 +73,14 @@ def _decode_attention_case(fp8: bool):
         "m_ptr": "*fp32",
         "l_ptr": "*fp32",
     }
-    sizes = {"GROUP": 8, "GROUP_PAD": 16, "D": 256, "DV": 256, "BLOCK_N": 64, "SPLITS": 32, "PRECISION": "tf32"}
-    return triton_attention._split_kernel, pointers, {**sizes, "FP8": fp8}, ("scale",)
+    sizes = {"GROUP": 8, "GROUP_PAD": 16, "D": 256, "DV": 256, "SPLITS": 32, "FP8": fp8}
+
+    def launched(capability):  # what decode_attention launches on that card: TF32 from Ampere on, else IEEE
+        precision = "tf32" if capability >= 80 else "ieee"
+        block_n, warps = triton_attention.TILES[precision]
+        return {**sizes, "PRECISION": precision, "BLOCK_N": block_n}, {"num_warps": warps}
+
+    return triton_attention._split_kernel, pointers, launched, ("scale",)
 
 
 CASES = {
@@ -112,7 +118,10 @@ CASES = {
     "gdn recurrence": (
         triton_gdn._recurrence_kernel,
         {name: "*fp32" for name in ("u_ptr", "w_ptr", "k_ptr", "decay_ptr", "states_ptr")},
-        {"BLOCK_L": 64, "BLOCK_DK": 128, "BLOCK_DV": 32},
+        lambda capability: (
+            {"BLOCK_L": 64, "BLOCK_DK": 128, "BLOCK_DV": 32},
+            {"num_warps": 8, "num_stages": triton_gdn.RECURRENCE_STAGES},
+        ),
         (),
     ),
     "decode attention": _decode_attention_case(fp8=False),
@@ -216,16 +225,20 @@ CASES = {
 
 
 def main(capabilities):
-    for case, (kernel, pointers, constexprs, floats) in CASES.items():
+    for case, (kernel, pointers, sizes, floats) in CASES.items():
         for capability in capabilities:
+            # a case's sizes are its constexprs, or a function of the card giving them and the launch's options
+            constexprs, options = sizes(capability) if callable(sizes) else (sizes, {})
             source = ASTSource(
                 fn=kernel, signature=_signature(kernel, pointers, constexprs, floats), constexprs=constexprs
             )
             try:
-                ptx = triton.compile(source, target=GPUTarget("cuda", capability, 32)).asm["ptx"]
+                compiled = triton.compile(source, target=GPUTarget("cuda", capability, 32), options=options)
+                ptx = compiled.asm["ptx"]
                 result = {
                     "ptx_target": f".target sm_{capability}" in ptx,
                     "hopper_only": "wgmma" in ptx or "cp.async.bulk" in ptx,
+                    "shared_bytes": compiled.metadata.shared,
                 }
             except Exception as error:  # reported, so the test names the kernel that failed
                 result = {"error": f"{type(error).__name__}: {error}"[:2000]}

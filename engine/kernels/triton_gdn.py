@@ -25,6 +25,9 @@ L2_EPS = tl.constexpr(1e-6)  # inside the sqrt, as GatedDeltaNet's l2_normalise
 SOFTPLUS_THRESHOLD = tl.constexpr(20.0)  # F.softplus returns x itself above it
 MAX_KEY_DIM = 256  # a program holds a [key dim, BLOCK_DV] slice of the state in registers
 MAX_VALUE_DIM = 4096  # a whole head's o in registers for its norm
+# Each chunk needs the state the one before wrote, so there is nothing to pipeline; more stages would multiply the
+# recurrence's shared memory past what sm_86 cards have
+RECURRENCE_STAGES = 1
 
 
 @triton.jit
@@ -326,5 +329,6 @@ def delta_chunk_states(new_v, w, k_to_end, end_decay, s):
         BLOCK_DK=block_dk,
         BLOCK_DV=block_dv,
         num_warps=8,
+        num_stages=RECURRENCE_STAGES,
     )
     return states

@@ -54,6 +54,10 @@ KERNELS = [
 ]
 
 
+# The most shared memory a block may take: Turing's 64 KiB, Ampere consumer cards' (sm_86) 99 KiB
+SHARED_BYTES = {75: 64 * 1024, 86: 99 * 1024}
+
+
 def test_every_kernel_is_checked(compiled):
     assert {case for case, _ in compiled} == set(KERNELS)
 
@@ -64,3 +68,4 @@ def test_kernel_compiles_for_consumer_cards(compiled, case, capability):
     row = compiled[case, capability]
     assert "error" not in row, row.get("error")
     assert row["ptx_target"] and not row["hopper_only"]
+    assert row["shared_bytes"] <= SHARED_BYTES[capability], f"{row['shared_bytes']} bytes of shared memory a block"
