@@ -19,6 +19,8 @@
 #             every expert on the CPU, with the peak of each (to choose UB for the preset parts)
 #   ours4gb|ours8gb|ours12gb   MoE Desk's bench at the preset: prompts 4,096 (first: it pays the compile), 512
 #             and 16,384, decode 128 after 4,096, uniform routing, every backend and auto, 16 threads
+#             HF=1 adds the transformers + accelerate row (--hf-baseline; carry .whl/hf, the cp312 wheels of
+#             transformers 5.24.0, accelerate 1.15.0 and their dependencies but torch and numpy)
 #   ourslaptop   tools/gpu/issue19_runs.sh laptop: 4gb, 6.5 GB/s link, 8 threads, records pinned then pageable
 # Results go to $OUT (default ./gpu-results): llama_<part>_{probe,prefill,decode}.json (llama-bench's JSON),
 # .err (its stderr), .vram (peak bytes above the idle GPU), llama_<preset|laptop>_fit.json (the N, the budget);
@@ -62,6 +64,19 @@ measured() {  # name, time limit, llama-bench options: runs it while sampling me
 
 over() {  # name, budget GiB: true if that run's measured peak is over the budget (false if unmeasured)
     awk -v budget="$2" 'NR == 1 { over = $1 > budget * 2^30 } END { exit !over }' "$OUT/llama_$1.vram"
+}
+
+HF_SITE=/tmp/hf-site
+hf_site() {  # transformers and accelerate for --hf-baseline: the wheels of .whl/hf this machine lacks, in $HF_SITE
+    local wheel dist
+    mkdir -p "$HF_SITE"
+    for wheel in .whl/hf/*.whl; do
+        dist=$(basename "$wheel" | cut -d- -f1)
+        python3 -c 'import importlib.metadata as m, sys; m.version(sys.argv[1])' "$dist" 2> /dev/null \
+            || python3 -m pip install -q --no-index --no-deps --target "$HF_SITE" "$wheel"
+    done
+    PYTHONPATH=$PWD:$HF_SITE python3 -c 'import transformers, accelerate' \
+        || { echo "hf_site: transformers or accelerate will not import; carry .whl/hf (pip download, see docs)"; return 1; }
 }
 
 known_fit() {  # preset: "N UB" from FITS (e.g. FITS="4gb:40:1024 12gb:24:2048"), or nothing
@@ -131,10 +146,11 @@ for part in "$@"; do
                 measured "ub$ub" "${LIMIT:-120}" -ncmoe "$PROBE_N" -t 16 -ub "$ub" -b "$ub" -p 4096 -n 0 -r 1
             done ;;
         ours4gb|ours8gb|ours12gb)  # the table's prompts and decode, uniform routing, every backend and auto
-            started=$SECONDS preset=${part#ours}
-            timeout "${LIMIT:-240}" python3 -m engine bench --synthetic qwen3.6-35b-a3b-nvfp4 --json --preset "$preset" \
-                --prompt-tokens 4096,512,16384 --decode-after 4096 --decode-tokens 128 --decode-inputs random \
-                --routing uniform --expert-backends offload,cpu,hybrid,auto \
+            started=$SECONDS preset=${part#ours} baseline=()
+            [ -n "${HF:-}" ] && hf_site && baseline=(--hf-baseline)
+            PYTHONPATH=$PWD:$HF_SITE timeout "${LIMIT:-240}" python3 -m engine bench --synthetic qwen3.6-35b-a3b-nvfp4 \
+                --json --preset "$preset" --prompt-tokens 4096,512,16384 --decode-after 4096 --decode-tokens 128 \
+                --decode-inputs random --routing uniform --expert-backends offload,cpu,hybrid,auto "${baseline[@]}" \
                 > "$OUT/bench_$preset.json" 2> "$OUT/bench_$preset.err"
             echo "bench $preset rc=$? in $((SECONDS - started)) s"
             python3 tools/gpu/summarise.py "$OUT/bench_$preset.json" "$OUT/bench_$preset.err" ;;
