@@ -19,6 +19,7 @@ from engine.kernels import (
     triton_linear_launch,
     triton_link,
     triton_norm,
+    triton_prefill_attention,
     triton_router,
     triton_slots,
 )
@@ -58,6 +59,19 @@ def _linear_case(fmt, gemv, table, swiglu=False):
     )
     assert tuple(constexprs) == triton_linear_launch._CONSTEXPR_NAMES
     return triton_linear_kernel.linear_kernel, pointers, constexprs, ()
+
+
+def _prefill_attention_case():
+    """The FP8 prefill attention kernel at Qwen3.6's head sizes, with the tiles it launches on that card."""
+    pointers = {"q_ptr": "*bf16", "k_ptr": "*u8", "v_ptr": "*u8", "scales_ptr": "*fp32", "out_ptr": "*bf16"}
+
+    def launched(capability):
+        precision = "tf32" if capability >= 80 else "ieee"
+        block_m, block_n, warps = triton_prefill_attention.TILES[precision]
+        constexprs = {"GROUP": 8, "D": 256, "DV": 256, "BLOCK_M": block_m, "BLOCK_N": block_n, "PRECISION": precision}
+        return constexprs, {"num_warps": warps, "num_stages": triton_prefill_attention.STAGES}
+
+    return triton_prefill_attention._prefill_kernel, pointers, launched, ("scale",)
 
 
 def _decode_attention_case(fp8: bool):
@@ -124,6 +138,7 @@ CASES = {
         ),
         (),
     ),
+    "prefill attention fp8": _prefill_attention_case(),
     "decode attention": _decode_attention_case(fp8=False),
     "decode attention fp8": _decode_attention_case(fp8=True),
     "decode attention merge": (

@@ -79,8 +79,8 @@ def gated_deltanet(
 
 def causal_attention(q, k, v, scale, kv_scales=None):
     """Grouped-query causal attention of q [T, Hq, D], the last T positions of k, v [S, Hkv, D]. With kv_scales
-    ([2, Hkv] float32), k and v are an FP8 cache's e4m3 bytes, dequantised a block at a time
-    (reference.fp8_causal_attention)."""
+    ([2, Hkv] float32), k and v are an FP8 cache's e4m3 bytes, decoded a block at a time
+    (reference.fp8_causal_attention; on CUDA one Triton kernel)."""
     if kv_scales is not None:
         return _kernel("fp8_causal_attention", q)(q, k, v, scale, kv_scales)
     return _kernel("causal_attention", q)(q, k, v, scale)
@@ -180,6 +180,7 @@ def _register_cuda_kernels() -> None:
             triton_gdn,
             triton_linear,
             triton_norm,
+            triton_prefill_attention,
             triton_router,
             triton_slots,
         )
@@ -192,6 +193,7 @@ def _register_cuda_kernels() -> None:
     register("cuda", triton_combine, ["combine_experts"])
     register("cuda", triton_attention, ["decode_attention", "decode_attention_capturable"])
     register("cuda", triton_gdn, ["gated_deltanet"])
+    register("cuda", triton_prefill_attention, ["fp8_causal_attention"])
     register("cuda", triton_norm, ["rms_norm"])
     register("cuda", triton_linear, ["linear", "grouped_linear", "slot_linear", "slot_linear_capturable"])
 

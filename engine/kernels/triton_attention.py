@@ -8,10 +8,10 @@ caches keys [capacity, Hkv, D] and values [capacity, Hkv, Dv], query head h read
 Flash decoding in two kernels: the keys are cut into `splits` ranges (enough programs to fill the GPU at any
 length), each program takes one KV head and one range and keeps an online softmax for the KV head's query
 heads together, so each key is read once; the second kernel merges the ranges. Scores and sums are float32; the
-dots take TF32 tensor cores for 16-bit and FP8 caches on Ampere and up, IEEE float32 otherwise (_dot_precision).
+dots take TF32 tensor cores for 16-bit and FP8 caches on Ampere and up, IEEE float32 otherwise (dot_precision).
 
 An FP8 cache (e4m3 bytes, one key and one value scale per KV head) is read as bytes and decoded by bit
-manipulation (_e4m3_to_float32), not by the fp8 conversion instructions of sm_89 and up, so Turing and Ampere
+manipulation (e4m3_to_float32), not by the fp8 conversion instructions of sm_89 and up, so Turing and Ampere
 run it; a program's KV head has one scale, so the key scale multiplies the scores and the value scale the sums.
 """
 
@@ -32,7 +32,7 @@ MERGE = 16  # ranges the merge kernel reads at a time
 
 
 @triton.jit
-def _e4m3_to_float32(raw):
+def e4m3_to_float32(raw):
     """Float32 values of e4m3fn bytes (uint8): sign, 4 exponent bits (bias 7), 3 mantissa bits, no infinities,
     0x7F/0xFF NaN; the exponent is rebiased into a float32's bits, subnormals (exponent 0) are mantissa x 2^-9."""
     bits = raw.to(tl.int32)
@@ -92,7 +92,7 @@ def _split_kernel(
         keys = tl.load(
             k_ptr + n[:, None].to(tl.int64) * stride_kn + head * stride_kh + d[None, :], mask=valid[:, None], other=0
         )
-        keys = _e4m3_to_float32(keys) if FP8 else keys.to(tl.float32)
+        keys = e4m3_to_float32(keys) if FP8 else keys.to(tl.float32)
         scores = tl.dot(q, tl.trans(keys), input_precision=PRECISION) * key_scale
         scores = tl.where(valid[None, :], scores, float("-inf"))
         m_new = tl.maximum(m, tl.max(scores, axis=1))
@@ -102,7 +102,7 @@ def _split_kernel(
         values = tl.load(
             v_ptr + n[:, None].to(tl.int64) * stride_vn + head * stride_vh + dv[None, :], mask=valid[:, None], other=0
         )
-        values = _e4m3_to_float32(values) if FP8 else values.to(tl.float32)
+        values = e4m3_to_float32(values) if FP8 else values.to(tl.float32)
         acc = acc * alpha[:, None] + tl.dot(p, values, input_precision=PRECISION)
         m = m_new
     keep = g < GROUP
@@ -137,7 +137,7 @@ def _splits(device: torch.device) -> int:
     return min(MAX_SPLITS, triton.next_power_of_2(sms))
 
 
-def _dot_precision(keys: torch.Tensor) -> str:
+def dot_precision(keys: torch.Tensor) -> str:
     """TF32 tensor cores (Ampere and up) for 16-bit and FP8 caches: a bf16, fp16 or e4m3 key converts to TF32
     exactly, so only the softmax weights round (2^-11, below the bf16 output's rounding); the float32 FMA path took
     188 us at 16,896 keys on the H200 against 9 us of memory traffic. Float32 caches (the reference runs) keep IEEE
@@ -175,7 +175,7 @@ def decode_attention(
     kv_heads, value_dim = keys.shape[1], values.shape[2]
     group = heads // kv_heads
     splits = _splits(q.device)
-    precision = _dot_precision(keys)
+    precision = dot_precision(keys)
     block_n, warps = TILES[precision]
     q = q.reshape(heads, dim).contiguous()
     acc = torch.empty(heads, splits, value_dim, dtype=torch.float32, device=q.device)

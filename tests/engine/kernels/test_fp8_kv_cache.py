@@ -19,7 +19,7 @@ from engine.runtime.planner import GIB, footprint_from_synthetic, plan_memory
 triton = pytest.importorskip("triton", reason="Triton ships for Linux; the Windows app runs the reference kernels")
 tl = triton.language
 
-from engine.kernels import triton_attention  # noqa: E402
+from engine.kernels import triton_attention, triton_prefill_attention  # noqa: E402
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 E4M3_STEP = 2.0**-3  # a normal e4m3 value's spacing relative to its binade: rounding is within half of it
@@ -55,7 +55,7 @@ def _fp8_rows(k, v, capacity):
 @triton.jit
 def _decode_bytes(raw_ptr, out_ptr, N: tl.constexpr):
     at = tl.arange(0, N)
-    tl.store(out_ptr + at, triton_attention._e4m3_to_float32(tl.load(raw_ptr + at)))
+    tl.store(out_ptr + at, triton_attention.e4m3_to_float32(tl.load(raw_ptr + at)))
 
 
 def test_e4m3_bit_decoding_is_torchs_conversion_for_every_byte():
@@ -152,6 +152,27 @@ def test_fp8_causal_attention_is_attention_over_the_dequantised_rows(monkeypatch
     assert torch.allclose(got, expected, rtol=1e-5, atol=1e-5)  # the same float32 math, blocked
 
 
+@pytest.mark.parametrize("new, total", [(37, 37), (1, 1), (16, 53), (9, 100), (40, 41)])
+@pytest.mark.parametrize("heads, kv_heads, dim, value_dim", [(8, 2, 32, 16), (4, 4, 16, 32)])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_triton_prefill_attention_reads_the_fp8_cache(new, total, heads, kv_heads, dim, value_dim, dtype):
+    """A prompt chunk over the FP8 cache in one kernel (triton_prefill_attention): blocks of queries and keys with
+    the causal mask crossing them, the earlier chunks' keys before them; NaN bytes beyond the keys never read."""
+    gen = torch.Generator().manual_seed(new * 100 + total + heads)
+    k, v = torch.randn(total, kv_heads, dim, generator=gen), torch.randn(total, kv_heads, value_dim, generator=gen)
+    raw_k, raw_v, scales = _fp8_rows(k, v, total + 20)
+    raw_k[total:] = 0x7F
+    raw_v[total:] = 0x7F
+    q = torch.randn(new, heads, dim, generator=gen).to(DEVICE, dtype)
+    got = triton_prefill_attention.fp8_causal_attention(q, raw_k[:total], raw_v[:total], dim**-0.5, scales)
+    expected = reference.fp8_causal_attention(q.float(), raw_k[:total], raw_v[:total], dim**-0.5, scales)
+    assert got.shape == (new, heads, value_dim) and got.dtype == dtype
+    tolerance = 1e-2  # bf16: the output's rounding
+    if dtype == torch.float32:  # TF32 dots on Ampere and up, as in the decode kernel
+        tolerance = 5e-3 if triton_attention.dot_precision(raw_k) == "tf32" else 1e-5
+    assert torch.allclose(got.float(), expected, rtol=tolerance, atol=tolerance)
+
+
 @pytest.mark.parametrize("heads, kv_heads, dim, value_dim", [(16, 2, 64, 64), (4, 4, 32, 16), (8, 1, 16, 32)])
 @pytest.mark.parametrize("position", [0, 15, 77])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
@@ -172,7 +193,7 @@ def test_triton_decode_attention_reads_the_fp8_cache(heads, kv_heads, dim, value
     assert got.shape == (1, heads, value_dim) and got.dtype == dtype
     tolerance = 1e-2  # bf16: the output's rounding
     if dtype == torch.float32:  # on Ampere and up the kernel's dots run in TF32: q and the weights keep 10 bits
-        tolerance = 5e-3 if triton_attention._dot_precision(raw_k) == "tf32" else 1e-5
+        tolerance = 5e-3 if triton_attention.dot_precision(raw_k) == "tf32" else 1e-5
     assert torch.allclose(got.float(), expected, rtol=tolerance, atol=tolerance)
     on_reference = reference.decode_attention(q, raw_k, raw_v, at, dim**-0.5, scales)
     assert torch.allclose(on_reference.float(), expected, rtol=tolerance, atol=tolerance)

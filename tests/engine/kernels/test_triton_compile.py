@@ -34,6 +34,7 @@ KERNELS = [
     "gdn delta",
     "gdn gate norm",
     "gdn recurrence",
+    "prefill attention fp8",
     "decode attention",
     "decode attention fp8",
     "decode attention merge",
