@@ -108,8 +108,8 @@ def main(argv: list[str] | None = None) -> int:
     from app.main_window import MainWindow
     from app.paths import conversations_db
     from app.settings import AppSettings
-    from app.store_dialog import ask_about_store
     from app.storage import open_conversations
+    from app.store_dialog import ask_about_store
     from app.theme import apply_theme
 
     app = QApplication.instance() or QApplication(sys.argv[:1])

@@ -79,7 +79,8 @@ class DownloadWorker(QObject):
         self._run(request, download=True)
 
     def _run(self, request: dict, download: bool) -> None:
-        from engine.api import DownloadCancelled, Hub, HubError, plan_download, download as download_files
+        from engine.api import DownloadCancelled, Hub, HubError, plan_download
+        from engine.api import download as download_files
 
         control = self._control
         self.busyChanged.emit(True)

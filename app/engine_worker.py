@@ -16,7 +16,6 @@ import traceback
 from pathlib import Path
 
 import torch
-
 from PySide6.QtCore import QObject, QThread, Signal, Slot
 
 DELTA_INTERVAL_S = 0.04  # at most ~25 transcript updates a second: smooth to the eye, cheap for the GUI
@@ -267,11 +266,13 @@ class EngineWorker(QObject):
             ChatSession,
             ChatTokenizer,
             CheckpointError,
-            EngineWorker as EngineQueue,
             ServerContext,
             footprint_from_checkpoint,
             load_placed,
             unix_now,
+        )
+        from engine.api import (
+            EngineWorker as EngineQueue,
         )
 
         self.loadStarted.emit(path)

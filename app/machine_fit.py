@@ -57,7 +57,7 @@ SHORT = {"fits": "✓ fits", "tight": "⚠ tight", "too_big": "✗ too big", "no
 
 
 def judge(footprint, machine: Machine) -> MachineFit:
-    """How the model described by `footprint` (engine.runtime.planner.ModelFootprint) fits `machine`."""
+    """How the model described by `footprint` (engine.runtime.footprint.ModelFootprint) fits `machine`."""
     from engine.api import PlanError, plan_memory
 
     weights = footprint.resident_bytes + footprint.embedding_bytes + footprint.routed_expert_bytes

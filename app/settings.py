@@ -12,7 +12,6 @@ from pathlib import Path
 from PySide6.QtCore import QSettings
 
 from app.paths import data_folder
-
 from engine.api import BACKENDS, DEFAULT_MAX_SNAPSHOTS, SamplingParams
 
 log = logging.getLogger(__name__)

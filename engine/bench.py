@@ -21,12 +21,13 @@ from engine.bench_projection import CHECK_PROMPT, add_ceilings, pcie_bounds, pro
 from engine.checkpoint import Checkpoint, TensorShard
 from engine.checkpoint.source import WeightSource
 from engine.experts.link import LinkLimit, LinkLimitError
+from engine.experts.policy import BackendTrial
 from engine.experts.routing import NOTES as ROUTING_NOTES
 from engine.experts.routing import ForcedRouting, force_routing
-from engine.experts.policy import BackendTrial
 from engine.loader import build_model, expert_executor, kv_dtype
 from engine.models.base import CausalLM
-from engine.runtime.planner import MemoryPlan, footprint_from_synthetic, plan_memory, preset_budget_bytes
+from engine.runtime.footprint import footprint_from_synthetic
+from engine.runtime.planner import MemoryPlan, plan_memory, preset_budget_bytes
 from engine.runtime.vram import cap_process_memory, measured_peak
 from engine.synthetic import SYNTHETIC_MODELS
 from engine.testing.random_weights import random_tensors

@@ -15,8 +15,8 @@ import numpy as np
 import torch
 
 from engine.checkpoint.formats import NVFP4, StoredWeight, fuse_rows
-from engine.kernels.record_layout import RecordLayout
 from engine.kernels import cpu_experts
+from engine.kernels.record_layout import RecordLayout
 
 HIDDEN, INTERMEDIATE = 2048, 512
 RECORDS_BYTES = 640 * 2**20  # the ring of expert records, well past any CPU's last-level cache

@@ -21,7 +21,7 @@ from __future__ import annotations
 import statistics
 from dataclasses import asdict, dataclass
 
-from engine.runtime.planner import ModelFootprint
+from engine.runtime.footprint import ModelFootprint
 
 RUN_GPU_VRAM_BYTES_PER_S = {"H200": 4.8e12, "H100": 3.35e12}  # NVIDIA's figures (SXM) for the runs' GPUs
 DRAM_EFFICIENCY = 0.7  # of a host's peak DRAM bandwidth, what streaming reads reach (STREAM-like)

@@ -9,8 +9,8 @@ from pathlib import Path
 import torch
 
 from engine.checkpoint import Checkpoint
-from engine.checkpoint.source import WeightSource
 from engine.checkpoint.quant_config import QuantSettings, kv_cache_choice
+from engine.checkpoint.source import WeightSource
 from engine.config import read_config
 from engine.experts.executor import CachedExpertExecutor, ReferenceExpertExecutor
 from engine.experts.link import LinkLimit
@@ -18,7 +18,6 @@ from engine.experts.packed import default_pin_budget_bytes
 from engine.models import BUILDERS
 from engine.models.base import CausalLM
 from engine.runtime.graph_runner import attach_graph_runner
-
 
 if sys.platform.startswith("linux"):
     # Grown segments instead of fixed blocks: measured on the H200, fixed blocks left 114 MiB reserved but

@@ -11,8 +11,9 @@ import torch
 
 from engine.loader import load_model
 from engine.runtime import reserve
+from engine.runtime.footprint import footprint_from_checkpoint
 from engine.runtime.placement import gpu_dtype
-from engine.runtime.planner import CUDA_STACK_BYTES_PER_THREAD, MIB, footprint_from_checkpoint, plan_memory
+from engine.runtime.planner import CUDA_STACK_BYTES_PER_THREAD, MIB, plan_memory
 from engine.runtime.vram import cap_process_memory, measured_peak
 
 SPARE_BYTES = 48 * MIB  # beyond the reserve: the tiny model's tensors and a 4,096-token KV cache need a few MiB

@@ -23,10 +23,10 @@ if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 sys.path.insert(0, str(Path(__file__).parent))
 
-from engine.testing.tiny_checkpoints import write_tiny_checkpoint  # noqa: E402
-
 # fixtures shared across modules, registered here so the tests that use them need no import
 from hub_fixtures import fake_hub, hf_home  # noqa: E402, F401
+
+from engine.testing.tiny_checkpoints import write_tiny_checkpoint  # noqa: E402
 
 try:
     from remote_fixtures import fake_api, remote, server  # noqa: E402, F401

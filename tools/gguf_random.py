@@ -40,9 +40,8 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-import numpy as np
-
 import gguf
+import numpy as np
 
 from engine.synthetic import QWEN3_6_TEXT_CONFIG
 

@@ -40,8 +40,8 @@ from PySide6.QtWidgets import (
 )
 
 from app.download_worker import start_download_worker
-from app.paths import download_folder
 from app.machine_fit import Machine, MachineFit, judge, judge_weights
+from app.paths import download_folder
 from app.system_info import format_bytes
 from engine.api import (
     CONFIG_FILE,

@@ -9,7 +9,6 @@ controls cannot hold an invalid value and are saved as they change.
 
 from __future__ import annotations
 
-
 from PySide6.QtCore import Qt, Signal
 from PySide6.QtWidgets import (
     QCheckBox,

@@ -8,11 +8,11 @@ import re
 from collections import defaultdict
 
 from markdown_it import MarkdownIt
-from PySide6.QtCore import QUrl
-from PySide6.QtGui import QColor, QDesktopServices, QFont, QSyntaxHighlighter, QTextCharFormat, QTextDocument
 from pygments.lexers import get_lexer_by_name
 from pygments.styles import get_style_by_name
 from pygments.util import ClassNotFound
+from PySide6.QtCore import QUrl
+from PySide6.QtGui import QColor, QDesktopServices, QFont, QSyntaxHighlighter, QTextCharFormat, QTextDocument
 
 from app.theme import theme_colours
 

@@ -27,14 +27,8 @@ def register(commands) -> None:
 
 
 def run_plan(args) -> int:
-    from engine.runtime.planner import (
-        REFERENCE_CARD,
-        PlanError,
-        footprint_from_checkpoint,
-        footprint_from_synthetic,
-        plan_memory,
-        preset_budget_bytes,
-    )
+    from engine.runtime.footprint import footprint_from_checkpoint, footprint_from_synthetic
+    from engine.runtime.planner import REFERENCE_CARD, PlanError, plan_memory, preset_budget_bytes
 
     try:
         footprint = (

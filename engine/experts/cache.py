@@ -38,7 +38,6 @@ from engine.kernels import slot_table
 from engine.kernels.record_layout import RecordLayout
 from engine.kernels.slot_table import SlotTable
 
-
 # Blocks that streamed layers take turns in beside the kept ones: one computes while the next layer streams into
 # the other, so a copy never waits for the compute it would overwrite.
 STREAM_TURN_BLOCKS = 2

@@ -27,13 +27,13 @@ import torch
 import torch.nn.functional as F
 
 from engine import kernels
+from engine.experts.backend import BACKENDS, Backend
 from engine.experts.bank import ExpertBank, run_expert
 from engine.experts.cache import STREAM_TURN_BLOCKS, ExpertCache
+from engine.experts.calibration import CALIBRATION_RECORDS, Calibration, cached_calibration, calibrate, machine_key
 from engine.experts.decode_step import ExpertDecodeStep
 from engine.experts.link import LinkLimit, LinkThrottle
 from engine.experts.packed import PackedExperts, pack_banks
-from engine.experts.backend import BACKENDS, Backend
-from engine.experts.calibration import CALIBRATION_RECORDS, Calibration, cached_calibration, calibrate, machine_key
 from engine.experts.policy import (
     BackendPolicy,
     BackendTrial,

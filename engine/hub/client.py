@@ -14,7 +14,6 @@ from engine.hub.control import DownloadControl
 from engine.hub.errors import DownloadCancelled, HubError
 from engine.hub.tokens import client_offline, has_saved_token
 
-
 TIMEOUT_S = 10.0  # connect and read timeout: a stalled connection fails (and is retried) after this long
 REQUEST_TRIES = 4  # tries of one planning request while the server answers 429 or 5xx
 RETRY_WAIT_S = 1.0  # first wait before a retry; doubles each time, at most 8 s

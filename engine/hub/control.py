@@ -8,7 +8,6 @@ from typing import Callable
 
 from engine.hub.errors import DownloadCancelled
 
-
 STOP_POLL_S = 0.2  # how often a wait for the network looks at the stop flag (signal handlers run in between)
 
 

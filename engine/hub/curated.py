@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 
-
 SIZE_PRESETS = ("4gb", "8gb", "12gb")
 
 
@@ -60,6 +59,6 @@ def fit_of(footprint, basis: str) -> Fit:
 
 def curated_fit(model: CuratedModel) -> Fit:
     """The fit of a curated model from its built-in description: no network, no file."""
-    from engine.runtime.planner import footprint_from_synthetic
+    from engine.runtime.footprint import footprint_from_synthetic
 
     return fit_of(footprint_from_synthetic(model.synthetic), f"the built-in description {model.synthetic!r}")

@@ -32,7 +32,6 @@ from engine.hub.folder import (
 from engine.hub.names import check_file_names
 from engine.hub.plan import DownloadPlan, PlanFile, plan_download
 
-
 MAX_RETRIES = 4  # consecutive network failures of one file with no byte received in between
 PROGRESS_INTERVAL_S = 0.1
 SPEED_WINDOW_S = 5.0

@@ -8,7 +8,6 @@ from pathlib import Path
 
 from engine.checkpoint import INDEX_FILE
 
-
 STAGING_DIR = ".download"
 STATE_FILE = "state.json"
 RECORD_FILE = ".moedesk-download.json"

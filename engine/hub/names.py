@@ -6,7 +6,6 @@ from pathlib import PurePosixPath, PureWindowsPath
 
 from engine.hub.errors import HubError
 
-
 # Windows gives these names (with any extension) to devices: a file called so cannot be written there.
 WINDOWS_DEVICE_NAMES = frozenset(
     {"CON", "PRN", "AUX", "NUL", "CONIN$", "CONOUT$"}

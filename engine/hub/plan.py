@@ -27,7 +27,6 @@ from engine.hub.names import check_file_names
 from engine.hub.remote_fit import _remote_fit
 from engine.paths import default_models_dir
 
-
 DISK_MARGIN_BYTES = 256 * 1024 * 1024  # left free after a download, for the system and the app
 MAX_SMALL_FILE_BYTES = 64 * 1024 * 1024  # the most a config or index file read while planning may be
 

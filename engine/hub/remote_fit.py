@@ -97,6 +97,6 @@ def _remote_fit(
 
 def footprint_from_headers(folder: Path, config, shards: list):
     """The planner's ModelFootprint from tensor headers alone, classified by the planner's own rules."""
-    from engine.runtime.planner import footprint_of
+    from engine.runtime.footprint import footprint_of
 
     return footprint_of(Checkpoint(folder, config.quantization_config, shards=shards), config, folder)

@@ -14,7 +14,6 @@ from engine.layers.norm import RMSNorm
 from engine.layers.rotary import Rotary
 from engine.step import DecodeStep
 
-
 E4M3_MAX = 448.0  # e4m3fn's largest finite value
 # A measured scale maps the first rows' largest magnitude to E4M3_MAX / margin, so later tokens up to 4x as large
 # still fit before they saturate; the cost is two binades at the small end, where values under 1/7,000 of the

@@ -15,7 +15,8 @@ from engine.checkpoint.quant_config import kv_cache_choice, read_quant_settings
 from engine.config import read_config
 from engine.loader import load_model
 from engine.models.base import CausalLM
-from engine.runtime.planner import MemoryPlan, footprint_from_checkpoint, plan_memory, preset_budget_bytes
+from engine.runtime.footprint import footprint_from_checkpoint
+from engine.runtime.planner import MemoryPlan, plan_memory, preset_budget_bytes
 
 MIN_COMPUTE_CAPABILITY = (7, 5)  # Turing: the oldest cards the Triton kernels target
 

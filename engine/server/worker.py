@@ -19,7 +19,6 @@ from engine.runtime.events import TurnFinished
 from engine.runtime.prefix_cache import PrefixCache
 from engine.runtime.session import ChatSession
 
-
 STOPPED_MESSAGE = (
     "the model was unloaded (or the server stopped) before this request was answered; send it again "
     "once a model is loaded"

@@ -4,12 +4,12 @@ import re
 
 import pytest
 import torch
+from locations import ROOT
 
 from app import about
 from app.main_window import MainWindow
 from app.storage import ConversationStore
 from engine.runtime import placement
-from locations import ROOT
 
 NO_DRIVER = "no NVIDIA GPU or driver was found (install or update the NVIDIA driver to use the GPU)"
 

@@ -8,11 +8,11 @@ import json
 import re
 
 import pytest
+from app_fakes import FakeWorker
 from PySide6.QtCore import Qt
 from PySide6.QtGui import QGuiApplication
 
 from app import system_info
-from app_fakes import FakeWorker
 from app.model_library import scan_library
 from app.pages.engine_page import NOT_MEASURED, EnginePage
 from app.pages.logs import LogsPage
@@ -23,7 +23,8 @@ from app.widgets.gauges import Sparkline, SystemFooter
 from app.widgets.plan_bar import PlanBar
 from engine.experts.backend import BACKENDS
 from engine.runtime import reserve
-from engine.runtime.planner import GIB, footprint_from_checkpoint, footprint_from_synthetic, plan_memory
+from engine.runtime.footprint import footprint_from_checkpoint, footprint_from_synthetic
+from engine.runtime.planner import GIB, plan_memory
 from engine.runtime.session import DEFAULT_MAX_SNAPSHOTS
 from engine.testing.tiny_checkpoints import write_tiny_checkpoint
 

@@ -12,6 +12,7 @@ import httpx
 import pytest
 from app_fakes import FakeWorker
 from fake_openai_server import free_port
+from locations import ROOT
 from PySide6.QtCore import Qt
 from test_app_remote import choose
 
@@ -19,7 +20,6 @@ from app.pages.chat import ChatPage
 from app.remote_engine import probe
 from app.remote_store import RemoteEndpoint
 from app.storage import ConversationStore
-from locations import ROOT
 
 KEY = "sk-serve-test-5e1a"
 START_TIMEOUT_S = 120

@@ -245,7 +245,7 @@ def test_a_gpu_that_cannot_be_read_leaves_the_estimate_and_the_reason(monkeypatc
 
 
 def test_the_loaded_models_footprint_is_read_on_the_worker_for_the_engine_page(settings, folder, cpu_only):
-    from engine.runtime.planner import footprint_from_checkpoint
+    from engine.runtime.footprint import footprint_from_checkpoint
 
     worker = EngineWorker()
     worker.load(str(folder), load_options(settings))

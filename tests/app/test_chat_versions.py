@@ -8,6 +8,7 @@ import shutil
 import sqlite3
 
 import pytest
+from locations import FIXTURES
 from PySide6.QtCore import Qt
 from PySide6.QtWidgets import QMessageBox
 
@@ -15,7 +16,6 @@ from app.chat_export import ChatImportError, from_json, to_json, to_markdown
 from app.pages.chat import UNDO_MS, ChatPage
 from app.storage import SCHEMA_VERSION, ConversationStore, chat_history
 from app.widgets.transcript import AssistantBubble, MarkdownPart
-from locations import FIXTURES
 
 # Written by the flat-schema store of commit 7442f9f (app/storage.py before the tree): three chats, one edited
 # the old way (the turns after the edit deleted), a draft, a system prompt, thinking off.

@@ -13,6 +13,8 @@ import shutil
 import weakref
 
 import pytest
+from app_fakes import FakeWorker
+from hub_fixtures import GATED, SHARD1, SHARD2, TINY, TOKEN
 from PySide6.QtCore import Qt
 from shiboken6 import Shiboken
 
@@ -20,10 +22,8 @@ from app import system_info
 from app.dialogs.download_dialog import BAR_STEPS, CURATED_COLUMNS, DownloadDialog
 from app.model_library import DOWNLOAD_SOURCE
 from app.pages.models import ModelsPage
-from app_fakes import FakeWorker
 from engine import hub
 from engine.testing.hub_server import API, Fault
-from hub_fixtures import GATED, SHARD1, SHARD2, TINY, TOKEN
 
 TIMEOUT_MS = 15_000
 

@@ -4,7 +4,7 @@ numbers worked by hand, the check against a run, and what a projection claims.""
 import pytest
 
 from engine import bench_projection as bp
-from engine.runtime.planner import footprint_from_synthetic
+from engine.runtime.footprint import footprint_from_synthetic
 
 MODEL = "qwen3.6-35b-a3b-nvfp4"
 

@@ -5,9 +5,9 @@ import json
 
 import pytest
 import torch
+from reference import dequantised_copy, transformers_greedy, transformers_logits, transformers_model
 
 import engine
-from reference import dequantised_copy, transformers_greedy, transformers_logits, transformers_model
 
 # (arch, format, fused experts, shards)
 LAYOUTS = [

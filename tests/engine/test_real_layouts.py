@@ -12,25 +12,17 @@ from pathlib import Path
 
 import psutil
 import pytest
+from locations import FIXTURES
 
 import engine
 from engine.checkpoint import INDEX_FILE
 from engine.checkpoint.formats import NVFP4
 from engine.checkpoint.safetensors_file import DTYPES, SafetensorsFile
 from engine.cli import main
-from engine.runtime.planner import (
-    GIB,
-    MIB,
-    PRESETS,
-    PlanError,
-    footprint_from_checkpoint,
-    footprint_from_synthetic,
-    plan_memory,
-    preset_budget_bytes,
-)
+from engine.runtime.footprint import footprint_from_checkpoint, footprint_from_synthetic
+from engine.runtime.planner import GIB, MIB, PRESETS, PlanError, plan_memory, preset_budget_bytes
 from engine.synthetic import SYNTHETIC_MODELS
 from engine.testing.replica import write_replica
-from locations import FIXTURES
 
 REAL_LAYOUTS = FIXTURES / "real-layouts"
 REAL = {  # synthetic model -> its real checkpoint's folder of fixtures

@@ -8,14 +8,14 @@ from concurrent.futures import ProcessPoolExecutor
 
 import pytest
 import torch
+from locations import ROOT
+from reference import transformers_greedy, transformers_model
 
 import engine
 from engine.resources import DEMO_MODEL
-from engine.runtime.session import ChatSession
 from engine.runtime.sampling import SamplingParams
+from engine.runtime.session import ChatSession
 from engine.runtime.tokenizer import ChatTokenizer
-from locations import ROOT
-from reference import transformers_greedy, transformers_model
 
 sys.path.insert(0, str(ROOT))
 from tools.demo_data import is_correct, sample_problems  # noqa: E402

@@ -58,12 +58,8 @@ MIB = 2**20
 
 def plan_budget(new: int) -> int:
     try:
-        from engine.runtime.planner import (
-            ACCUMULATOR_BYTES,
-            ACTIVATION_BYTES,
-            ATTENTION_KEY_BLOCK,
-            ATTENTION_QUERY_BLOCK,
-        )
+        from engine.runtime.footprint import ACCUMULATOR_BYTES, ACTIVATION_BYTES
+        from engine.runtime.workspace import ATTENTION_KEY_BLOCK, ATTENTION_QUERY_BLOCK
     except Exception:  # noqa: BLE001 - the figure is context only
         ACCUMULATOR_BYTES, ACTIVATION_BYTES, ATTENTION_KEY_BLOCK, ATTENTION_QUERY_BLOCK = 4, 2, 512, 128
     width = HEADS * HEAD_DIM

@@ -10,7 +10,7 @@ import sys
 from pathlib import Path
 
 from engine.bench_projection import projection
-from engine.runtime.planner import footprint_from_synthetic
+from engine.runtime.footprint import footprint_from_synthetic
 
 
 def projected(result: dict) -> dict | None:

@@ -21,7 +21,6 @@ from engine.kernels.cpu_experts.llvm import (
     _splat,
 )
 
-
 # The codes are prefetched this many groups of rows ahead (rows lie one after another, so a group's bytes are
 # contiguous: a line a row is asked for per line read). Development Zen 4, one thread from DRAM: without it
 # gate_up ran at half the speed; 1, 2, 4 or 8 groups, or 4 or 8 KiB, were within the noise of each other

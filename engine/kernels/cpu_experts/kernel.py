@@ -5,11 +5,11 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from engine.kernels.record_layout import RecordLayout
 from engine.kernels.cpu_experts.cpu import bf16_dot_supported, numba
 from engine.kernels.cpu_experts.fallback import run_torch
 from engine.kernels.cpu_experts.meta import _matrix_meta
 from engine.kernels.cpu_experts.pool import _launch, numba_threads, threads
+from engine.kernels.record_layout import RecordLayout
 
 if numba is not None:
     from engine.kernels.cpu_experts.scheduler import _experts

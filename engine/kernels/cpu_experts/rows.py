@@ -45,7 +45,6 @@ from engine.kernels.cpu_experts.meta import (
     M_WEIGHT_DTYPE,
 )
 
-
 # 'reassoc' lets LLVM vectorise float sums (the order of additions changes, float32 rounding only);
 # 'contract' lets it use FMA. No flag that changes NaN, infinity or signed-zero results.
 FAST = {"reassoc", "contract"}

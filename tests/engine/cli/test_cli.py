@@ -214,7 +214,8 @@ def test_plan_without_a_gpu_says_its_guarantee_is_an_estimate_for_the_reference_
 
 def test_plan_on_a_usable_gpu_uses_the_reserve_measured_there(capsys, monkeypatch):
     from engine.runtime import reserve
-    from engine.runtime.planner import GIB, footprint_from_synthetic, plan_memory
+    from engine.runtime.footprint import footprint_from_synthetic
+    from engine.runtime.planner import GIB, plan_memory
 
     measured = reserve.measured_reserve(900 * 2**20, "NVIDIA H200", others_included=False)
     monkeypatch.setattr(placement, "gpu_status", lambda: (True, "NVIDIA H200"))

@@ -7,8 +7,8 @@ import pytest
 import torch
 
 import engine
-from engine.experts.link import LinkLimit, LinkLimitError, LinkThrottle, copied_records
 from engine.experts.calibration import Calibration
+from engine.experts.link import LinkLimit, LinkLimitError, LinkThrottle, copied_records
 from engine.experts.policy import resolve
 from engine.runtime.graph_runner import GraphRunner
 

@@ -17,14 +17,14 @@ import stat
 import threading
 
 import pytest
+from hub_fixtures import GATED, NO_WEIGHTS, NOT_MOE, QWEN3, SHARD1, SHARD2, TINY, TOKEN
 
 from engine import hub
 from engine.cli import main
 from engine.errors import CheckpointError
 from engine.loader import load_model
-from engine.runtime.planner import footprint_from_checkpoint
+from engine.runtime.footprint import footprint_from_checkpoint
 from engine.runtime.tokenizer import ChatTokenizer
-from hub_fixtures import GATED, NO_WEIGHTS, NOT_MOE, QWEN3, SHARD1, SHARD2, TINY, TOKEN
 
 ENGINE_FILES = {
     "chat_template.jinja",

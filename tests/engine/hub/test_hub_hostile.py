@@ -15,12 +15,12 @@ import threading
 import time
 
 import pytest
+from hub_fixtures import QWEN3, SHARD1, SHARD2, TINY
 
 from engine import hub
 from engine.checkpoint import safetensors_file
 from engine.cli import main
-from engine.testing.hub_server import API, ANY, Fault
-from hub_fixtures import QWEN3, SHARD1, SHARD2, TINY
+from engine.testing.hub_server import ANY, API, Fault
 
 HOSTILE = "Org/Hostile"
 WAIT_S = 10.0  # how long a test waits for a thread or the fake Hub before calling it a hang

@@ -15,11 +15,11 @@ from engine.checkpoint import quantize
 from engine.checkpoint.formats import StoredWeight, detect_format
 from engine.cli import main
 from engine.experts.packed import pack_banks
-from engine.kernels.record_layout import RecordLayout
 from engine.kernels import cpu_experts, cpu_share
 from engine.kernels.cpu_experts import CpuExpertKernel, pool
 from engine.kernels.cpu_experts import kernel as kernel_module
 from engine.kernels.cpu_experts import meta as meta_fields
+from engine.kernels.record_layout import RecordLayout
 
 EXPERTS = 6
 EXACT = 1e-5  # relative error allowed: float32 rounding of a different order of additions, nothing more

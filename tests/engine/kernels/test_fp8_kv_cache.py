@@ -14,7 +14,8 @@ from engine.checkpoint.quant_config import declares_fp8_kv_cache, kv_cache_choic
 from engine.cli import main
 from engine.kernels import reference
 from engine.layers.attention import E4M3_MAX, MEASURED_SCALE_MARGIN, KVCache
-from engine.runtime.planner import GIB, footprint_from_synthetic, plan_memory
+from engine.runtime.footprint import footprint_from_synthetic
+from engine.runtime.planner import GIB, plan_memory
 
 triton = pytest.importorskip("triton", reason="Triton ships for Linux; the Windows app runs the reference kernels")
 tl = triton.language

@@ -11,10 +11,10 @@ from pathlib import Path
 
 import pytest
 import torch
+from locations import ROOT
 
 from engine.kernels import reference
 from engine.kernels.sdpa_attention import causal_attention
-from locations import ROOT
 
 KV_HEADS = 2
 # (new tokens T, total tokens S): the whole prompt at once, a chunk after a prefix, one decode step

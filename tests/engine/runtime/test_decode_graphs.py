@@ -8,8 +8,7 @@ import pytest
 import torch
 
 import engine
-from engine.errors import ContextOverflowError
-from engine.errors import GraphCaptureError
+from engine.errors import ContextOverflowError, GraphCaptureError
 from engine.runtime.graph_runner import GraphRunner
 from engine.step import DecodeStep
 

@@ -10,21 +10,20 @@ import engine
 from engine.checkpoint import normalise_key
 from engine.checkpoint.formats import IGNORED_ROLES
 from engine.checkpoint.safetensors_file import SafetensorsFile
+from engine.runtime.footprint import footprint_from_checkpoint, footprint_from_synthetic
 from engine.runtime.planner import (
     DEFAULT_RUNTIME_RESERVE_BYTES,
     GIB,
     MIB,
     PREFILL_CHUNK_MAX,
-    RULES,
     REPLY_RESERVE_TOKENS,
+    RULES,
     PlanError,
-    footprint_from_checkpoint,
-    footprint_from_synthetic,
     plan_memory,
-    prefill_workspace,
     preset_budget_bytes,
     runtime_reserve_bytes,
 )
+from engine.runtime.workspace import prefill_workspace
 from engine.testing.tiny_checkpoints import write_tiny_checkpoint
 
 QWEN3_6 = "qwen3.6-35b-a3b-nvfp4"

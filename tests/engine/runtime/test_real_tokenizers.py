@@ -6,11 +6,11 @@ import itertools
 import json
 
 import pytest
+from locations import FIXTURES
 from transformers import AutoTokenizer
 
 from engine.errors import CheckpointError
 from engine.runtime.tokenizer import ChatTokenizer, IncrementalDetokenizer
-from locations import FIXTURES
 
 GOLDEN_PATH = FIXTURES / "real-tokenizers" / "qwen3.6" / "golden-encodings.json"
 GOLDEN = json.loads(GOLDEN_PATH.read_text(encoding="utf-8"))["entries"]

@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from engine.runtime import placement, reserve, vram
+from engine.runtime.footprint import footprint_from_synthetic
 from engine.runtime.planner import (
     DECODE_GRAPH_EXEC_BYTES,
     DEFAULT_RESERVE_SOURCE,
@@ -16,9 +17,8 @@ from engine.runtime.planner import (
     GIB,
     MIB,
     RESERVE_INSIDE_ALLOCATOR_BYTES,
-    footprint_from_synthetic,
-    plan_memory,
     cublas_workspaces_bytes,
+    plan_memory,
     runtime_reserve_bytes,
 )
 

@@ -2,13 +2,13 @@
 
 import pytest
 import torch
+from scripted_model import ScriptedModel
 
 import engine
 from engine.runtime.events import AnswerDelta, ReasoningDelta, TurnFinished
 from engine.runtime.sampling import SamplingParams
 from engine.runtime.session import ChatSession
 from engine.runtime.tokenizer import ChatTokenizer
-from scripted_model import ScriptedModel
 
 GREEDY = SamplingParams(temperature=0.0, max_new_tokens=64)
 SHORT = SamplingParams(temperature=0.0, max_new_tokens=6)  # replies of the real tiny model: short, to stay fast

@@ -5,6 +5,7 @@ import threading
 import time
 
 import pytest
+from scripted_model import ScriptedModel
 
 from engine.errors import CheckpointError
 from engine.models.base import Interrupted
@@ -12,7 +13,6 @@ from engine.runtime import tokenizer as tokenizer_module
 from engine.runtime.session import ChatSession
 from engine.runtime.tokenizer import ChatTokenizer
 from engine.testing.tiny_tokenizer import write_tiny_tokenizer
-from scripted_model import ScriptedModel
 
 FOREVER = "{% for a in range(100000) %}{% for b in range(100000) %}x{% endfor %}{% endfor %}"
 MESSAGES = [{"role": "user", "content": "Hi"}]

@@ -9,6 +9,7 @@ import random
 import re
 
 import pytest
+from locations import FIXTURES
 
 from engine.runtime.tokenizer import ChatTokenizer, IncrementalDetokenizer
 from engine.runtime.tool_calls import (
@@ -22,7 +23,6 @@ from engine.runtime.tool_calls import (
     call_opening,
     tool_call_style,
 )
-from locations import FIXTURES
 
 REAL_TOKENIZERS = FIXTURES / "real-tokenizers"
 

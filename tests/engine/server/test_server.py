@@ -11,6 +11,7 @@ import httpx
 import openai
 import psutil
 import pytest
+from server_fixtures import API_KEY, live_server
 
 import engine
 from engine.cli import main
@@ -18,7 +19,6 @@ from engine.resources import DEMO_MODEL
 from engine.runtime.session import chat_prompt
 from engine.runtime.tokenizer import ChatTokenizer
 from engine.server.serve import check_settings
-from server_fixtures import API_KEY, live_server
 
 QUESTION = [{"role": "user", "content": "What is 12 + 30?"}]
 

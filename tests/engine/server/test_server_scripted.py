@@ -10,14 +10,14 @@ import anthropic
 import httpx
 import openai
 import pytest
+from scripted_model import ScriptedModel
+from server_fixtures import API_KEY, live_server
 
 from engine.resources import DEMO_MODEL
 from engine.runtime.events import TurnFinished
 from engine.runtime.session import ChatSession, text_prompt
 from engine.runtime.tokenizer import ChatTokenizer
 from engine.server.worker import EngineWorker, QueueFull, Stopped
-from scripted_model import ScriptedModel
-from server_fixtures import API_KEY, live_server
 
 TOOL_REPLY = (
     "I need to multiply.\n</think>\n\nLet me calculate.\n\n<tool_call>\n<function=multiply>\n<parameter=a>\n"
