@@ -288,8 +288,9 @@ def run_bench(
     result["build_seconds"] = time.perf_counter() - started
     executor = model.expert_executor
     result["expert_placement"] = dict(executor.host_report)
-    result["expert_backend"] = executor.stats().get("expert_backend")
-    result["prefill_kept_layers"] = executor.stats().get("expert_cache_kept_layers", 0)
+    stats = executor.stats()
+    result["expert_backend"] = stats.get("expert_backend")
+    result["prefill_kept_layers"] = stats.get("expert_cache_kept_layers", 0)
     if executor.calibration is not None:
         result["calibration"] = executor.calibration.to_dict()
     packed = executor.packed

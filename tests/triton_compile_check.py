@@ -66,7 +66,7 @@ def _prefill_attention_case():
     pointers = {"q_ptr": "*bf16", "k_ptr": "*u8", "v_ptr": "*u8", "scales_ptr": "*fp32", "out_ptr": "*bf16"}
 
     def launched(capability):
-        precision = "tf32" if capability >= 80 else "ieee"
+        precision = triton_attention.precision_for(capability // 10)
         block_m, block_n, warps = triton_prefill_attention.TILES[precision]
         constexprs = {"GROUP": 8, "D": 256, "DV": 256, "BLOCK_M": block_m, "BLOCK_N": block_n, "PRECISION": precision}
         return constexprs, {"num_warps": warps, "num_stages": triton_prefill_attention.STAGES}
@@ -90,7 +90,7 @@ def _decode_attention_case(fp8: bool):
     sizes = {"GROUP": 8, "GROUP_PAD": 16, "D": 256, "DV": 256, "SPLITS": 32, "FP8": fp8}
 
     def launched(capability):  # what decode_attention launches on that card: TF32 from Ampere on, else IEEE
-        precision = "tf32" if capability >= 80 else "ieee"
+        precision = triton_attention.precision_for(capability // 10)
         block_n, warps = triton_attention.TILES[precision]
         return {**sizes, "PRECISION": precision, "BLOCK_N": block_n}, {"num_warps": warps}
 

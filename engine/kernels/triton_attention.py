@@ -144,7 +144,12 @@ def dot_precision(keys: torch.Tensor) -> str:
     float32."""
     if keys.dtype == torch.float32 or keys.device.type != "cuda":
         return "ieee"
-    return "tf32" if torch.cuda.get_device_capability(keys.device)[0] >= 8 else "ieee"
+    return precision_for(torch.cuda.get_device_capability(keys.device)[0])
+
+
+def precision_for(compute_major: int) -> str:
+    """The dot precision a 16-bit or FP8 cache takes on a card of this compute capability: TF32 from Ampere on."""
+    return "tf32" if compute_major >= 8 else "ieee"
 
 
 def decode_attention_capturable(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor) -> bool:

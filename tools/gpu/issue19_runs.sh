@@ -47,11 +47,12 @@ if "gpu_step_seconds" in r: print("--gpu-step-ms", 1e3 * r["gpu_step_seconds"])'
     done
 }
 
-bench() {  # name, time limit, options
+bench() {  # name, time limit, options; from the folder BENCH_TREE (default here): `python -m` takes its engine
     local name=$1 limit=$2; shift 2
-    local started=$SECONDS
-    timeout "$limit" python3 -m engine bench --synthetic "$MODEL" --json "$@" \
-        > "$OUT/bench_$name.json" 2> "$OUT/bench_$name.err"
+    local started=$SECONDS out
+    out=$(cd "$OUT" && pwd)
+    (cd "${BENCH_TREE:-.}" && timeout "$limit" python3 -m engine bench --synthetic "$MODEL" --json "$@" \
+        > "$out/bench_$name.json" 2> "$out/bench_$name.err")
     echo "bench $name rc=$? in $((SECONDS - started)) s"; grep -v '^bench: ' "$OUT/bench_$name.err" | tail -3
     python3 tools/gpu/summarise.py "$OUT/bench_$name.json" "$OUT/bench_$name.err"
 }
@@ -111,18 +112,14 @@ for part in "$@"; do
             timeout 120 python3 -m pytest -q -p no:cacheprovider gpu_tests/test_gdn_workspace.py 2>&1 | tail -3
             bench prefill_4gb "${LIMIT:-300}" --preset 4gb --prompt-tokens 4096,512,16384 --decode-after 4096 \
                 --decode-tokens 32 --decode-inputs random --routing uniform --expert-backends auto ;;
-        redesign)  # `python -m` imports the engine of the folder it starts in, so each tree runs from its own
-            out=$(cd "$OUT" && pwd)
+        redesign)
             for preset in ${PRESETS:-4gb 8gb 12gb}; do
                 for tree in before after; do
-                    root=$PWD name=redesign_${preset}_$tree started=$SECONDS
+                    root=$PWD
                     [ "$tree" = before ] && root=${OLD_TREE:-$PWD/.old-tree}
-                    (cd "$root" && timeout "${LIMIT:-150}" python3 -m engine bench --synthetic "$MODEL" --json \
-                        --preset "$preset" --prompt-tokens 4096 --decode-after 4096 --decode-tokens 128 \
-                        --decode-inputs random --routing uniform --expert-backends offload,cpu,hybrid,auto \
-                        > "$out/bench_$name.json" 2> "$out/bench_$name.err")
-                    echo "bench $name rc=$? in $((SECONDS - started)) s"
-                    python3 tools/gpu/summarise.py "$OUT/bench_$name.json" "$OUT/bench_$name.err"
+                    BENCH_TREE=$root bench "redesign_${preset}_$tree" "${LIMIT:-150}" --preset "$preset" \
+                        --prompt-tokens 4096 --decode-after 4096 --decode-tokens 128 --decode-inputs random \
+                        --routing uniform --expert-backends offload,cpu,hybrid,auto
                 done
             done ;;
         laptop)
