@@ -1,9 +1,13 @@
-"""Compiles every Triton kernel to PTX for the GPU generations named on the command line, without a GPU, and
-prints one JSON line per (kernel, capability): run by tests/engine/kernels/test_triton_compile.py in a process of its own,
+"""Compiles every Triton kernel to PTX for the GPU generations named on the command line, without a GPU, assembles
+it with Triton's ptxas for its stack frame, and prints one JSON line per (kernel, capability): run by tests/engine/kernels/test_triton_compile.py in a process of its own,
 since the rest of the suite runs Triton's interpreter, where kernels are Python functions."""
 
 import json
+import re
+import subprocess
 import sys
+import tempfile
+from pathlib import Path
 
 import triton
 from triton.backends.compiler import GPUTarget
@@ -133,8 +137,8 @@ CASES = {
         triton_gdn._recurrence_kernel,
         {name: "*fp32" for name in ("u_ptr", "w_ptr", "k_ptr", "decay_ptr", "states_ptr")},
         lambda capability: (
-            {"BLOCK_L": 64, "BLOCK_DK": 128, "BLOCK_DV": 32},
-            {"num_warps": 8, "num_stages": triton_gdn.RECURRENCE_STAGES},
+            {"BLOCK_L": 64, "BLOCK_DV": triton_gdn.RECURRENCE_COLS, "BLOCK_R": triton_gdn.RECURRENCE_ROWS},
+            {"num_warps": triton_gdn.RECURRENCE_WARPS, "num_stages": triton_gdn.RECURRENCE_STAGES},
         ),
         (),
     ),
@@ -239,6 +243,31 @@ CASES = {
 }
 
 
+# Triton's own assemblers; the newer one reads the PTX version Triton writes
+ASSEMBLERS = [
+    Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / name for name in ("ptxas-blackwell", "ptxas")
+]
+
+
+def stack_bytes(ptx: str, capability: int) -> int | None:
+    """The per-thread stack frame (local memory) ptxas gives the kernel, or None without an assembler that reads it."""
+    with tempfile.TemporaryDirectory() as folder:
+        source = Path(folder) / "kernel.ptx"
+        source.write_text(ptx)
+        for assembler in ASSEMBLERS:
+            if not assembler.exists():
+                continue
+            done = subprocess.run(
+                [str(assembler), f"-arch=sm_{capability}", "-v", str(source), "-o", str(Path(folder) / "kernel.cubin")],
+                capture_output=True,
+                text=True,
+            )
+            found = re.search(r"(\d+) bytes stack frame", done.stdout + done.stderr)
+            if done.returncode == 0 and found:
+                return int(found.group(1))
+    return None
+
+
 def main(capabilities):
     for case, (kernel, pointers, sizes, floats) in CASES.items():
         for capability in capabilities:
@@ -254,6 +283,7 @@ def main(capabilities):
                     "ptx_target": f".target sm_{capability}" in ptx,
                     "hopper_only": "wgmma" in ptx or "cp.async.bulk" in ptx,
                     "shared_bytes": compiled.metadata.shared,
+                    "stack_bytes": stack_bytes(ptx, capability),
                 }
             except Exception as error:  # reported, so the test names the kernel that failed
                 result = {"error": f"{type(error).__name__}: {error}"[:2000]}

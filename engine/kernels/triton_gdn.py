@@ -28,6 +28,10 @@ MAX_VALUE_DIM = 4096  # a whole head's o in registers for its norm
 # Each chunk needs the state the one before wrote, so there is nothing to pipeline; more stages would multiply the
 # recurrence's shared memory past what sm_86 cards have
 RECURRENCE_STAGES = 1
+# state rows a dot takes at a time and value columns a program keeps: wider blocks spill to local memory
+RECURRENCE_ROWS = 16
+RECURRENCE_COLS = 32
+RECURRENCE_WARPS = 8
 
 
 @triton.jit
@@ -260,42 +264,59 @@ def _recurrence_kernel(
     k_stride_d,
     k_stride_l,
     BLOCK_L: tl.constexpr,
-    BLOCK_DK: tl.constexpr,
     BLOCK_DV: tl.constexpr,
+    BLOCK_R: tl.constexpr,
 ):
-    """One program per (head, block of value columns): its slice of the state in registers, chunk after chunk
-    u = U - W S (written over U), then S <- decay S + K_to_end u, each state stored as reference.delta_chunk_states
-    returns it. The dots are in IEEE float32, as the reference's matmuls."""
+    """One program per (head, block of value columns), chunk after chunk: u = U - W S (written over U), then
+    S <- decay S + K_to_end u, each state stored as reference.delta_chunk_states returns it. The state is read
+    back from the one stored before, BLOCK_R rows at a time, so no thread holds a whole [key dim, BLOCK_DV]
+    slice (that spilled to local memory, which the card reserves for every resident thread). The dots are in
+    IEEE float32, as the reference's matmuls."""
     head = tl.program_id(0)
     cols = tl.program_id(1) * BLOCK_DV + tl.arange(0, BLOCK_DV)
     col_in = cols < value_dim
     tokens = tl.arange(0, BLOCK_L)
     token_in = tokens < length
-    dk = tl.arange(0, BLOCK_DK)
-    dk_in = dk < key_dim
-    state_at = head * key_dim * value_dim + dk[:, None] * value_dim + cols[None, :]
-    state_in = dk_in[:, None] & col_in[None, :]
-    state = tl.load(states_ptr + state_at, mask=state_in, other=0.0)
+    rows = tl.arange(0, BLOCK_R)
     state_step = heads * key_dim * value_dim
+    u_at = tokens[:, None] * value_dim + cols[None, :]
+    u_in = token_in[:, None] & col_in[None, :]
     for chunk in range(chunks):
         first = (chunk * heads + head) * length
-        w = tl.load(
-            w_ptr + (first + tokens[:, None]) * key_dim + dk[None, :],
-            mask=token_in[:, None] & dk_in[None, :],
-            other=0.0,
-        )
-        u_at = (first + tokens[:, None]) * value_dim + cols[None, :]
-        u_in = token_in[:, None] & col_in[None, :]
-        u = tl.load(u_ptr + u_at, mask=u_in, other=0.0) - tl.dot(w, state, input_precision="ieee")
-        tl.store(u_ptr + u_at, u, mask=u_in)
-        k_to_end = tl.load(
-            k_ptr + chunk * k_stride_n + head * k_stride_h + dk[:, None] * k_stride_d + tokens[None, :] * k_stride_l,
-            mask=dk_in[:, None] & token_in[None, :],
-            other=0.0,
-        )
+        before = states_ptr + chunk * state_step + head * key_dim * value_dim
+        after = before + state_step
+        u = tl.load(u_ptr + first * value_dim + u_at, mask=u_in, other=0.0)
+        for start in tl.range(0, key_dim, BLOCK_R, num_stages=1):
+            dk = start + rows
+            dk_in = dk < key_dim
+            w = tl.load(
+                w_ptr + (first + tokens[:, None]) * key_dim + dk[None, :],
+                mask=token_in[:, None] & dk_in[None, :],
+                other=0.0,
+            )
+            state = tl.load(
+                before + dk[:, None] * value_dim + cols[None, :], mask=dk_in[:, None] & col_in[None, :], other=0.0
+            )
+            u -= tl.dot(w, state, input_precision="ieee")
+        tl.store(u_ptr + first * value_dim + u_at, u, mask=u_in)
         decay = tl.load(decay_ptr + chunk * heads + head)
-        state = state * decay + tl.dot(k_to_end, u, input_precision="ieee")
-        tl.store(states_ptr + (chunk + 1) * state_step + state_at, state, mask=state_in)
+        for start in tl.range(0, key_dim, BLOCK_R, num_stages=1):
+            dk = start + rows
+            dk_in = dk < key_dim
+            at = dk[:, None] * value_dim + cols[None, :]
+            inside = dk_in[:, None] & col_in[None, :]
+            k_to_end = tl.load(
+                k_ptr
+                + chunk * k_stride_n
+                + head * k_stride_h
+                + dk[:, None] * k_stride_d
+                + tokens[None, :] * k_stride_l,
+                mask=dk_in[:, None] & token_in[None, :],
+                other=0.0,
+            )
+            state = tl.load(before + at, mask=inside, other=0.0)
+            tl.store(after + at, state * decay + tl.dot(k_to_end, u, input_precision="ieee"), mask=inside)
+        tl.debug_barrier()  # the next chunk's rows are read by other threads than stored them
 
 
 def delta_chunk_states(new_v, w, k_to_end, end_decay, s):
@@ -303,16 +324,13 @@ def delta_chunk_states(new_v, w, k_to_end, end_decay, s):
     chunks, heads, length, value_dim = new_v.shape
     key_dim = w.shape[-1]
     tensors = (new_v, w, k_to_end, end_decay, s)
-    if (
-        key_dim > MAX_KEY_DIM
-        or any(t.dtype != torch.float32 for t in tensors)
-        or not (new_v.is_contiguous() and w.is_contiguous() and s.is_contiguous())
+    if any(t.dtype != torch.float32 for t in tensors) or not (
+        new_v.is_contiguous() and w.is_contiguous() and s.is_contiguous()
     ):
         return reference.delta_chunk_states(*tensors)
     states = s.new_empty(chunks + 1, *s.shape)
     states[0] = s
-    block_dk = max(16, triton.next_power_of_2(key_dim))  # tl.dot takes blocks of 16 or more
-    block_dv = max(16, min(triton.next_power_of_2(value_dim), 4096 // block_dk))  # ~4K state elements a program
+    block_dv = max(16, min(triton.next_power_of_2(value_dim), RECURRENCE_COLS))  # tl.dot takes 16 or more
     _recurrence_kernel[(heads, triton.cdiv(value_dim, block_dv))](
         new_v,
         w,
@@ -326,9 +344,9 @@ def delta_chunk_states(new_v, w, k_to_end, end_decay, s):
         value_dim,
         *k_to_end.stride(),
         BLOCK_L=max(16, triton.next_power_of_2(length)),
-        BLOCK_DK=block_dk,
         BLOCK_DV=block_dv,
-        num_warps=8,
+        BLOCK_R=RECURRENCE_ROWS,
+        num_warps=RECURRENCE_WARPS,
         num_stages=RECURRENCE_STAGES,
     )
     return states

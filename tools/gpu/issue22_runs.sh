@@ -19,8 +19,10 @@
 #             every expert on the CPU, with the peak of each (to choose UB for the preset parts)
 #   ours4gb|ours8gb|ours12gb   MoE Desk's bench at the preset: prompts 4,096 (first: it pays the compile), 512
 #             and 16,384, decode 128 after 4,096, uniform routing, every backend and auto, 16 threads
-#             HF=1 adds the transformers + accelerate row (--hf-baseline; carry .whl/hf, the cp312 wheels of
-#             transformers 5.24.0, accelerate 1.15.0 and their dependencies but torch and numpy)
+#             HF=1 adds the transformers + accelerate row (--hf-baseline; carry HF_WHEELS, default .whl/hf, the cp312
+#             wheels of transformers 5.24.0, accelerate 1.15.0 and the dependencies the machine lacks or has in
+#             another version; the H200 image needs transformers, safetensors and regex)
+#   hf4gb     the transformers + accelerate row alone, at 4gb (HF_WHEELS as for HF=1), beside a short MoE Desk run
 #   ourslaptop   tools/gpu/issue19_runs.sh laptop: 4gb, 6.5 GB/s link, 8 threads, records pinned then pageable
 # Results go to $OUT (default ./gpu-results): llama_<part>_{probe,prefill,decode}.json (llama-bench's JSON),
 # .err (its stderr), .vram (peak bytes above the idle GPU), llama_<preset|laptop>_fit.json (the N, the budget);
@@ -67,15 +69,18 @@ over() {  # name, budget GiB: true if that run's measured peak is over the budge
 }
 
 HF_SITE=/tmp/hf-site
-hf_site() {  # transformers and accelerate for --hf-baseline: the wheels of .whl/hf this machine lacks, in $HF_SITE
-    local wheel dist
+HF_WHEELS=${HF_WHEELS:-.whl/hf}
+hf_site() {  # transformers and accelerate for --hf-baseline: each wheel of $HF_WHEELS whose version this machine
+    local wheel dist version  # lacks goes into $HF_SITE, which PYTHONPATH puts before the installed packages
     mkdir -p "$HF_SITE"
-    for wheel in .whl/hf/*.whl; do
-        dist=$(basename "$wheel" | cut -d- -f1)
-        python3 -c 'import importlib.metadata as m, sys; m.version(sys.argv[1])' "$dist" 2> /dev/null \
+    for wheel in "$HF_WHEELS"/*.whl; do
+        dist=$(basename "$wheel" | cut -d- -f1) version=$(basename "$wheel" | cut -d- -f2)
+        python3 -c 'import importlib.metadata as m, sys; sys.exit(m.version(sys.argv[1]) != sys.argv[2])' \
+            "$dist" "$version" 2> /dev/null \
             || python3 -m pip install -q --no-index --no-deps --target "$HF_SITE" "$wheel"
     done
-    PYTHONPATH=$PWD:$HF_SITE python3 -c 'import transformers, accelerate' \
+    PYTHONPATH=$PWD:$HF_SITE python3 -c 'import transformers, accelerate; print("transformers", transformers.__version__,
+"accelerate", accelerate.__version__)' \
         || { echo "hf_site: transformers or accelerate will not import; carry .whl/hf (pip download, see docs)"; return 1; }
 }
 
@@ -154,8 +159,15 @@ for part in "$@"; do
                 > "$OUT/bench_$preset.json" 2> "$OUT/bench_$preset.err"
             echo "bench $preset rc=$? in $((SECONDS - started)) s"
             python3 tools/gpu/summarise.py "$OUT/bench_$preset.json" "$OUT/bench_$preset.err" ;;
+        hf4gb)
+            started=$SECONDS
+            hf_site && PYTHONPATH=$PWD:$HF_SITE timeout "${LIMIT:-400}" python3 -m engine bench --synthetic \
+                qwen3.6-35b-a3b-nvfp4 --json --preset 4gb --prompt-tokens 128 --decode-tokens 8 --decode-inputs random \
+                --routing uniform --expert-backends auto --hf-baseline > "$OUT/bench_hf_4gb.json" 2> "$OUT/bench_hf_4gb.err"
+            echo "bench hf 4gb rc=$? in $((SECONDS - started)) s"
+            python3 -c 'import json, sys; print(json.load(open(sys.argv[1])).get("baseline"))' "$OUT/bench_hf_4gb.json" ;;
         ourslaptop) bash tools/gpu/issue19_runs.sh laptop ;;
         *) echo "unknown part $part (llama4gb llama8gb llama12gb llamalaptop llamaub ours4gb ours8gb ours12gb" \
-                "ourslaptop)" ;;
+                "hf4gb ourslaptop)" ;;
     esac
 done

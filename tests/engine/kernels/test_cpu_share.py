@@ -37,11 +37,11 @@ def layers():
     return layout, [ring[:8].clone(), ring[8:16].clone(), ring[16:].clone()]
 
 
-def _serve_a_step(worker, records, post, wait, gen, gpu_share=0.5):
-    """One step over every layer, the GPU's side played by `post` and `wait`, each expert the GPU's with chance
-    `gpu_share`; what each layer sent and got."""
-    base = torch.tensor([worker.start(len(records))], dtype=torch.int32)
-    waits = torch.zeros(2, dtype=torch.int32)
+def _serve_a_step(worker, records, post, wait, gen, gpu_share=0.5, device="cpu"):
+    """One step over every layer, the GPU's side played by `post` and `wait` on `device`, each expert the GPU's
+    with chance `gpu_share`; what each layer sent and got, on the CPU."""
+    base = torch.tensor([worker.start(len(records))], dtype=torch.int32, device=device)
+    waits = torch.zeros(2, dtype=torch.int32, device=device)
     sent = []
     for layer in range(len(records)):
         ids = torch.randperm(8, generator=gen)[:TOP_K]
@@ -49,11 +49,13 @@ def _serve_a_step(worker, records, post, wait, gen, gpu_share=0.5):
         gpu_rows = (torch.rand(TOP_K, generator=gen) < gpu_share).float()
         if layer == 1:
             gpu_rows.fill_(1.0)  # nothing for the CPU in this layer
-        routed = torch.full((1, HIDDEN), float("nan"))
-        post(ids, weights, gpu_rows, y, base, layer, worker.mailbox)
-        wait(gpu_rows, base, layer, worker.mailbox, routed, waits)
-        sent.append((ids, weights, y, gpu_rows, routed))
+        routed = torch.full((1, HIDDEN), float("nan"), device=device)
+        on_device = [t.to(device) for t in (ids, weights, gpu_rows, y)]
+        post(*on_device, base, layer, worker.mailbox)
+        wait(on_device[2], base, layer, worker.mailbox, routed, waits)
+        sent.append((ids, weights, y, gpu_rows, routed.cpu()))
     computed = worker.finish()
+    waits = waits.cpu()
     # the layers with CPU experts are counted, and those where the GPU found the CPU still at work among them
     assert int(waits[1]) == sum(bool((rows == 0).any()) for _, _, _, rows, _ in sent) and waits[0] <= waits[1]
     return sent, computed
@@ -100,6 +102,7 @@ def test_the_triton_kernels_play_the_gpus_side(layers, make_worker):
         triton_cpu_share.post_cpu_share,
         triton_cpu_share.wait_cpu_share,
         torch.Generator().manual_seed(3),
+        device="cuda" if torch.cuda.is_available() else "cpu",
     )
     assert computed > 0
     for layer, (ids, weights, y, gpu_rows, routed) in enumerate(sent):

@@ -57,6 +57,9 @@ KERNELS = [
 
 # The most shared memory a block may take: Turing's 64 KiB, Ampere consumer cards' (sm_86) 99 KiB
 SHARED_BYTES = {75: 64 * 1024, 86: 99 * 1024}
+# The most local memory (spilled registers) a thread may take: the card reserves it for every thread it can hold
+# (an RTX 3060: 28 SMs x 1,536 threads x 512 B = 21 MiB), outside the allocator and the plan's reserve
+STACK_BYTES = 512
 
 
 def test_every_kernel_is_checked(compiled):
@@ -70,3 +73,5 @@ def test_kernel_compiles_for_consumer_cards(compiled, case, capability):
     assert "error" not in row, row.get("error")
     assert row["ptx_target"] and not row["hopper_only"]
     assert row["shared_bytes"] <= SHARED_BYTES[capability], f"{row['shared_bytes']} bytes of shared memory a block"
+    assert row["stack_bytes"] is not None, "ptxas did not assemble the kernel"
+    assert row["stack_bytes"] <= STACK_BYTES, f"{row['stack_bytes']} bytes of local memory a thread"

@@ -138,7 +138,9 @@ def test_a_prompt_chunk_equals_the_reference(tokens):
         assert _close(got, expected, TOLERANCE[torch.float32])
 
 
-@pytest.mark.parametrize("chunks, heads, length, key_dim, value_dim", [(3, 2, 64, 32, 48), (1, 3, 20, 16, 16)])
+@pytest.mark.parametrize(
+    "chunks, heads, length, key_dim, value_dim", [(3, 2, 64, 32, 48), (1, 3, 20, 16, 16), (2, 1, 64, 40, 16)]
+)
 def test_the_recurrence_kernel_equals_the_reference_loop(chunks, heads, length, key_dim, value_dim):
     gen = torch.Generator().manual_seed(chunks + length)
     new_v = torch.randn(chunks, heads, length, value_dim, generator=gen).to(DEVICE)
