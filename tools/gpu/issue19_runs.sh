@@ -3,6 +3,7 @@
 # back to back within 10-minute device calls:
 #   quick     GPU tests: the runtime, forced routing through captured graphs, the measured reserve, auto's
 #             trial, the emulated link's holds (eager and captured); and `plan` on this card (the measured reserve)
+#   kernels   tests/engine/kernels with the Triton kernels compiled on this GPU (over 150 s here)
 #   worst     the measured reserve, the worst-case routings (same, distinct, uniform) at 4/8/12gb on the
 #             full-size model, and the 100-turn soak at 4gb (gpu_tests/test_gpu_reserve.py,
 #             test_forced_routing.py, test_soak.py)
@@ -67,6 +68,9 @@ for part in "$@"; do
                 > "$OUT/gpu_tests_quick.txt" 2>&1
             echo "gpu_tests quick rc=$?"; tail -12 "$OUT/gpu_tests_quick.txt"
             python3 -m engine plan --synthetic "$MODEL" --preset 4gb | tee "$OUT/plan_4gb.txt" | head -12 ;;
+        kernels)
+            timeout "${LIMIT:-330}" python3 -m pytest -q -p no:cacheprovider tests/engine/kernels > "$OUT/kernels_gpu.txt" 2>&1
+            echo "kernel tests on the GPU rc=$?"; grep -E "^FAILED|passed|failed" "$OUT/kernels_gpu.txt" | tail -12 ;;
         worst)
             timeout 230 python3 -m pytest -q -p no:cacheprovider --durations=6 -s gpu_tests/test_gpu_reserve.py \
                 "gpu_tests/test_forced_routing.py::test_worst_case_routing_stays_within_the_preset" \

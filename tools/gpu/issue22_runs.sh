@@ -39,9 +39,11 @@ UB=${UB:-2048}      # llama.cpp's prefill batch (-ub and -b); llamaub measures t
 REPS=${REPS:-1}     # llama-bench repetitions, after its own untimed warm-up run of each test
 PROBE_N=40          # every layer's experts on the CPU
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | tee -a "$OUT/gpu.txt"
-if [ ! -x "$LLAMA_BENCH" ] || [ ! -s "$GGUF" ]; then
-    echo "issue22_runs: need $LLAMA_BENCH and $GGUF (tools/gpu/build_llama_cpp.sh, tools/gguf_random.py)"; exit 1
-fi
+
+have_llama() {  # true if llama-bench and the GGUF are here; else says what builds them
+    [ -x "$LLAMA_BENCH" ] && [ -s "$GGUF" ] && return
+    echo "issue22_runs: need $LLAMA_BENCH and $GGUF (tools/gpu/build_llama_cpp.sh, tools/gguf_random.py)"; return 1
+}
 
 idle_mib() {  # the GPU's memory.used now (MiB), with nothing of ours on it
     nvidia-smi --query-gpu=memory.used --format=csv,noheader,nounits -i 0 | head -1
@@ -131,6 +133,7 @@ llama_preset() {  # preset, budget GiB, thread counts (comma-separated)
 
 for part in "$@"; do
     case "$part" in
+        llama*) have_llama || continue ;;&
         llama4gb) llama_preset 4gb 4 16 ;;
         llama8gb) llama_preset 8gb 8 16 ;;
         llama12gb) llama_preset 12gb 12 16 ;;

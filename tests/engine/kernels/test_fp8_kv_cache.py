@@ -150,7 +150,9 @@ def test_fp8_causal_attention_is_attention_over_the_dequantised_rows(monkeypatch
     expected = reference.causal_attention(q, keys, values, 0.2)
     got = engine.kernels.causal_attention(q, raw_k, raw_v, 0.2, scales)
     assert got.shape == (new, 8, 16) and got.dtype == q.dtype
-    assert torch.allclose(got, expected, rtol=1e-5, atol=1e-5)  # the same float32 math, blocked
+    # the same float32 math, blocked; on CUDA the Triton kernel, whose dots run in TF32 from Ampere on
+    tolerance = 5e-3 if triton_attention.dot_precision(raw_k) == "tf32" else 1e-5
+    assert torch.allclose(got, expected, rtol=tolerance, atol=tolerance)
 
 
 @pytest.mark.parametrize("new, total", [(37, 37), (1, 1), (16, 53), (9, 100), (40, 41)])

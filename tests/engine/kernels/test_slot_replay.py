@@ -81,10 +81,10 @@ def lookups(seed, count):
         yield layer, chosen
 
 
-def new_cache():
+def new_cache(device="cpu"):
     packed, _ = pack_banks({layer: Bank(layer) for layer in range(LAYERS)}, None, pin=False)
     first = packed[0]
-    return ExpertCache("cpu", SLOTS, first.layout, first.records.shape[0]), packed
+    return ExpertCache(device, SLOTS, first.layout, first.records.shape[0]), packed
 
 
 def kernel_lookup(table, layer, experts, device):
@@ -130,7 +130,7 @@ def test_host_path_kernel_and_textbook_lru_agree_at_every_step():
 def test_one_table_shared_by_host_lookups_and_the_kernel_agrees_with_the_textbook():
     """Decode steps choosing on the device and host lookups between them update one table: the host reads what
     the kernel wrote (no bookkeeping of its own) and the kernel what the host wrote."""
-    cache, packed = new_cache()
+    cache, packed = new_cache(DEVICE)  # the kernel works on the table where the cache is
     textbook = TextbookLru(SLOTS)
     rng = random.Random(7)
     on_device = 0
@@ -139,7 +139,7 @@ def test_one_table_shared_by_host_lookups_and_the_kernel_agrees_with_the_textboo
         if rng.random() < 0.5:
             on_device += 1
             table = cache.device_table(TOP_K)
-            slots, copies = kernel_lookup(table, layer, experts, "cpu")
+            slots, copies = kernel_lookup(table, layer, experts, DEVICE)
             reference.gather_records(packed[layer].records, cache.pool, copies)
         else:
             slots = cache.fetch(layer, experts, packed[layer])
