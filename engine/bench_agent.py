@@ -20,7 +20,8 @@ from dataclasses import dataclass
 from engine.runtime.events import TurnFinished
 from engine.runtime.prefix_cache import PrefixCache
 from engine.runtime.sampling import SamplingParams
-from engine.runtime.session import ChatSession, chat_prompt
+from engine.runtime.session import ChatSession
+from engine.runtime.prompt import chat_prompt
 from engine.runtime.tokenizer import ChatTokenizer
 
 READ_FILE = {

@@ -26,15 +26,15 @@ import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, replace
 
-import torch
 
-from engine.errors import CheckpointError, ContextOverflowError, NonFiniteLogitsError
+from engine.errors import CheckpointError, ContextOverflowError
 from engine.models.base import CausalLM, Interrupted, StateSnapshot
-from engine.runtime.events import AnswerDelta, ReasoningDelta, TurnFinished, TurnStats
+from engine.runtime.events import TurnFinished, TurnStats
 from engine.runtime.prefix_cache import CachedPrefix, PrefixCache
+from engine.runtime.prompt import Prompt
+from engine.runtime.reply import CutReply, Reply, thinking_open
 from engine.runtime.sampling import Sampler, SamplingParams
-from engine.runtime.stop import StopMatcher
-from engine.runtime.tokenizer import ChatTokenizer, IncrementalDetokenizer
+from engine.runtime.tokenizer import ChatTokenizer
 
 # Rendering [user, assistant] with this content around the new messages isolates the text the
 # template puts after a finished reply, whatever the template does with earlier turns.
@@ -112,7 +112,7 @@ class ChatSession:
         self._synced = 0  # messages[:_synced] are in the state
         self._boundaries: list[_Boundary] = []
         self._holds_request = False  # set by complete(): the next turn starts from a fresh state
-        self._cut_reply: _CutReply | None = None  # the last reply, when it was cut: what resume() goes on from
+        self._cut_reply: CutReply | None = None  # the last reply, when it was cut: what resume() goes on from
         self._latest: CachedPrefix | None = None  # the state store's latest entry of the state's sequence
 
     def cancel(self) -> None:
@@ -181,7 +181,7 @@ class ChatSession:
         cut = self._cut_reply
         self.messages.pop()
         self._synced = len(self.messages)
-        reply = _Reply(self, sampler, list(self._pending), "")
+        reply = Reply(self, sampler, list(self._pending), "")
         self._pending = ()
         reply.go_on_from(cut, cut.reasoning)  # its text as generated (the stored message is trimmed)
         yield from reply.run()
@@ -289,7 +289,7 @@ class ChatSession:
         self._state.load(hit.state if hit is not None else self._blank_copy())
         self._fed = list(hit.ids) if hit is not None else []
         self._boundaries = [_Boundary(0, self._state.snapshot(), len(self._fed), ())]
-        reply = _Reply(
+        reply = Reply(
             self,
             sampler,
             ids[len(self._fed) :],
@@ -304,7 +304,7 @@ class ChatSession:
         yield from reply.run()
         self.messages, self._synced = [], 0  # the reply is not a turn of the session's own conversation
 
-    def _turn(self, user_text: str, sampling: SamplingParams | None, cut: _CutReply | None = None) -> Iterator:
+    def _turn(self, user_text: str, sampling: SamplingParams | None, cut: CutReply | None = None) -> Iterator:
         """The turn's events; a cancel() from now on (before the first event too) stops it."""
         if self._holds_request:  # the state holds a whole request's sequence, not this conversation
             self._forget_state()
@@ -320,13 +320,13 @@ class ChatSession:
             raise ValueError("the history must end with the user message the cut reply answers")
         self.reset(history[:-1])
         reasoning, answer = cut_reply.get("reasoning_content") or "", cut_reply.get("content") or ""
-        return self._turn(history[-1]["content"], sampling, _CutReply(None, reasoning, answer, not answer))
+        return self._turn(history[-1]["content"], sampling, CutReply(None, reasoning, answer, not answer))
 
-    def _reply_prefix(self, rendered: str, cut: _CutReply) -> tuple[list[int], bool]:
+    def _reply_prefix(self, rendered: str, cut: CutReply) -> tuple[list[int], bool]:
         """(token ids of the cut reply's text as the model wrote it after the generation prompt `rendered`,
         whether the reply is still in its thinking there). Texts are data, read without control tokens."""
         tok = self.tokenizer
-        if not _thinking_open(tok, rendered):  # the template closed the thinking (or has none): only the answer follows
+        if not thinking_open(tok, rendered):  # the template closed the thinking (or has none): only the answer follows
             return tok.encode_text(cut.answer) if cut.answer else [], False
         if not cut.answer:
             return tok.encode_text(cut.thoughts), True
@@ -334,7 +334,7 @@ class ChatSession:
             tok.encode_text(cut.thoughts + "\n") + [tok.token_id(tok.think_end)] + tok.encode_text("\n\n" + cut.answer)
         ), False
 
-    def _run_turn(self, user_text: str, sampling: SamplingParams | None, cut: _CutReply | None = None) -> Iterator:
+    def _run_turn(self, user_text: str, sampling: SamplingParams | None, cut: CutReply | None = None) -> Iterator:
         params = sampling or self.sampling
         sampler = Sampler(replace(params, stop=tuple(params.stop)))
         user = {"role": "user", "content": user_text}
@@ -367,7 +367,7 @@ class ChatSession:
         hit = self._restore(ids) if not self._fed else None
         if hit is not None:
             ids = ids[len(hit.ids) :]
-        reply = _Reply(
+        reply = Reply(
             self,
             sampler,
             ids,
@@ -380,258 +380,3 @@ class ChatSession:
         if cut is not None:  # the reply goes on after its text, which the prompt now ends with
             reply.go_on_from(cut, in_thinking)
         yield from reply.run()
-
-
-def _thinking_open(tok: ChatTokenizer, rendered: str) -> bool:
-    """Whether `rendered` (a generation prompt) leaves the model inside its thinking: Qwen3.5/3.6 templates open
-    <think> in the generation prompt itself."""
-    return bool(tok.think_start) and rendered.rfind(tok.think_start) > rendered.rfind(tok.think_end or "")
-
-
-@dataclass(frozen=True)
-class _CutReply:
-    """A reply cut before its end: its message in the conversation (None: not in it), its text (untrimmed when the
-    session made it), whether in its thinking."""
-
-    message: dict | None
-    thoughts: str
-    answer: str
-    reasoning: bool
-
-
-@dataclass(frozen=True)
-class Prompt:
-    """A whole request's prompt: its token ids, the text they encode, and where a prefix cache should keep the
-    state (token counts at message boundaries; the prompt's end is always one)."""
-
-    ids: list[int]
-    rendered: str
-    save_at: tuple[int, ...] = ()
-
-
-def chat_prompt(
-    tokenizer: ChatTokenizer, messages: list[dict], *, tools: list[dict] | None = None, enable_thinking: bool = True
-) -> Prompt:
-    """A conversation (system prompt, tool specs and results included) as the template renders it with the
-    generation prompt; message texts are data (ChatTokenizer.encode_chat). Earlier replies keep their reasoning
-    where the template offers it (preserve_thinking, as in ChatSession), so an agent's growing conversation
-    stays a prefix of the next request's. Raises CheckpointError when the template refuses it."""
-    options = dict(enable_thinking=enable_thinking, tools=tools, preserve_thinking=True)
-    ids, rendered = tokenizer.encode_chat(messages, add_generation_prompt=True, **options)
-    # The messages' end: the next request re-renders the reply after it (a template drops an earlier turn's
-    # reasoning) but shares everything before it.
-    head, _ = tokenizer.encode_chat(messages, add_generation_prompt=False, **options)
-    kept = 0 < len(head) < len(ids) and ids[: len(head)] == head
-    return Prompt(ids, rendered, (len(head),) if kept else ())
-
-
-def text_prompt(tokenizer: ChatTokenizer, text: str) -> Prompt:
-    """Raw prompt text read as plain text (no control tokens), for completions."""
-    return Prompt(tokenizer.encode_text(text), "")
-
-
-def _explain(exc: Exception, phase: str) -> str:
-    if isinstance(exc, NonFiniteLogitsError):
-        return str(exc)
-    if isinstance(exc, torch.OutOfMemoryError):
-        return (
-            f"the engine ran out of memory while {phase}; the conversation is as it was before this message. "
-            f"Try a shorter message, a larger VRAM preset, or closing other programs that use the GPU"
-        )
-    return (
-        f"the engine failed while {phase} ({type(exc).__name__}: {exc}); the conversation is as it was "
-        f"before this message, so you can send again. The log has the details"
-    )
-
-
-class _Reply:
-    """One reply: prefill the prompt in chunks, then decode, splitting reasoning from answer."""
-
-    def __init__(
-        self,
-        session: ChatSession,
-        sampler: Sampler,
-        prompt_ids: list[int],
-        rendered: str,
-        *,
-        start_logits: torch.Tensor | None = None,
-        prefix_cache: PrefixCache | None = None,
-        restored: CachedPrefix | None = None,
-        save_at: frozenset[int] = frozenset(),
-        started: float | None = None,
-        answer_start: tuple[int, ...] = (),
-    ):
-        """prompt_ids: what the state still needs; start_logits: the state's last token's logits, for when that
-        is nothing; the states once `save_at` tokens are in (counted from the sequence's start), and the state
-        at the end of the reply, go into prefix_cache, sharing the KV blocks of `restored` (the entry the state
-        was loaded from) and of each other. `started`: when the request began (default: when run() does);
-        `answer_start`: tokens forced where the answer begins."""
-        self.session, self.sampler, self.prompt_ids = session, sampler, prompt_ids
-        self.logits, self.prefix_cache, self.save_at = start_logits, prefix_cache, save_at
-        self.cached, self.started = restored, started  # cached: the latest entry of this state's sequence
-        tok = session.tokenizer
-        self.think_start = tok.token_id(tok.think_start) if tok.think_start else None
-        self.think_end = tok.token_id(tok.think_end) if tok.think_end else None
-        self.reasoning = _thinking_open(tok, rendered)
-        self.detok = IncrementalDetokenizer(tok)
-        self.stop = StopMatcher(sampler.params.stop)
-        self.answer: list[str] = []
-        self.thoughts: list[str] = []
-        self.segment_started = False  # leading newlines of a segment are template layout, not text
-        self.prompt_tokens = session.context_used  # until the prefill has run
-        # forced tokens waiting to be fed: the answer's start now, or once the model closes its reasoning, after
-        # the blank line the templates put between reasoning and answer
-        self.forced: list[int] = [] if self.reasoning or not answer_start else list(answer_start)
-        self.forced_after_reasoning = (
-            tuple(tok.encode("\n\n")) + answer_start if self.reasoning and answer_start else ()
-        )
-
-    def run(self) -> Iterator:
-        s = self.session
-        start = first_token_at = self.started if self.started is not None else time.perf_counter()
-        generated: list[int] = []
-        phase = "reading the prompt"
-        try:
-            logits = self._prefill()
-            first_token_at = time.perf_counter()
-            self.prompt_tokens = s._state.position
-            phase = "writing the reply"
-            reason = yield from self._decode(logits, generated)
-            if reason != "cancelled":
-                self._save()
-            s._latest = self.cached
-        except Interrupted:
-            s._rewind(len(s._boundaries) - 1)
-            yield self._finish("cancelled", start, start, 0, prefilled=0)
-            return
-        except Exception as exc:  # out of memory, a kernel failure: the turn is undone, the session lives on
-            s._rewind(len(s._boundaries) - 1)
-            yield self._finish("error", start, first_token_at, len(generated), prefilled=0, error=_explain(exc, phase))
-            return
-        yield from self._drain(reason)
-        # the last sampled token is not in the state yet; eos is written by the next turn's template text
-        s._pending = () if reason == "eos" or not generated else (generated[-1],)
-        message = self._assistant_message()
-        s.messages.append(message)
-        s._synced = len(s.messages)
-        s._cut_reply = (
-            _CutReply(message, "".join(self.thoughts), "".join(self.answer), self.reasoning) if s._pending else None
-        )
-        yield self._finish(reason, start, first_token_at, len(generated), prefilled=len(self.prompt_ids))
-
-    def _save(self) -> None:
-        """Put the state (its token ids, the logits of the last) into the prefix cache, unless it holds it;
-        only the KV rows past the latest entry of this sequence are copied."""
-        s = self.session
-        if self.prefix_cache is not None:
-            self.cached = self.prefix_cache.store(s._fed, s._state, self.logits, after=self.cached) or self.cached
-
-    def _decode(self, logits, generated: list[int]):
-        """Sample until a stop; yields text events, returns the stop reason."""
-        s = self.session
-        budget = min(self.sampler.params.max_new_tokens, s.context_tokens - s._state.position)
-        while len(generated) < budget:
-            if s._cancel.is_set():
-                return "cancelled"
-            token = self.forced.pop(0) if self.forced else self.sampler(logits, s._fed, generated)
-            generated.append(token)
-            if token in s.tokenizer.eos_token_ids:
-                return "eos"
-            if token == self.think_end and self.forced_after_reasoning:
-                self.forced, self.forced_after_reasoning = list(self.forced_after_reasoning), ()
-            events, stopped = self._emit(token)
-            yield from events
-            if stopped:
-                return "stop"
-            if len(generated) == budget:
-                break
-            logits = self.logits = s.model.forward([token], s._state)
-            s._fed.append(token)
-        return "length"
-
-    def _prefill(self):
-        """Feed the prompt in chunks that end at every save point; the last token's logits."""
-        s = self.session
-        offset = len(s._fed)  # the save points count from the start of the sequence, the prompt from here
-        ends = sorted(
-            {p - offset for p in self.save_at if 0 < p - offset < len(self.prompt_ids)} | {len(self.prompt_ids)}
-        )
-        begin = 0
-        for end in ends:
-            while begin < end:
-                piece = self.prompt_ids[begin : min(begin + s.prefill_chunk_tokens, end)]
-                self.logits = s.model.forward(piece, s._state, interrupt=s._cancel.is_set)
-                s._fed.extend(piece)
-                s.prefilled_tokens_total += len(piece)
-                begin += len(piece)
-            if end + offset in self.save_at:
-                self._save()
-        s._pending = ()
-        return self.logits
-
-    def _emit(self, token: int) -> tuple[list, bool]:
-        if token == self.think_start or token == self.think_end:
-            events, stopped = self._text(self.detok.flush())
-            self.detok = IncrementalDetokenizer(self.session.tokenizer)
-            self.reasoning = token == self.think_start
-            self.segment_started = False
-            return events, stopped
-        return self._text(self.detok.feed(token))
-
-    def _text(self, delta: str) -> tuple[list, bool]:
-        shown, stopped = self.stop.feed(delta)
-        if not self.segment_started:
-            shown = shown.lstrip("\n")
-            self.segment_started = bool(shown)
-        if not shown:
-            return [], stopped
-        (self.thoughts if self.reasoning else self.answer).append(shown)
-        return [ReasoningDelta(shown) if self.reasoning else AnswerDelta(shown)], stopped
-
-    def _drain(self, reason: str) -> Iterator:
-        if reason == "stop":
-            return
-        events, _ = self._text(self.detok.flush())
-        yield from events
-        tail = self.stop.flush()
-        if tail:
-            (self.thoughts if self.reasoning else self.answer).append(tail)
-            yield ReasoningDelta(tail) if self.reasoning else AnswerDelta(tail)
-
-    def go_on_from(self, cut: _CutReply, reasoning: bool) -> None:
-        """Make this reply the continuation of `cut`: its text so far, in its thinking or not."""
-        self.reasoning, self.segment_started = reasoning, True
-        self.thoughts = [cut.thoughts] if cut.thoughts else []
-        self.answer = [cut.answer] if cut.answer else []
-
-    def _assistant_message(self) -> dict:
-        message = {"role": "assistant", "content": "".join(self.answer).rstrip()}
-        if self.thoughts:
-            message["reasoning_content"] = "".join(self.thoughts).strip()
-        return message
-
-    def _finish(
-        self,
-        reason: str,
-        start: float,
-        first_token_at: float,
-        new_tokens: int,
-        prefilled: int,
-        error: str | None = None,
-    ) -> TurnFinished:
-        end = time.perf_counter()
-        prefill_s = max(first_token_at - start, 1e-9)
-        decode_s = end - first_token_at
-        stats = TurnStats(
-            prompt_tokens=self.prompt_tokens,
-            prefill_tokens=prefilled,
-            new_tokens=new_tokens,
-            time_to_first_token_s=prefill_s,
-            prefill_tokens_per_s=prefilled / prefill_s,
-            decode_tokens_per_s=(new_tokens - 1) / decode_s if new_tokens > 1 and decode_s > 0 else 0.0,
-            stop_reason=reason,
-            seed=self.sampler.seed,
-            error=error,
-            cached_tokens=self.prompt_tokens - prefilled if reason not in ("cancelled", "error") else 0,
-        )
-        return TurnFinished("".join(self.answer).rstrip(), "".join(self.thoughts).strip(), stats)

@@ -11,7 +11,7 @@ from fastapi.responses import JSONResponse
 from sse_starlette.sse import EventSourceResponse
 
 from engine.runtime.events import AnswerDelta, ReasoningDelta, TurnFinished
-from engine.runtime.session import chat_prompt
+from engine.runtime.prompt import chat_prompt
 from engine.runtime.tool_calls import ToolCallArgumentsDelta, ToolCallFinished, ToolCallStarted
 from engine.server import fields
 from engine.server.fields import BadRequest, get

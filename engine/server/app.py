@@ -14,7 +14,7 @@ from fastapi import FastAPI, Request
 from starlette.concurrency import run_in_threadpool
 
 from engine.errors import CheckpointError
-from engine.runtime.session import chat_prompt
+from engine.runtime.prompt import chat_prompt
 from engine.server import anthropic_api, openai_api
 from engine.server.fields import BadRequest
 from engine.server.http import ServerContext, error_response, json_body

@@ -14,7 +14,7 @@ from starlette.concurrency import run_in_threadpool
 
 from engine.errors import CheckpointError
 from engine.runtime.sampling import SamplingParams
-from engine.runtime.session import Prompt
+from engine.runtime.prompt import Prompt
 from engine.runtime.tokenizer import ChatTokenizer
 from engine.server.fields import BadRequest
 from engine.server.worker import EngineWorker

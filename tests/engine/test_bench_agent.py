@@ -10,7 +10,8 @@ from engine import bench_agent
 from engine.cli import main
 from engine.resources import DEMO_MODEL
 from engine.runtime.prefix_cache import PrefixCache
-from engine.runtime.session import ChatSession, chat_prompt
+from engine.runtime.session import ChatSession
+from engine.runtime.prompt import chat_prompt
 from engine.runtime.tokenizer import ChatTokenizer
 from engine.testing.tiny_tokenizer import write_tiny_tokenizer
 

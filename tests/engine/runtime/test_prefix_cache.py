@@ -9,7 +9,8 @@ from engine.resources import DEMO_MODEL
 from engine.runtime.events import TurnFinished
 from engine.runtime.prefix_cache import PrefixCache
 from engine.runtime.sampling import SamplingParams
-from engine.runtime.session import ChatSession, chat_prompt
+from engine.runtime.session import ChatSession
+from engine.runtime.prompt import chat_prompt
 from engine.runtime.tokenizer import ChatTokenizer
 
 GREEDY = SamplingParams(temperature=0.0, max_new_tokens=8)  # short replies: the tests run on a shared CPU

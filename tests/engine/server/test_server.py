@@ -16,7 +16,7 @@ from server_fixtures import API_KEY, live_server
 import engine
 from engine.cli import main
 from engine.resources import DEMO_MODEL
-from engine.runtime.session import chat_prompt
+from engine.runtime.prompt import chat_prompt
 from engine.runtime.tokenizer import ChatTokenizer
 from engine.server.serve import check_settings
 

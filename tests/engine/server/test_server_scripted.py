@@ -15,7 +15,8 @@ from server_fixtures import API_KEY, live_server
 
 from engine.resources import DEMO_MODEL
 from engine.runtime.events import TurnFinished
-from engine.runtime.session import ChatSession, text_prompt
+from engine.runtime.session import ChatSession
+from engine.runtime.prompt import text_prompt
 from engine.runtime.tokenizer import ChatTokenizer
 from engine.server.worker import EngineWorker, QueueFull, Stopped
 
