@@ -12,7 +12,8 @@ from engine.checkpoint import Checkpoint
 from engine.checkpoint.quant_config import QuantSettings, kv_cache_choice
 from engine.checkpoint.source import WeightSource
 from engine.config import read_config
-from engine.experts.executor import CachedExpertExecutor, ReferenceExpertExecutor
+from engine.experts.cached_executor import CachedExpertExecutor
+from engine.experts.executor import ReferenceExpertExecutor
 from engine.experts.link import LinkLimit
 from engine.experts.packed import default_pin_budget_bytes
 from engine.models import BUILDERS

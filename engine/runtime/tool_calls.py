@@ -25,13 +25,13 @@ token of these tokenizers, so the answer must be decoded with special tokens kep
 from __future__ import annotations
 
 import json
-import math
 import random
 import re
 from collections.abc import Callable
 from dataclasses import dataclass
 
 from engine.runtime.stop import partial_match_start
+from engine.runtime.tool_arguments import convert_value, declared_types, json_text, json_value, parameter_schemas
 
 STYLES = ("qwen_xml", "qwen_json")
 CALL_OPEN, CALL_CLOSE = "<tool_call>", "</tool_call>"
@@ -140,84 +140,6 @@ class _CallBody:
         return ToolCallFinished(self.started.index, self.started.call_id, self.started.name, arguments)
 
 
-def _parameter_schemas(tools: list | None) -> dict[str, dict[str, dict]]:
-    """Each tool's parameter schemas by tool and parameter name, from OpenAI-style specs; other entries skipped."""
-    schemas = {}
-    for tool in tools or ():
-        function = tool.get("function", tool) if isinstance(tool, dict) else None
-        if not isinstance(function, dict) or not isinstance(function.get("name"), str):
-            continue
-        parameters = function.get("parameters")
-        properties = parameters.get("properties") if isinstance(parameters, dict) else None
-        schemas[function["name"]] = (
-            {key: schema for key, schema in properties.items() if isinstance(schema, dict)}
-            if isinstance(properties, dict)
-            else {}
-        )
-    return schemas
-
-
-def _declared_types(schema: dict | None) -> list[str]:
-    """The JSON-schema types a parameter's schema allows: its type, a list of types, or its anyOf/oneOf options'
-    types; [] when it declares none."""
-    if not isinstance(schema, dict):
-        return []
-    declared = schema.get("type")
-    if isinstance(declared, str):
-        return [declared]
-    if isinstance(declared, list):
-        return [t for t in declared if isinstance(t, str)]
-    options = schema.get("anyOf") or schema.get("oneOf")
-    return (
-        [option["type"] for option in options if isinstance(option, dict) and isinstance(option.get("type"), str)]
-        if isinstance(options, list)
-        else []
-    )
-
-
-def _json(value) -> str:
-    return json.dumps(value, ensure_ascii=False)
-
-
-def _json_value(text: str, otherwise=None):
-    """The value text holds as JSON, or `otherwise` when it is not JSON (or nests too deeply to read)."""
-    try:
-        return json.loads(text)
-    except (ValueError, RecursionError):
-        return otherwise
-
-
-_NOT_THAT_TYPE = object()
-
-
-def _as_type(value: str, kind: str):
-    """value read as a JSON-schema type, or _NOT_THAT_TYPE when it does not read as one."""
-    text = value.strip()
-    if kind == "string":
-        return value
-    if kind == "boolean":
-        return {"true": True, "false": False}.get(text.lower(), _NOT_THAT_TYPE)
-    parsed = _json_value(text, _NOT_THAT_TYPE)
-    if isinstance(parsed, float) and not math.isfinite(parsed):  # json.loads reads NaN, which JSON cannot hold
-        return _NOT_THAT_TYPE
-    is_number = isinstance(parsed, (int, float)) and not isinstance(parsed, bool)
-    if kind == "integer" and is_number and float(parsed).is_integer():
-        return int(parsed)
-    if kind == "number" and is_number:
-        return parsed
-    wanted = {"object": dict, "array": list, "null": type(None)}.get(kind)
-    return parsed if wanted is not None and isinstance(parsed, wanted) else _NOT_THAT_TYPE
-
-
-def _convert(value: str, types: list[str]):
-    """value as the first declared type it reads as (string tried last); the string itself when none fits."""
-    for kind in sorted(types, key=lambda kind: kind == "string"):
-        converted = _as_type(value, kind)
-        if converted is not _NOT_THAT_TYPE:
-            return converted
-    return value
-
-
 class _XmlCallBody(_CallBody):
     """A qwen_xml call: <function=NAME>, then <parameter=KEY>\\nVALUE\\n</parameter> blocks, then </function>.
 
@@ -300,8 +222,8 @@ class _XmlCallBody(_CallBody):
         return True
 
     def _begin_parameter(self, key: str, events: list) -> None:
-        self._types = _declared_types(self._schemas.get(self.started.name, {}).get(key))
-        opening = (", " if self._key else "{") + _json(key) + ": "  # _key: the previous parameter's, if any
+        self._types = declared_types(self._schemas.get(self.started.name, {}).get(key))
+        opening = (", " if self._key else "{") + json_text(key) + ": "  # _key: the previous parameter's, if any
         self._key, self._value, self._value_begun = key, [], False
         self._state = "value"
         events.append(self._delta(opening + ('"' if self._streams() else "")))
@@ -331,8 +253,8 @@ class _XmlCallBody(_CallBody):
         if self._streams():
             events.append(self._delta('"'))
         else:
-            value = _convert(value, self._types)
-            events.append(self._delta(_json(value)))
+            value = convert_value(value, self._types)
+            events.append(self._delta(json_text(value)))
         self._arguments[self._key] = value
         self._state = "parameters"
         return True
@@ -342,7 +264,7 @@ class _XmlCallBody(_CallBody):
             return
         self._value.append(piece)
         if self._streams():  # JSON escapes character by character, so escaped pieces join to the escaped whole
-            events.append(self._delta(_json(piece)[1:-1]))
+            events.append(self._delta(json_text(piece)[1:-1]))
 
 
 class _JsonCallBody(_CallBody):
@@ -366,7 +288,7 @@ class _JsonCallBody(_CallBody):
             header = _JSON_HEADER.match(self._text)
             if header is None:
                 return events
-            name = _json_value(header.group(1))
+            name = json_value(header.group(1))
             if not isinstance(name, str) or not name:  # close() says what is wrong with it
                 self._state = "whole"
                 return events
@@ -423,11 +345,11 @@ class _JsonCallBody(_CallBody):
             return [self._finished(json.loads(self._arguments_text))]
         arguments = call.get("arguments", {})
         if isinstance(arguments, str):  # some models write the arguments object as a JSON string
-            arguments = _json_value(arguments, arguments)
+            arguments = json_value(arguments, arguments)
         if not isinstance(arguments, dict):
             raise _MalformedCall("its arguments are not a JSON object")
         events = [] if self.started else [self._start(call["name"])]
-        return events + [self._delta(_json(arguments)), self._finished(arguments)]
+        return events + [self._delta(json_text(arguments)), self._finished(arguments)]
 
 
 class ToolCallParser:
@@ -444,7 +366,7 @@ class ToolCallParser:
         if style not in STYLES:
             raise ValueError(f"unknown tool-call style {style!r}; use one of {', '.join(STYLES)}")
         self.style = style
-        self._schemas = _parameter_schemas(tools)
+        self._schemas = parameter_schemas(tools)
         self._random = random.Random(seed) if seed is not None else random.SystemRandom()
         self._call_ids: set[str] = set()
         self._next_index = 0

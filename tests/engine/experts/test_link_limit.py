@@ -92,7 +92,7 @@ def test_held_copies_still_happen_and_the_held_time_is_their_bytes_over_the_link
 def test_the_splits_calibration_sees_the_held_link(monkeypatch, tiny_checkpoint):
     """Measured on a fast link the CPU would not help, so auto would offload; held to a laptop's link the
     copies are slower than the CPU, and auto splits."""
-    import engine.experts.executor as executor_module
+    import engine.experts.cached_executor as executor_module
 
     measured = Calibration(50e9, 2e9, 1e-5, 8, 20e9)
     record = 2_000_000
