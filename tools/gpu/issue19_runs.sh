@@ -21,9 +21,9 @@
 #   prefill   a Gated DeltaNet layer's prefill chunk on this tree and OLD_TREE (time, peak against the plan's
 #             term), its workspace test, then 4gb prefill 4,096 (first: it pays the compile), 512 and 16,384,
 #             uniform routing, auto
-#   redesign  issue 23's before and after in one call: OLD_TREE (default .old-tree; for issue 23 `git archive 7442f9f
-#             engine`, the tree before the decode redesign) and this tree, each at PRESETS (default "4gb 8gb 12gb";
-#             about 90 s a bench: two presets a call), prefill 4,096, decode 128 after it, uniform, every backend;
+#   redesign  issue 23's before and after in one call: OLD_TREE (default .old-tree; for issue 23 `git archive 9b2939e
+#             engine`, a tree before the decode redesign: 7442f9f's plans run out of memory at 4gb and 8gb) and
+#             this tree, each at PRESETS (default "4gb 8gb 12gb"; about 90 s a bench: two presets a call), prefill 4,096, decode 128 after it, uniform, every backend;
 #             each tree measures the runtime reserve afresh (its kernels differ)
 #   laptop    the field report's laptop emulated (issue 22): 4gb, expert copies held to 6.5 GB/s (PCIe 4.0 x4),
 #             8 CPU threads, records pinned then pageable, every backend and auto, decode 64 after 4,096
