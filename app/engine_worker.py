@@ -450,7 +450,7 @@ class EngineWorker(QObject):
 
     def _placement(self, folder: Path, options: dict):
         """The GPU under the preset's plan when one fits, else the CPU, with the reason in the log."""
-        from engine.api import Placement, PlanError, plan_placement
+        from engine.api import DEFAULT_USE, Placement, PlanError, plan_placement
 
         vram_gib = float(options.get("vram_gib") or 0)
         try:
@@ -459,6 +459,7 @@ class EngineWorker(QObject):
                 options.get("preset") or "auto",
                 int(vram_gib * 2**30) if vram_gib > 0 else None,
                 options.get("custom_plan"),
+                use=options.get("plan_use") or DEFAULT_USE,
             )
         except PlanError as exc:
             self.log.emit("warning", f"no VRAM plan fits, so the model runs on the CPU: {exc}")

@@ -12,12 +12,13 @@ from pathlib import Path
 from PySide6.QtCore import QSettings
 
 from app.paths import data_folder
-from engine.api import BACKENDS, DEFAULT_MAX_SNAPSHOTS, SamplingParams
+from engine.api import BACKENDS, DEFAULT_MAX_SNAPSHOTS, DEFAULT_USE, USES, SamplingParams
 
 log = logging.getLogger(__name__)
 
 DEFAULTS = {
     "preset": "auto",  # 4gb | 8gb | 12gb | auto | custom
+    "plan_use": DEFAULT_USE,  # what the plan gives the memory beyond a 32K-token prompt: engine.api.USES
     "custom_plan": {"expert_cache_layers": 1, "prefill_overlap": False, "prefill_chunk_tokens": 256, "kv_tokens": 8192},
     "vram_gib": 0.0,  # 0: the card's free memory (auto) or the preset's size
     "context_tokens": 8192,
@@ -98,6 +99,7 @@ def _strings(value) -> bool:
 # what each stored value must be, checked when it is read: (test, the allowed values in words)
 CHECKS = {
     "preset": (lambda v: v in PRESETS, f"one of {', '.join(PRESETS)}"),
+    "plan_use": (lambda v: v in USES, f"one of {', '.join(USES)}"),
     "custom_plan": (_custom_plan, f"a plan with the keys {', '.join(DEFAULTS['custom_plan'])}"),
     "vram_gib": (_number, "a number of GiB, 0 or more"),
     "context_tokens": (
@@ -148,6 +150,7 @@ def load_options(settings: "AppSettings") -> dict:
             "context_tokens",
             "cpu_threads",
             "preset",
+            "plan_use",
             "vram_gib",
             "custom_plan",
             "pin_budget_gib",

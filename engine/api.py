@@ -27,6 +27,8 @@ _HOMES: dict[str, tuple[str, ...]] = {
     "engine.runtime.planner": (
         "BREAKDOWN_LABELS",
         "DEFAULT_RESERVE_SOURCE",
+        "DEFAULT_USE",
+        "USES",
         "KV_TOKEN_GRANULE",
         "OVERLAP_MIN_LAYERS",
         "PREFILL_CHUNK_MAX",

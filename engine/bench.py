@@ -27,7 +27,7 @@ from engine.experts.routing import ForcedRouting, force_routing
 from engine.loader import build_model, expert_executor, kv_dtype
 from engine.models.base import CausalLM
 from engine.runtime.footprint import footprint_from_synthetic
-from engine.runtime.planner import MemoryPlan, plan_memory, preset_budget_bytes
+from engine.runtime.planner import DEFAULT_USE, MemoryPlan, plan_memory, preset_budget_bytes
 from engine.runtime.vram import cap_process_memory, measured_peak
 from engine.synthetic import SYNTHETIC_MODELS
 from engine.testing.random_weights import random_tensors
@@ -408,14 +408,20 @@ def _run_one(
 
 
 def plan_for(
-    name: str, preset: str | None, vram_gib: float | None, reserve_bytes: int | None = None, kv_cache: str = "auto"
+    name: str,
+    preset: str | None,
+    vram_gib: float | None,
+    reserve_bytes: int | None = None,
+    kv_cache: str = "auto",
+    use: str = DEFAULT_USE,
 ) -> MemoryPlan | None:
-    """The memory plan of synthetic model `name` under `preset` (None without one), its KV cache in `kv_cache`."""
+    """The memory plan of synthetic model `name` under `preset` (None without one), its KV cache in `kv_cache`,
+    the memory beyond the target prompt spent as `use` says."""
     if preset is None:
         return None
     budget = int(vram_gib * 2**30) if vram_gib else preset_budget_bytes(preset)
     extra = {} if reserve_bytes is None else {"reserve_bytes": reserve_bytes}
-    return plan_memory(footprint_from_synthetic(name, kv_cache), budget, preset, **extra)
+    return plan_memory(footprint_from_synthetic(name, kv_cache), budget, preset, use=use, **extra)
 
 
 def format_result(result: dict) -> str:

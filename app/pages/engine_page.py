@@ -40,6 +40,7 @@ from engine.api import (
     PREFILL_CHUNK_MAX,
     PREFILL_CHUNK_MIN,
     REPLY_RESERVE_TOKENS,
+    USES,
     ModelFootprint,
     PlanError,
     footprint_from_synthetic,
@@ -51,6 +52,7 @@ from engine.api import (
 SYNTHETIC_MODEL = "qwen3.6-35b-a3b-nvfp4"  # the model the presets were designed for
 PRESET_CHOICES = (("4 GB", "4gb"), ("8 GB", "8gb"), ("12 GB", "12gb"), ("Auto", "auto"), ("Custom", "custom"))
 PRESET_NAMES = {key: label for label, key in PRESET_CHOICES}
+USE_NAMES = {"chat": "Chat", "long-context": "Long context"}  # engine.api.USES, as the page names them
 MAX_BUDGET_GIB = 1024.0
 HISTORY_LENGTH = 60
 NOT_MEASURED = "not measured in CPU mode"
@@ -302,6 +304,13 @@ class EnginePage(QWidget):
         self.preset_combo = QComboBox()
         for label, key in PRESET_CHOICES:
             self.preset_combo.addItem(label, key)
+        self.use_combo = QComboBox()
+        for use in USES:
+            self.use_combo.addItem(USE_NAMES[use], use)
+        self.use_combo.setToolTip(
+            "What the memory beyond a 32K-token prompt is for: Chat gives it to the expert cache (faster replies), "
+            "Long context to the KV cache (longer prompts)."
+        )
         self.budget_spin = QDoubleSpinBox()
         self.budget_spin.setRange(0.0, MAX_BUDGET_GIB)
         self.budget_spin.setDecimals(2)
@@ -355,6 +364,9 @@ class EnginePage(QWidget):
         controls.addWidget(QLabel("Preset"))
         controls.addWidget(self.preset_combo)
         controls.addSpacing(16)
+        controls.addWidget(QLabel("Memory for"))
+        controls.addWidget(self.use_combo)
+        controls.addSpacing(16)
         controls.addWidget(QLabel("VRAM budget"))
         controls.addWidget(self.budget_spin)
         controls.addStretch(1)
@@ -382,8 +394,10 @@ class EnginePage(QWidget):
         self.custom_editor.set_values(settings.get("custom_plan"))
         saved_preset = self.preset_combo.findData(settings.get("preset"))
         self.preset_combo.setCurrentIndex(max(saved_preset, 0))
+        self.use_combo.setCurrentIndex(max(self.use_combo.findData(settings.get("plan_use")), 0))
         self.budget_spin.setValue(float(settings.get("vram_gib") or 0.0))
         self.preset_combo.currentIndexChanged.connect(self._on_preset_changed)
+        self.use_combo.currentIndexChanged.connect(self._on_use_changed)
         self.budget_spin.valueChanged.connect(self._on_budget_changed)
         self.custom_editor.changed.connect(self._on_custom_changed)
         worker.progress.connect(self.live.on_progress)
@@ -396,6 +410,12 @@ class EnginePage(QWidget):
 
     def preset(self) -> str:
         return self.preset_combo.currentData()
+
+    def use(self) -> str:
+        return self.use_combo.currentData()
+
+    def set_use(self, use: str) -> None:
+        self.use_combo.setCurrentIndex(self.use_combo.findData(use))
 
     def set_preset(self, preset: str) -> None:
         self.preset_combo.setCurrentIndex(self.preset_combo.findData(preset))
@@ -427,6 +447,10 @@ class EnginePage(QWidget):
 
     def _on_preset_changed(self) -> None:
         self.settings.set("preset", self.preset())
+        self.replan()
+
+    def _on_use_changed(self) -> None:
+        self.settings.set("plan_use", self.use())
         self.replan()
 
     def _on_budget_changed(self, gib: float) -> None:
@@ -465,6 +489,7 @@ class EnginePage(QWidget):
     def replan(self) -> None:
         preset = self.preset()
         self.custom_editor.setVisible(preset == "custom")
+        self.use_combo.setEnabled(preset != "custom")
         budget, budget_text = self.budget()
         self.budget_note.setText(budget_text)
         self._show_mode(budget is None)
@@ -477,14 +502,36 @@ class EnginePage(QWidget):
             if self._reserve is None
             else {"reserve_bytes": self._reserve["reserve_bytes"], "reserve_source": self._reserve["source"]}
         )
+        if preset != "custom":
+            self._name_uses(budget, preset, reserve)
         try:
             plan = plan_memory(
-                self.footprint, budget, preset, self.custom_editor.values() if preset == "custom" else None, **reserve
+                self.footprint,
+                budget,
+                preset,
+                self.custom_editor.values() if preset == "custom" else None,
+                use=self.use(),
+                **reserve,
             )
         except PlanError as exc:
             self._show_plan(None, budget, f"No plan: {exc}")
             return
         self._show_plan(plan.to_dict(), budget, "")
+
+    def _name_uses(self, budget: int, preset: str, reserve: dict) -> None:
+        """Label each use with what its plan would give on this budget, so the choice is made knowing both."""
+        for index in range(self.use_combo.count()):
+            use = self.use_combo.itemData(index)
+            try:
+                plan = plan_memory(self.footprint, budget, preset, use=use, **reserve)
+            except PlanError:
+                self.use_combo.setItemText(index, USE_NAMES[use])
+                continue
+            self.use_combo.setItemText(
+                index,
+                f"{USE_NAMES[use]}: {plan.max_prompt_tokens:,}-token prompts, "
+                f"{plan.expert_cache_layers} cache layer{'s' if plan.expert_cache_layers != 1 else ''}",
+            )
 
     def _show_mode(self, no_budget: bool) -> None:
         """In CPU mode, say first that the plan is not used, and what the one shown stands for."""
@@ -545,6 +592,8 @@ class EnginePage(QWidget):
         rules = PRESET_NAMES.get(plan["preset"], plan["preset"])
         if plan["policy"] != plan["preset"]:
             rules += f" (chose the {PRESET_NAMES[plan['policy']]} rules for this budget)"
+        if plan["use"] in USE_NAMES:
+            rules += f", memory for {USE_NAMES[plan['use']].lower()}"
         breakdown = plan["breakdown"]
         return {
             "rules": rules,

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 
 from engine.cli.common import CliError
-from engine.cli.loading import add_kv_cache_option
+from engine.cli.loading import add_kv_cache_option, add_use_option
 
 
 def register(commands) -> None:
@@ -78,6 +78,7 @@ def register(commands) -> None:
         "emulate a narrower link (e.g. 6.5 for a laptop's PCIe 4.0 x4)",
     )
     add_kv_cache_option(bench)
+    add_use_option(bench)
     bench.add_argument("--json", action="store_true")
     bench.set_defaults(run=run_bench)
 
@@ -114,7 +115,7 @@ def run_bench(args) -> int:
             from engine.runtime.reserve import runtime_reserve
 
             reserve = runtime_reserve().reserve_bytes
-        plan = bench.plan_for(args.synthetic, args.preset, args.vram_limit, reserve, args.kv_cache)
+        plan = bench.plan_for(args.synthetic, args.preset, args.vram_limit, reserve, args.kv_cache, args.use)
     except (ValueError, PlanError) as exc:
         raise CliError(str(exc)) from None
     backends = None

@@ -52,6 +52,7 @@ def add_model_options(p: argparse.ArgumentParser) -> None:
         "experts it computes on a GPU run (default: physical cores)",
     )
     add_kv_cache_option(p)
+    add_use_option(p)
 
 
 def add_kv_cache_option(p: argparse.ArgumentParser) -> None:
@@ -61,6 +62,19 @@ def add_kv_cache_option(p: argparse.ArgumentParser) -> None:
         choices=KV_CACHE_CHOICES,
         default="auto",
         help="auto: bf16 for now; fp8 halves the KV cache (e4m3 with per-head scales)",
+    )
+
+
+def add_use_option(p: argparse.ArgumentParser) -> None:
+    """Add --use, what the GPU memory beyond a 32K-token prompt goes to."""
+    from engine.runtime.planner import DEFAULT_USE, USES
+
+    p.add_argument(
+        "--use",
+        choices=USES,
+        default=DEFAULT_USE,
+        help="what the VRAM plan gives the memory beyond a 32K-token prompt: chat (expert-cache layers, faster "
+        "decode) or long-context (KV cache for longer prompts, larger prefill chunks)",
     )
 
 
@@ -94,7 +108,9 @@ def open_model(args):
     if args.device == "cuda" and not gpu_status()[0]:
         raise CliError(f"--device cuda: {gpu_status()[1]}")
     try:
-        placement = plan_placement(args.model, args.preset, device=args.device, kv_cache_dtype=args.kv_cache)
+        placement = plan_placement(
+            args.model, args.preset, device=args.device, kv_cache_dtype=args.kv_cache, use=args.use
+        )
     except PlanError as exc:
         raise CliError(f"no VRAM plan fits: {exc}; try a bigger --preset or --device cpu") from None
     if placement.device == "cuda":  # the GPU's plan is worth a line; CPU mode is what a CPU build always does

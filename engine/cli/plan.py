@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 
 from engine.cli.common import CliError
-from engine.cli.loading import add_kv_cache_option
+from engine.cli.loading import add_kv_cache_option, add_use_option
 from engine.resources import resolve_model
 
 
@@ -23,6 +23,7 @@ def register(commands) -> None:
     )
     plan.add_argument("--json", action="store_true")
     add_kv_cache_option(plan)
+    add_use_option(plan)
     plan.set_defaults(run=run_plan)
 
 
@@ -49,7 +50,12 @@ def run_plan(args) -> int:
     reserve, where = _plan_reserve()
     try:
         plan = plan_memory(
-            footprint, budget, args.preset, reserve_bytes=reserve.reserve_bytes, reserve_source=reserve.source
+            footprint,
+            budget,
+            args.preset,
+            reserve_bytes=reserve.reserve_bytes,
+            reserve_source=reserve.source,
+            use=args.use,
         )
     except PlanError as exc:
         raise CliError(str(exc)) from None

@@ -16,7 +16,7 @@ from engine.config import read_config
 from engine.loader import load_model
 from engine.models.base import CausalLM
 from engine.runtime.footprint import footprint_from_checkpoint
-from engine.runtime.planner import MemoryPlan, plan_memory, preset_budget_bytes
+from engine.runtime.planner import DEFAULT_USE, MemoryPlan, plan_memory, preset_budget_bytes
 
 MIN_COMPUTE_CAPABILITY = (7, 5)  # Turing: the oldest cards the Triton kernels target
 
@@ -68,9 +68,11 @@ def plan_placement(
     custom: dict | None = None,
     device: str = "auto",
     kv_cache_dtype: str = "auto",
+    use: str = DEFAULT_USE,
 ) -> Placement:
     """The placement of the checkpoint at `folder`, its KV cache in the dtype kv_cache_dtype gives it
-    (quant_config.kv_cache_choice). PlanError when the GPU is usable but no plan fits."""
+    (quant_config.kv_cache_choice), the memory beyond the target prompt spent as `use` says (planner.USES).
+    PlanError when the GPU is usable but no plan fits."""
     usable, status = gpu_status()
     if device == "cpu" or not usable:
         why = "the CPU was chosen in the settings" if device == "cpu" else status
@@ -89,6 +91,7 @@ def plan_placement(
         custom,
         reserve_bytes=reserve.reserve_bytes,
         reserve_source=reserve.source,
+        use=use,
     )
     return Placement("cuda", gpu_dtype(), plan, f"GPU mode on {status}: {plan.summary()}", plan.kv_cache)
 

@@ -82,6 +82,11 @@ PREFILL_CHUNK_CHOICES = tuple(
     PREFILL_CHUNK_MIN * 2**i for i in range(int(math.log2(PREFILL_CHUNK_MAX // PREFILL_CHUNK_MIN)) + 1)
 )
 PRESETS = ("4gb", "8gb", "12gb", "auto", "custom")
+# What a preset's memory is for once the 32K-token prompt is secured: chat gives the rest to expert-cache layers
+# (fewer misses a decoded token), long-context to the KV cache and the largest prefill chunks.
+USES = ("chat", "long-context")
+DEFAULT_USE = "chat"
+CHAT_MAX_CHUNK = 2048  # a chat's prompts are short: memory a bigger chunk would take buys cache layers
 # The card each size preset is named for; the caller passes less when the card's memory is not all free.
 PRESET_BUDGET_BYTES = {"4gb": 4 * GIB, "8gb": 8 * GIB, "12gb": 12 * GIB}
 CUSTOM_KEYS = ("expert_cache_layers", "prefill_overlap", "prefill_chunk_tokens", "kv_tokens")
@@ -154,6 +159,7 @@ class MemoryPlan:
     breakdown: dict[str, int]  # BREAKDOWN_LABELS keys and "total"
     reserve_source: str = DEFAULT_RESERVE_SOURCE  # "measured on <GPU>", or which estimate the runtime reserve is
     kv_cache: str = "bf16"  # the KV cache's dtype the plan is sized for, which the model must load with
+    use: str = DEFAULT_USE  # what the memory beyond the target prompt went to (USES); "custom" for a custom plan
 
     @property
     def reserve_measured(self) -> bool:
@@ -174,7 +180,7 @@ class MemoryPlan:
 
     def summary(self) -> str:
         return (
-            f"{self.model} {self.preset}: {_layers(self.expert_cache_layers)} of experts "
+            f"{self.model} {self.preset} for {self.use}: {_layers(self.expert_cache_layers)} of experts "
             f"({self.expert_slots:,} slots), overlap {'on' if self.prefill_overlap else 'off'}, "
             f"chunk {self.prefill_chunk_tokens}, "
             f"KV {self.kv_tokens:,} tokens ({self.kv_cache}), prompts up to {self.max_prompt_tokens:,} tokens; "
@@ -185,7 +191,7 @@ class MemoryPlan:
         policy = f" (rules of {self.policy})" if self.policy != self.preset else ""
         experts_per_layer = self.expert_slots // self.expert_cache_layers
         lines = [
-            f"{self.model}, preset {self.preset}{policy}, budget {_gib(self.budget_bytes)}",
+            f"{self.model}, preset {self.preset}{policy} for {self.use}, budget {_gib(self.budget_bytes)}",
             f"  expert cache       {_layers(self.expert_cache_layers)} x {experts_per_layer} experts = "
             f"{self.expert_slots:,} slots, prefill overlap {'on' if self.prefill_overlap else 'off'}",
             f"  prefill chunk      {self.prefill_chunk_tokens:,} tokens",
@@ -204,16 +210,23 @@ class _Rule:
     """How a preset spends memory once the fixed costs are paid."""
 
     min_layers: int
-    fills_layers: bool  # memory left after the KV target and the largest chunk buys more cache layers
-    max_chunk: int  # the largest prefill chunk the rule buys before spending the rest
+    long_chunk: int  # the largest prefill chunk a long-context plan buys before it gives the rest to KV
+    chat_layers: bool = True  # whether a chat plan buys cache layers with the rest (else it goes to KV)
+
+    def for_use(self, use: str) -> tuple[bool, int]:
+        """Whether memory left after the KV target and the largest chunk buys cache layers, and that chunk."""
+        if use == "chat":
+            return self.chat_layers, min(self.long_chunk, CHAT_MAX_CHUNK)
+        return False, self.long_chunk
 
 
-# 4gb keeps 2,048-token chunks so the rest of its memory stays prompt; 12gb's is worth more as cache layers, which
-# prefill keeps instead of recopying (experts/cache.py); 8gb has KV to spare for bigger chunks.
+# 4gb keeps 2,048-token chunks and gives what is left to the prompt, whatever the use: less than a layer is left;
+# with more memory a long context is worth bigger chunks (fewer expert bytes a prompt token), a chat cache layers,
+# which prefill keeps instead of recopying (experts/cache.py) and decode hits.
 RULES = {
-    "4gb": _Rule(min_layers=1, fills_layers=False, max_chunk=2048),  # the field report's fix, made official
-    "8gb": _Rule(min_layers=2, fills_layers=False, max_chunk=PREFILL_CHUNK_MAX),
-    "12gb": _Rule(min_layers=2, fills_layers=True, max_chunk=2048),
+    "4gb": _Rule(min_layers=1, long_chunk=2048, chat_layers=False),  # the field report's fix, made official
+    "8gb": _Rule(min_layers=2, long_chunk=PREFILL_CHUNK_MAX),
+    "12gb": _Rule(min_layers=2, long_chunk=PREFILL_CHUNK_MAX),
 }
 
 
@@ -225,19 +238,24 @@ def plan_memory(
     *,
     reserve_bytes: int = DEFAULT_RUNTIME_RESERVE_BYTES,
     reserve_source: str | None = None,
+    use: str = DEFAULT_USE,
 ) -> MemoryPlan:
     """A plan that fits budget_bytes, or PlanError saying what is needed, what is there and what to change.
 
-    preset: "4gb" one layer of expert slots; "8gb" two layers; "12gb" as many layers as fit after
-    the KV target (no preset overlaps prefill: it ran slower, docs/PLANNER.md); "auto" chooses
-    between those rules from the budget (pass the GPU's free memory); "custom" checks `custom`'s
-    expert_cache_layers, prefill_overlap, prefill_chunk_tokens and kv_tokens against the budget.
+    preset: "4gb" one layer of expert slots at least, "8gb" and "12gb" two; each secures the KV of a 32K-token
+    prompt first, then spends the rest as `use` says: "chat" on 2,048-token chunks and cache layers,
+    "long-context" on the preset's largest chunk and KV (no preset overlaps prefill: it ran slower,
+    docs/PLANNER.md); "auto" chooses between 4gb's and 12gb's rules from the budget (pass the GPU's free
+    memory); "custom" checks `custom`'s expert_cache_layers, prefill_overlap, prefill_chunk_tokens and
+    kv_tokens against the budget, whatever `use` is.
     reserve_bytes: the actual GPU's reserve, when known (engine/runtime/reserve.py measures it);
     reserve_source: where that figure came from, for the plan to say (by default: the reference card's
     estimate for the default reserve, GIVEN_RESERVE_SOURCE for another figure).
     """
     if preset not in PRESETS:
         raise PlanError(f"unknown preset {preset!r}; choose one of {', '.join(PRESETS)}")
+    if use not in USES:
+        raise PlanError(f"unknown use {use!r}; choose one of {', '.join(USES)}")
     if isinstance(budget_bytes, bool) or not isinstance(budget_bytes, int) or budget_bytes <= 0:
         raise PlanError(f"the VRAM budget must be a positive number of bytes, not {budget_bytes!r}")
     if (custom is not None) != (preset == "custom"):
@@ -249,10 +267,10 @@ def plan_memory(
             DEFAULT_RESERVE_SOURCE if reserve_bytes == DEFAULT_RUNTIME_RESERVE_BYTES else GIVEN_RESERVE_SOURCE
         )
     if preset == "custom":
-        plan = _custom_plan(footprint, budget_bytes, custom, reserve_bytes)
+        plan = replace(_custom_plan(footprint, budget_bytes, custom, reserve_bytes), use="custom")
     else:
-        policy = _auto_policy(footprint, budget_bytes, reserve_bytes) if preset == "auto" else preset
-        plan = _preset_plan(footprint, budget_bytes, preset, policy, reserve_bytes)
+        policy = _auto_policy(footprint, budget_bytes, reserve_bytes, use) if preset == "auto" else preset
+        plan = replace(_preset_plan(footprint, budget_bytes, preset, policy, reserve_bytes, use), use=use)
     return replace(plan, reserve_source=reserve_source)
 
 
@@ -273,7 +291,7 @@ def _fixed_bytes(footprint: ModelFootprint, layers: int, reserve_bytes: int) -> 
     return footprint.resident_bytes + footprint.gdn_state_bytes + reserve_bytes + layers * footprint.expert_layer_bytes
 
 
-def _auto_policy(footprint: ModelFootprint, budget: int, reserve_bytes: int) -> str:
+def _auto_policy(footprint: ModelFootprint, budget: int, reserve_bytes: int, use: str) -> str:
     """The rules auto applies to a budget: 12gb's, or 4gb's below the point where they pay.
 
     12gb's rules (two or more cache layers) start once two layers fit beside the KV
@@ -282,19 +300,22 @@ def _auto_policy(footprint: ModelFootprint, budget: int, reserve_bytes: int) -> 
     """
     needed = (
         _fixed_bytes(footprint, RULES["12gb"].min_layers, reserve_bytes)
-        + _workspace(footprint, RULES["12gb"].max_chunk)
+        + _workspace(footprint, RULES["12gb"].for_use(use)[1])
         + _kv_target(footprint) * footprint.kv_bytes_per_token
     )
     return "12gb" if needed <= budget else "4gb"
 
 
-def _preset_plan(footprint: ModelFootprint, budget: int, preset: str, policy: str, reserve_bytes: int) -> MemoryPlan:
-    """KV for the target prompt first, then the largest chunk, then (12gb) cache layers, then more KV.
+def _preset_plan(
+    footprint: ModelFootprint, budget: int, preset: str, policy: str, reserve_bytes: int, use: str
+) -> MemoryPlan:
+    """KV for the target prompt first, then the largest chunk, then (chat) cache layers, then more KV.
 
     Each step only starts once the one before is complete, so a bigger budget never gives a
     smaller prompt, chunk or cache.
     """
     rule = RULES[policy]
+    fills_layers, max_chunk = rule.for_use(use)
     per_token, layer_bytes = footprint.kv_bytes_per_token, footprint.expert_layer_bytes
     layers = rule.min_layers
     free = budget - _fixed_bytes(footprint, layers, reserve_bytes)
@@ -302,22 +323,25 @@ def _preset_plan(footprint: ModelFootprint, budget: int, preset: str, policy: st
     needed = _workspace(footprint, PREFILL_CHUNK_MIN) + min_kv * per_token
     if free < needed:
         raise PlanError(_does_not_fit(footprint, budget, preset, layers, reserve_bytes, min_kv))
-    choices = [c for c in PREFILL_CHUNK_CHOICES if c <= rule.max_chunk]
+    choices = [c for c in PREFILL_CHUNK_CHOICES if c <= max_chunk]
     fitting = [c for c in choices if _workspace(footprint, c) + kv_target * per_token <= free]
     chunk = fitting[-1] if fitting else PREFILL_CHUNK_MIN
     if not fitting:  # the target prompt is out of reach: all that is left goes to KV
         kv_tokens = _whole_blocks((free - _workspace(footprint, chunk)) // per_token)
-    elif chunk < rule.max_chunk:  # memory short of the next chunk size stays as headroom
+    elif chunk < max_chunk:  # memory short of the next chunk size stays as headroom
         kv_tokens = kv_target
     else:
         spare = free - _workspace(footprint, chunk) - kv_target * per_token
-        if rule.fills_layers:
+        if fills_layers:
             added = min(footprint.moe_layers - layers, spare // layer_bytes)
             layers += added
             spare -= added * layer_bytes
             if layers < footprint.moe_layers:  # less than a layer left over: headroom, so KV stays monotonic
                 spare = 0
         kv_tokens = kv_target + _whole_blocks(spare // per_token)
+        beyond_context = (kv_tokens - footprint.max_context) * per_token
+        if beyond_context >= layer_bytes:  # KV for every position the model reads: the rest buys cache layers
+            layers += min(footprint.moe_layers - layers, beyond_context // layer_bytes)
     return _plan(
         footprint,
         budget,

@@ -140,19 +140,42 @@ def test_switching_preset_changes_the_plan(qtbot, engine_page, settings):
         layers.append(emitted.args[0]["expert_cache_layers"])
         assert engine_page.plan()["budget_bytes"] == int(preset.removesuffix("gb")) * GIB
         assert settings.get("preset") == preset
-    assert layers[:2] == [1, 2] and layers[2] > 2
+    assert layers[0] == 1 and 2 < layers[1] < layers[2]  # chat, the default use, spends memory on the cache
     assert engine_page.detail_labels["expert_cache"].text().startswith(f"{layers[2]} layers × 256 experts")
     assert engine_page.detail_labels["max_prompt"].text().startswith("32,768 tokens")
+    assert engine_page.detail_labels["rules"].text().endswith("memory for chat")
     assert not engine_page.error_label.isVisibleTo(engine_page)
     assert not engine_page.custom_editor.isVisibleTo(engine_page)
 
 
+def test_the_memory_use_trades_cache_layers_for_prompt_length(qtbot, engine_page, settings):
+    """Both uses say what they give before one is chosen; the choice replans and is saved for the next load."""
+    engine_page.set_preset("8gb")
+    labels = [engine_page.use_combo.itemText(i) for i in range(engine_page.use_combo.count())]
+    assert labels[0].startswith("Chat: 32,768-token prompts, ") and "cache layers" in labels[0]
+    assert labels[1].startswith("Long context: ") and labels[1].endswith("2 cache layers")
+    chat_layers = engine_page.plan()["expert_cache_layers"]
+    with qtbot.waitSignal(engine_page.planChanged) as emitted:
+        engine_page.set_use("long-context")
+    plan = emitted.args[0]
+    assert plan["use"] == "long-context" and plan["expert_cache_layers"] == 2 < chat_layers
+    assert plan["max_prompt_tokens"] > 32768 and f"{plan['max_prompt_tokens']:,}-token prompts" in labels[1]
+    assert settings.get("plan_use") == "long-context" and load_options(settings)["plan_use"] == "long-context"
+    engine_page.set_preset("custom")
+    assert not engine_page.use_combo.isEnabled()
+
+
 def test_budget_override_changes_kv_tokens(engine_page, settings):
     engine_page.set_preset("8gb")
+    layers_at_8 = engine_page.plan()["expert_cache_layers"]
+    engine_page.set_use("long-context")
     kv_at_8 = engine_page.plan()["kv_tokens"]
     engine_page.budget_spin.setValue(6.0)
     assert engine_page.plan()["budget_bytes"] == 6 * GIB
     assert engine_page.plan()["kv_tokens"] < kv_at_8
+    engine_page.set_use("chat")  # a chat keeps its 32K-token prompt and gives up cache layers
+    assert engine_page.plan()["expert_cache_layers"] < layers_at_8 and engine_page.plan()["kv_tokens"] == 33792
+    engine_page.set_use("long-context")
     assert engine_page.detail_labels["kv_cache"].text().startswith(f"{engine_page.plan()['kv_tokens']:,} tokens")
     assert settings.get("vram_gib") == 6.0
 
@@ -659,7 +682,7 @@ def test_logs_page_filters_and_copies_diagnostics(qtbot, worker):
     copied = QGuiApplication.clipboard().text()
     assert "Python " in copied and "PySide6 " in copied and "GPU " in copied and "RAM " in copied
     assert "Last error:\n/models/x: has no config.json" in copied
-    assert f"{SYNTHETIC}, preset 4gb, budget 4.00 GiB" in copied
+    assert f"{SYNTHETIC}, preset 4gb for chat, budget 4.00 GiB" in copied
     assert "copied" in page.copied_label.text()
 
 

@@ -120,12 +120,14 @@ for part in "$@"; do
         redesign)
             for preset in ${PRESETS:-4gb 8gb 12gb}; do
                 for tree in before after; do
-                    root=$PWD
-                    [ "$tree" = before ] && root=${OLD_TREE:-$PWD/.old-tree}
+                    root=$PWD use=()
+                    # the one plan 8gb had before plans had uses is today's long context (12gb's is chat's)
+                    [ "$preset" = 8gb ] && use=(--use long-context)
+                    [ "$tree" = before ] && root=${OLD_TREE:-$PWD/.old-tree} use=()
                     rm -f "$HOME/.local/share/MoE Desk/runtime_reserve.json"  # each tree plans with its own reading
                     BENCH_TREE=$root bench "redesign_${preset}_$tree" "${LIMIT:-150}" --preset "$preset" \
                         --prompt-tokens 4096 --decode-after 4096 --decode-tokens 128 --decode-inputs random \
-                        --routing uniform --expert-backends offload,cpu,hybrid,auto
+                        --routing uniform --expert-backends offload,cpu,hybrid,auto "${use[@]}"
                 done
             done ;;
         laptop)

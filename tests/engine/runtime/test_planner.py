@@ -1,6 +1,7 @@
 """The memory planner: presets fit their budgets, the arithmetic matches hand-computed sizes, errors give numbers."""
 
 import json
+from dataclasses import replace
 
 import pytest
 from safetensors import safe_open
@@ -12,12 +13,14 @@ from engine.checkpoint.formats import IGNORED_ROLES
 from engine.checkpoint.safetensors_file import SafetensorsFile
 from engine.runtime.footprint import footprint_from_checkpoint, footprint_from_synthetic
 from engine.runtime.planner import (
+    CHAT_MAX_CHUNK,
     DEFAULT_RUNTIME_RESERVE_BYTES,
     GIB,
     MIB,
     PREFILL_CHUNK_MAX,
     REPLY_RESERVE_TOKENS,
     RULES,
+    USES,
     PlanError,
     plan_memory,
     preset_budget_bytes,
@@ -162,12 +165,13 @@ def test_preset_budgets():
 # ---- presets -------------------------------------------------------------------------------
 
 
+@pytest.mark.parametrize("use", USES)
 @pytest.mark.parametrize("budget_gib", BUDGETS_GIB)
 @pytest.mark.parametrize("preset", ["4gb", "8gb", "12gb"])
-def test_presets_fit_the_budget_or_say_why(qwen36, preset, budget_gib):
+def test_presets_fit_the_budget_or_say_why(qwen36, preset, budget_gib, use):
     budget = budget_gib * GIB
     try:
-        plan = plan_memory(qwen36, budget, preset)
+        plan = plan_memory(qwen36, budget, preset, use=use)
     except PlanError as error:
         assert preset != f"{budget_gib}gb", f"the {preset} preset must fit its own budget: {error}"
         assert _gib(budget) in str(error)
@@ -187,26 +191,41 @@ def test_4gb_plan_is_the_field_report_fix_with_a_long_prompt(qwen36):
     # with nvidia's real layout (NVFP4 LM head: 1.57 GiB resident) the 32,768 goal and the largest chunk both fit,
     # and what is left goes to KV
     assert plan.max_prompt_tokens >= GUARANTEED_PROMPT_4GB, plan.format_table()
-    assert plan.max_prompt_tokens == 49664 and plan.prefill_chunk_tokens == RULES["4gb"].max_chunk == 2048
+    assert plan.max_prompt_tokens == 49664 and plan.prefill_chunk_tokens == RULES["4gb"].long_chunk == 2048
+    # a 4 GB card has less than a layer beyond the prompt: chat and long context are one plan
+    assert replace(plan_memory(qwen36, 4 * GIB, "4gb", use="long-context"), use="chat") == plan
 
 
 def test_8gb_and_12gb_plans(qwen36):
-    plan8 = plan_memory(qwen36, 8 * GIB, "8gb")
-    plan12 = plan_memory(qwen36, 12 * GIB, "12gb")
-    assert plan8.expert_cache_layers == 2 and not plan8.prefill_overlap
-    assert not plan12.prefill_overlap and plan12.expert_cache_layers > plan8.expert_cache_layers
-    # 8gb spends KV it has to spare on the largest chunk (fewer expert bytes a prompt token); 12gb spends it on layers
-    assert plan8.prefill_chunk_tokens == PREFILL_CHUNK_MAX and plan8.max_prompt_tokens > 4 * TARGET_PROMPT
-    assert plan12.prefill_chunk_tokens == RULES["12gb"].max_chunk < PREFILL_CHUNK_MAX
-    assert plan12.max_prompt_tokens >= TARGET_PROMPT
+    long8 = plan_memory(qwen36, 8 * GIB, "8gb", use="long-context")
+    chat8 = plan_memory(qwen36, 8 * GIB, "8gb")
+    chat12 = plan_memory(qwen36, 12 * GIB, "12gb", use="chat")
+    assert chat8.use == "chat" and long8.use == "long-context"
+    assert long8.expert_cache_layers == 2 and not long8.prefill_overlap
+    # a long context spends what it has to spare on the largest chunk (fewer expert bytes a prompt token) and KV
+    assert long8.prefill_chunk_tokens == PREFILL_CHUNK_MAX and long8.max_prompt_tokens > 4 * TARGET_PROMPT
+    # a chat keeps the 32K-token prompt and 2,048-token chunks and spends the rest on cache layers
+    assert chat8.max_prompt_tokens == chat12.max_prompt_tokens == TARGET_PROMPT
+    assert chat8.prefill_chunk_tokens == chat12.prefill_chunk_tokens == CHAT_MAX_CHUNK < PREFILL_CHUNK_MAX
+    assert 2 < chat8.expert_cache_layers < chat12.expert_cache_layers and not chat12.prefill_overlap
+    assert chat8.headroom_bytes < qwen36.expert_layer_bytes and chat12.headroom_bytes < qwen36.expert_layer_bytes
 
 
+def test_a_long_context_past_the_models_positions_buys_layers(qwen36):
+    """12gb holds KV for all 262,144 positions with memory to spare: the spare goes to cache layers, not idle."""
+    plan = plan_memory(qwen36, 12 * GIB, "12gb", use="long-context")
+    assert plan.kv_tokens == qwen36.max_context and plan.max_prompt_tokens == qwen36.max_context - REPLY_RESERVE_TOKENS
+    assert plan.expert_cache_layers > RULES["12gb"].min_layers
+    assert 0 <= plan.headroom_bytes < qwen36.expert_layer_bytes
+
+
+@pytest.mark.parametrize("use", USES)
 @pytest.mark.parametrize("preset", ["4gb", "8gb", "12gb"])
-def test_a_bigger_budget_never_gives_less(qwen36, preset):
+def test_a_bigger_budget_never_gives_less(qwen36, preset, use):
     previous = None
     for budget in range(3 * GIB, 20 * GIB, SWEEP_STEP):
         try:
-            plan = plan_memory(qwen36, budget, preset)
+            plan = plan_memory(qwen36, budget, preset, use=use)
         except PlanError:
             assert previous is None, f"{preset} fitted {previous} but not {budget} bytes"
             continue
@@ -310,6 +329,11 @@ def test_custom_values_are_checked(qwen36, custom, match):
         plan_memory(qwen36, 12 * GIB, "custom", custom)
 
 
+def test_an_unknown_use_is_refused(qwen36):
+    with pytest.raises(PlanError, match="unknown use 'gaming'; choose one of chat, long-context"):
+        plan_memory(qwen36, 8 * GIB, "8gb", use="gaming")
+
+
 @pytest.mark.parametrize(
     "budget,preset,custom,match",
     [
@@ -337,7 +361,9 @@ def test_plan_renders_as_json_summary_and_table(qwen36):
     assert data["breakdown"]["total"] == plan.breakdown["total"] and data["max_prompt_tokens"] == plan.max_prompt_tokens
     assert data["headroom_bytes"] == 4 * GIB - plan.breakdown["total"]
     assert "\n" not in plan.summary() and f"{plan.max_prompt_tokens:,}" in plan.summary()
+    assert data["use"] == "chat" and "4gb for chat" in plan.summary()
     table = plan.format_table()
+    assert "preset 4gb for chat" in table
     for label in (
         "resident weights",
         "expert cache",
