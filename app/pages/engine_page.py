@@ -530,7 +530,7 @@ class EnginePage(QWidget):
             self.use_combo.setItemText(
                 index,
                 f"{USE_NAMES[use]}: {plan.max_prompt_tokens:,}-token prompts, "
-                f"{plan.expert_cache_layers} cache layer{'s' if plan.expert_cache_layers != 1 else ''}",
+                f"{_plural(plan.expert_cache_layers, 'cache layer')}",
             )
 
     def _show_mode(self, no_budget: bool) -> None:
