@@ -25,6 +25,8 @@
 #             engine`, a tree before the decode redesign: 7442f9f's plans run out of memory at 4gb and 8gb) and
 #             this tree, each at PRESETS (default "4gb 8gb 12gb"; about 90 s a bench: two presets a call), prefill 4,096, decode 128 after it, uniform, every backend;
 #             each tree measures the runtime reserve afresh (its kernels differ)
+#   uses8gb   issue 24's plans at 8gb: --use chat against --use long-context, prefill 4,096, decode 128 after it,
+#             routings locality and uniform, hybrid and auto
 #   laptop    the field report's laptop emulated (issue 22): 4gb, expert copies held to 6.5 GB/s (PCIe 4.0 x4),
 #             8 CPU threads, records pinned then pageable, every backend and auto, decode 64 after 4,096
 # Run from the repository root on a CUDA machine, e.g. `bash tools/gpu/issue19_runs.sh 12gb 4gb`; results go
@@ -129,6 +131,11 @@ for part in "$@"; do
                         --prompt-tokens 4096 --decode-after 4096 --decode-tokens 128 --decode-inputs random \
                         --routing uniform --expert-backends offload,cpu,hybrid,auto "${use[@]}"
                 done
+            done ;;
+        uses8gb)
+            for use in chat long-context; do
+                bench "8gb_$use" "${LIMIT:-200}" --preset 8gb --use "$use" --prompt-tokens 4096 --decode-after 4096 \
+                    --decode-tokens 128 --decode-inputs random --routing locality,uniform --expert-backends hybrid,auto
             done ;;
         laptop)
             for records in pinned pageable; do
