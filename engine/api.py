@@ -41,7 +41,7 @@ _HOMES: dict[str, tuple[str, ...]] = {
     ),
     "engine.runtime.footprint": ("ModelFootprint", "footprint_from_checkpoint", "footprint_from_synthetic"),
     "engine.runtime.workspace": ("prefill_workspace",),
-    "engine.runtime.placement": ("Placement", "gpu_status", "load_placed", "plan_placement"),
+    "engine.runtime.placement": ("Placement", "gpu_status", "load_placed", "plan_placement", "switch_plan"),
     "engine.runtime.reserve": ("reference_estimate", "runtime_reserve"),
     "engine.runtime.vram": ("outside_allocator_bytes", "process_usage_bytes"),
     "engine.runtime.events": ("ReasoningDelta", "TurnFinished", "TurnStats"),

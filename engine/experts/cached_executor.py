@@ -83,6 +83,22 @@ class CachedExpertExecutor:
         self.packed, self.host_report = pack_banks(banks, self.pin_budget_bytes, pin=self.device.type == "cuda")
         layers = sorted(self.packed)
         self._next_layer = dict(zip(layers, layers[1:]))
+        self._build_cache()
+        self._gather_works = self.device.type == "cuda" and self._probe_gather()
+        self._choose_with_cache()
+
+    def resize(self, slots: int) -> None:
+        """Rebuild the expert cache with `slots` slots, filled from the host records as it is used (no checkpoint
+        file is read), and choose the backend again: which backends can win depends on what the cache holds."""
+        self.cache = self.decode = None  # the old pool goes before the new one is allocated
+        if self.device.type == "cuda":
+            torch.cuda.empty_cache()
+        self.slots = slots
+        self._build_cache()
+        self._choose_with_cache()
+
+    def _build_cache(self) -> None:
+        layers = sorted(self.packed)
         first = self.packed[layers[0]]
         self.cache = ExpertCache(self.device, self.slots, first.layout, first.records.shape[0], self._throttle())
         if self.cache.blocks < len(layers):  # prefill would stream every layer each chunk: the first ones stay
@@ -93,11 +109,12 @@ class CachedExpertExecutor:
                 f"the gpu expert backend keeps every expert in VRAM: {len(layers)} layers of slots, "
                 f"but the cache holds {self.cache.blocks}; choose offload, cpu, hybrid or auto"
             )
-        self._gather_works = self.device.type == "cuda" and self._probe_gather()
-        if (
-            self.requested_backend is Backend.AUTO or self.requested_backend.shares_with_cpu
-        ) and self.device.type == "cuda":
-            self._prepare_cpu(first.layout, dtype)
+
+    def _choose_with_cache(self) -> None:
+        """Choose the requested backend for the cache built, with the CPU kernel where a backend may use it."""
+        wants_cpu = self.requested_backend is Backend.AUTO or self.requested_backend.shares_with_cpu
+        if wants_cpu and self.device.type == "cuda" and self.cpu_kernel is None:
+            self._prepare_cpu(self.cache.layout, self._dtype)
         self.choose_backend(self.requested_backend)
         if not self.backend.shares_with_cpu and self.backend_trial is None:
             self.cpu_kernel = None

@@ -36,6 +36,8 @@ class ExpertExecutor(Protocol):
 
     def start(self, bank: ExpertBank, layer: int, x, expert_ids, expert_weights): ...
 
+    def resize(self, slots: int) -> None: ...
+
     def decode_capturable(self) -> bool: ...
 
     def note_decode_step(self, position: int) -> None: ...
@@ -79,6 +81,9 @@ class ReferenceExpertExecutor:
             y = run_expert(x[token_idx], weights, bank.intermediate)
             out.index_add_(0, token_idx, y * expert_weights[token_idx, slot, None].to(x.dtype))
         return Ready(out)
+
+    def resize(self, slots: int) -> None:
+        """Nothing to resize: experts are read from the host bank, with no cache."""
 
     def decode_capturable(self) -> bool:
         """Never: the host reads the router's choice to pick each expert."""

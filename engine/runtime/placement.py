@@ -119,3 +119,16 @@ def load_placed(
         cpu_threads=cpu_threads,
         kv_cache_dtype=placement.kv_cache,
     )
+
+
+def switch_plan(model: CausalLM, loaded: Placement, new: Placement) -> bool:
+    """Give `model`, loaded under `loaded`, the expert cache of `new`'s plan without reading the checkpoint again
+    (the slots are rebuilt from the host records); True if done, False where `new` needs a reload (another
+    device, compute dtype or KV cache dtype, or a side without a plan). The plan's KV cache and prefill chunk
+    are a new state's and session's to take."""
+    same_kind = (loaded.device, loaded.dtype, loaded.kv_cache) == (new.device, new.dtype, new.kv_cache)
+    if not same_kind or loaded.plan is None or new.plan is None:
+        return False
+    if new.plan.expert_slots != loaded.plan.expert_slots:
+        model.expert_executor.resize(new.plan.expert_slots)
+    return True
