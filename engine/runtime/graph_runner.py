@@ -100,9 +100,9 @@ class GraphRunner:
 
     def _prepare(self, state, key, capture: bool) -> None:
         """Plan the step for `state`, and capture it as graphs with `capture`."""
-        self._forget()  # the last state's graphs go first, so their memory serves the new ones
+        self.release()  # the last state's graphs go first, so their memory serves the new ones
         self.model.plan_decode()
-        self._state = weakref.ref(state, lambda _: self._forget())  # the graphs hold the state's tensors
+        self._state = weakref.ref(state, lambda _: self.release())  # the graphs hold the state's tensors
         self._key = key
         if not capture:
             return
@@ -110,7 +110,7 @@ class GraphRunner:
         try:
             self._capture(state, torch.cuda.graph_pool_handle())
         except Exception as error:  # out of memory included: the plain forward still fits
-            self._forget()
+            self.release()
             torch.cuda.empty_cache()
             raise GraphCaptureError(f"{type(error).__name__}: {error}") from error
         self._captured = True
@@ -150,6 +150,7 @@ class GraphRunner:
         close_graph()
         self._program, self._after, self._logits = program, step.after, logits
 
-    def _forget(self) -> None:
+    def release(self) -> None:
+        """Drop the captured graphs and the plan, and with them the memory they hold; the next step plans anew."""
         self.graphs, self._program, self._after, self._logits = [], [], [], None
         self._state, self._key, self._captured = None, None, False

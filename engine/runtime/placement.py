@@ -125,10 +125,12 @@ def switch_plan(model: CausalLM, loaded: Placement, new: Placement) -> bool:
     """Give `model`, loaded under `loaded`, the expert cache of `new`'s plan without reading the checkpoint again
     (the slots are rebuilt from the host records); True if done, False where `new` needs a reload (another
     device, compute dtype or KV cache dtype, or a side without a plan). The plan's KV cache and prefill chunk
-    are a new state's and session's to take."""
+    are a new state's and session's to take: drop the old states first, whose KV would stay beside it."""
     same_kind = (loaded.device, loaded.dtype, loaded.kv_cache) == (new.device, new.dtype, new.kv_cache)
     if not same_kind or loaded.plan is None or new.plan is None:
         return False
     if new.plan.expert_slots != loaded.plan.expert_slots:
+        if model.decode_runner is not None:  # its graphs read the old slots and hold their memory
+            model.decode_runner.release()
         model.expert_executor.resize(new.plan.expert_slots)
     return True

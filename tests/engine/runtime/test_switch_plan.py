@@ -21,6 +21,14 @@ def _prompt_logits(model):
     return logits, model.expert_executor.stats()
 
 
+def _decode_logits(model):
+    """The logits of two decoded tokens after the prompt, through the model's decode steps."""
+    state = model.new_state(32)
+    model.forward(PROMPT, state)
+    model.forward(torch.tensor([7]), state)
+    return model.forward(torch.tensor([11]), state)
+
+
 @pytest.fixture
 def folder(tiny_checkpoint):
     return tiny_checkpoint("qwen3_5_moe", "nvfp4")
@@ -56,8 +64,11 @@ def test_switch_plan_resizes_in_place_or_says_a_reload_is_needed(folder):
     big = dataclasses.replace(small, expert_cache_layers=2, expert_slots=2 * small.expert_slots)
     loaded = Placement("cuda", torch.float32, small, "")
     model = engine.load_model(folder, expert_cache_slots=small.expert_slots)
+    _decode_logits(model)  # a decode step planned for the old slots
     assert switch_plan(model, loaded, dataclasses.replace(loaded, plan=big))
     assert model.expert_executor.cache.slots == big.expert_slots
+    fresh = engine.load_model(folder, expert_cache_slots=big.expert_slots)
+    assert torch.allclose(_decode_logits(model), _decode_logits(fresh), rtol=0, atol=1e-6)
     for other in (
         dataclasses.replace(loaded, kv_cache="fp8", plan=small),
         dataclasses.replace(loaded, dtype=torch.bfloat16),
