@@ -53,6 +53,9 @@ SYNTHETIC_MODEL = "qwen3.6-35b-a3b-nvfp4"  # the model the presets were designed
 PRESET_CHOICES = (("4 GB", "4gb"), ("8 GB", "8gb"), ("12 GB", "12gb"), ("Auto", "auto"), ("Custom", "custom"))
 PRESET_NAMES = {key: label for label, key in PRESET_CHOICES}
 USE_NAMES = {"chat": "Chat", "long-context": "Long context"}  # engine.api.USES, as the page names them
+# what a loaded model's runtime took from its plan: a plan that differs in these takes a load to apply
+RUNTIME_PLAN_KEYS = ("expert_slots", "prefill_overlap", "prefill_chunk_tokens", "kv_tokens", "kv_cache")
+NEXT_LOAD = "The loaded model runs the plan it was loaded with ({loaded}); load it again to run this one."
 MAX_BUDGET_GIB = 1024.0
 HISTORY_LENGTH = 60
 NOT_MEASURED = "not measured in CPU mode"
@@ -300,6 +303,7 @@ class EnginePage(QWidget):
         self.footprint = footprint_from_synthetic(SYNTHETIC_MODEL)
         self._plan: dict = {}
         self._reserve: dict | None = None  # the worker's reserveMeasured; None until it answers
+        self._loaded_plan: dict | None = None  # the loaded model's plan (its placement's); None: none, or the CPU
 
         self.preset_combo = QComboBox()
         for label, key in PRESET_CHOICES:
@@ -336,6 +340,9 @@ class EnginePage(QWidget):
         self.error_label.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse)
         self.error_label.hide()
         self.plan_bar = PlanBar()
+        self.next_load_note = QLabel()
+        self.next_load_note.setWordWrap(True)
+        self.next_load_note.hide()
         self.reserve_note = QLabel()
         self.reserve_note.setProperty("role", "muted")
         self.reserve_note.setWordWrap(True)
@@ -382,6 +389,7 @@ class EnginePage(QWidget):
         layout.addWidget(self.model_label)
         layout.addWidget(self.machine_label)
         layout.addWidget(self.plan_bar)
+        layout.addWidget(self.next_load_note)
         layout.addWidget(self.reserve_note)
         layout.addWidget(self.error_label)
         layout.addLayout(plan_row)
@@ -403,6 +411,8 @@ class EnginePage(QWidget):
         worker.progress.connect(self.live.on_progress)
         worker.replyFinished.connect(self.live.on_reply_finished)
         worker.loaded.connect(self.live.on_loaded)
+        worker.loaded.connect(self._on_model_loaded)
+        worker.unloaded.connect(lambda: self._on_model_loaded({}))
         worker.reserveMeasured.connect(self.set_reserve)
         self.replan()
 
@@ -424,6 +434,23 @@ class EnginePage(QWidget):
         """Plan with the runtime reserve the worker found (measured on this GPU, or which estimate, and why)."""
         self._reserve = dict(found)
         self.replan()
+
+    def _on_model_loaded(self, info: dict) -> None:
+        self._loaded_plan = (info.get("placement") or {}).get("plan")
+        self._show_next_load_note()
+
+    def _show_next_load_note(self) -> None:
+        """Say when the plan shown is not the one the loaded model runs, and that a load applies it."""
+        loaded, shown = self._loaded_plan, self._plan
+        differs = bool(loaded and shown) and any(loaded.get(k) != shown.get(k) for k in RUNTIME_PLAN_KEYS)
+        if differs:
+            self.next_load_note.setText(
+                NEXT_LOAD.format(
+                    loaded=f"{_plural(loaded['expert_cache_layers'], 'cache layer')}, "
+                    f"{loaded['max_prompt_tokens']:,}-token prompts"
+                )
+            )
+        self.next_load_note.setVisible(differs)
 
     def set_model_footprint(self, footprint: ModelFootprint) -> None:
         """Plan for the loaded model, whose footprint the worker read from its checkpoint."""
@@ -562,6 +589,7 @@ class EnginePage(QWidget):
         for key, text in self._detail_texts(plan).items():
             self.detail_labels[key].setText(text)
         self.reserve_note.setText(self._reserve_text())
+        self._show_next_load_note()
         self.planChanged.emit(dict(self._plan))
 
     def _reserve_text(self) -> str:

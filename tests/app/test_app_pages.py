@@ -165,6 +165,25 @@ def test_the_memory_use_trades_cache_layers_for_prompt_length(qtbot, engine_page
     assert not engine_page.use_combo.isEnabled()
 
 
+def test_a_plan_other_than_the_loaded_models_says_it_applies_at_the_next_load(engine_page, worker):
+    engine_page.set_preset("8gb")
+    running = engine_page.plan()
+    worker.loaded.emit({"placement": {"device": "cuda", "plan": running}})
+    assert not engine_page.next_load_note.isVisibleTo(engine_page)
+    engine_page.set_use("long-context")
+    assert engine_page.next_load_note.isVisibleTo(engine_page)
+    layers = running["expert_cache_layers"]
+    assert f"loaded with ({layers} cache layers, 32,768-token prompts); load it again" in (
+        engine_page.next_load_note.text()
+    )
+    engine_page.set_use("chat")
+    assert not engine_page.next_load_note.isVisibleTo(engine_page)
+    engine_page.set_use("long-context")
+    worker.unloaded.emit()
+    assert not engine_page.next_load_note.isVisibleTo(engine_page)
+    engine_page.set_use("chat")
+
+
 def test_budget_override_changes_kv_tokens(engine_page, settings):
     engine_page.set_preset("8gb")
     layers_at_8 = engine_page.plan()["expert_cache_layers"]
