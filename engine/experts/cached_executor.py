@@ -90,6 +90,12 @@ class CachedExpertExecutor:
     def resize(self, slots: int) -> None:
         """Rebuild the expert cache with `slots` slots, filled from the host records as it is used (no checkpoint
         file is read), and choose the backend again: which backends can win depends on what the cache holds."""
+        experts = self.cache.experts_per_layer
+        if self.requested_backend is Backend.GPU and slots // experts < len(self.packed):
+            raise ValueError(
+                f"the gpu expert backend keeps every expert in VRAM: {len(self.packed)} layers of slots, but "
+                f"{slots} slots hold {slots // experts}; choose offload, cpu, hybrid or auto"
+            )
         self.cache = self.decode = None  # the old pool goes before the new one is allocated
         if self.device.type == "cuda":
             torch.cuda.empty_cache()
@@ -98,6 +104,8 @@ class CachedExpertExecutor:
         self._choose_with_cache()
 
     def _build_cache(self) -> None:
+        """Allocate a cache of `slots` slots; where it holds fewer layers than the model, prefill keeps the first
+        layers' blocks. ValueError where the gpu backend was asked for and the cache cannot hold every expert."""
         layers = sorted(self.packed)
         first = self.packed[layers[0]]
         self.cache = ExpertCache(self.device, self.slots, first.layout, first.records.shape[0], self._throttle())

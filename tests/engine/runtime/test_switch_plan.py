@@ -76,3 +76,12 @@ def test_switch_plan_resizes_in_place_or_says_a_reload_is_needed(folder):
     ):
         assert not switch_plan(model, loaded, other)
     assert model.expert_executor.cache.slots == big.expert_slots  # a refused switch leaves the cache alone
+
+
+def test_a_resize_the_gpu_backend_cannot_run_is_refused_before_the_cache_goes(folder):
+    model = engine.load_model(folder, expert_cache_slots=64, expert_backend="gpu")
+    executor = model.expert_executor
+    cache = executor.cache
+    with pytest.raises(ValueError, match="the gpu expert backend keeps every expert in VRAM"):
+        executor.resize(8)
+    assert executor.cache is cache and _prompt_logits(model)[0].isfinite().all()
