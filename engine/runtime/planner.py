@@ -340,7 +340,7 @@ def _preset_plan(
                 spare = 0
         kv_tokens = kv_target + _whole_blocks(spare // per_token)
         beyond_context = (kv_tokens - footprint.max_context) * per_token
-        if beyond_context >= layer_bytes:  # KV for every position the model reads: the rest buys cache layers
+        if use == "long-context" and beyond_context >= layer_bytes:  # KV for every position: the rest buys layers
             layers += min(footprint.moe_layers - layers, beyond_context // layer_bytes)
     return _plan(
         footprint,
