@@ -86,23 +86,7 @@ def test_triton_step_matches_the_reference(shape, dtype):
         outs = {}
         for name, step in (("reference", reference.gated_deltanet), ("triton", triton_gdn.gated_deltanet)):
             conv, rec = states[name]
-            outs[name] = step(
-                qkv,
-                z,
-                b,
-                a,
-                conv,
-                params["conv_weight"],
-                rec,
-                params["a_log"],
-                params["dt_bias"],
-                params["norm_weight"],
-                1e-6,
-                key_heads,
-                value_heads,
-                key_dim,
-                value_dim,
-            )
+            outs[name] = _run(step, qkv, z, b, a, conv, rec, params, shape)
         got, expected = outs["triton"], outs["reference"]
         assert got.shape == expected.shape == (1, value_heads * value_dim) and got.dtype == dtype
         assert _close(got, expected, tolerance)
@@ -156,6 +140,28 @@ def test_the_recurrence_kernel_equals_the_reference_loop(chunks, heads, length, 
     assert not torch.equal(got[-1], s)  # the state moved
 
 
+def _run(step, qkv, z, b, a, conv, rec, params, shape):
+    """One token's (or chunk's) Gated DeltaNet through `step` (the reference or the Triton one), states in place."""
+    key_heads, value_heads, key_dim, value_dim, _ = shape
+    return step(
+        qkv,
+        z,
+        b,
+        a,
+        conv,
+        params["conv_weight"],
+        rec,
+        params["a_log"],
+        params["dt_bias"],
+        params["norm_weight"],
+        1e-6,
+        key_heads,
+        value_heads,
+        key_dim,
+        value_dim,
+    )
+
+
 def _both_steps(qkv, z, b, a, params, shape, fill):
     """(out, conv state, recurrent state) after the reference step and after the Triton step, each from states
     made by `fill` (torch.zeros or torch.ones)."""
@@ -164,23 +170,7 @@ def _both_steps(qkv, z, b, a, params, shape, fill):
     for step in (reference.gated_deltanet, triton_gdn.gated_deltanet):
         conv = fill(params["conv_weight"].shape[0], kernel_size - 1, device=DEVICE)
         rec = fill(value_heads, key_dim, value_dim, device=DEVICE)
-        out = step(
-            qkv,
-            z,
-            b,
-            a,
-            conv,
-            params["conv_weight"],
-            rec,
-            params["a_log"],
-            params["dt_bias"],
-            params["norm_weight"],
-            1e-6,
-            key_heads,
-            value_heads,
-            key_dim,
-            value_dim,
-        )
+        out = _run(step, qkv, z, b, a, conv, rec, params, shape)
         results.append((out, conv, rec))
     return results
 
