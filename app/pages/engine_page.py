@@ -41,6 +41,7 @@ from engine.api import (
     PREFILL_CHUNK_MIN,
     REPLY_RESERVE_TOKENS,
     USES,
+    MemoryPlan,
     ModelFootprint,
     PlanError,
     footprint_from_synthetic,
@@ -529,36 +530,31 @@ class EnginePage(QWidget):
             if self._reserve is None
             else {"reserve_bytes": self._reserve["reserve_bytes"], "reserve_source": self._reserve["source"]}
         )
-        if preset != "custom":
-            self._name_uses(budget, preset, reserve)
-        try:
-            plan = plan_memory(
-                self.footprint,
-                budget,
-                preset,
-                self.custom_editor.values() if preset == "custom" else None,
-                use=self.use(),
-                **reserve,
-            )
-        except PlanError as exc:
-            self._show_plan(None, budget, f"No plan: {exc}")
+        custom = self.custom_editor.values() if preset == "custom" else None
+        plans: dict[str, MemoryPlan | PlanError] = {}
+        for use in USES if custom is None else (self.use(),):  # a custom plan has no use to choose
+            try:
+                plans[use] = plan_memory(self.footprint, budget, preset, custom, use=use, **reserve)
+            except PlanError as exc:
+                plans[use] = exc
+        if custom is None:
+            self._name_uses(plans)
+        plan = plans[self.use()]
+        if isinstance(plan, PlanError):
+            self._show_plan(None, budget, f"No plan: {plan}")
             return
         self._show_plan(plan.to_dict(), budget, "")
 
-    def _name_uses(self, budget: int, preset: str, reserve: dict) -> None:
-        """Label each use with what its plan would give on this budget, so the choice is made knowing both."""
+    def _name_uses(self, plans: dict) -> None:
+        """Label each use with what its plan gives on this budget, so the choice is made knowing both."""
         for index in range(self.use_combo.count()):
             use = self.use_combo.itemData(index)
-            try:
-                plan = plan_memory(self.footprint, budget, preset, use=use, **reserve)
-            except PlanError:
-                self.use_combo.setItemText(index, USE_NAMES[use])
-                continue
-            self.use_combo.setItemText(
-                index,
-                f"{USE_NAMES[use]}: {plan.max_prompt_tokens:,}-token prompts, "
-                f"{_plural(plan.expert_cache_layers, 'cache layer')}",
-            )
+            plan, text = plans[use], USE_NAMES[use]
+            if not isinstance(plan, PlanError):
+                text += (
+                    f": {plan.max_prompt_tokens:,}-token prompts, {_plural(plan.expert_cache_layers, 'cache layer')}"
+                )
+            self.use_combo.setItemText(index, text)
 
     def _show_mode(self, no_budget: bool) -> None:
         """In CPU mode, say first that the plan is not used, and what the one shown stands for."""
