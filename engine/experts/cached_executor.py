@@ -90,12 +90,7 @@ class CachedExpertExecutor:
     def resize(self, slots: int) -> None:
         """Rebuild the expert cache with `slots` slots, filled from the host records as it is used (no checkpoint
         file is read), and choose the backend again: which backends can win depends on what the cache holds."""
-        experts = self.cache.experts_per_layer
-        if self.requested_backend is Backend.GPU and slots // experts < len(self.packed):
-            raise ValueError(
-                f"the gpu expert backend keeps every expert in VRAM: {len(self.packed)} layers of slots, but "
-                f"{slots} slots hold {slots // experts}; choose offload, cpu, hybrid or auto"
-            )
+        self._refuse_gpu_short_of(slots)  # before the old cache goes: a refused resize keeps it
         self.cache = self.decode = None  # the old pool goes before the new one is allocated
         if self.device.type == "cuda":
             torch.cuda.empty_cache()
@@ -106,16 +101,22 @@ class CachedExpertExecutor:
     def _build_cache(self) -> None:
         """Allocate a cache of `slots` slots; where it holds fewer layers than the model, prefill keeps the first
         layers' blocks. ValueError where the gpu backend was asked for and the cache cannot hold every expert."""
+        self._refuse_gpu_short_of(self.slots)
         layers = sorted(self.packed)
         first = self.packed[layers[0]]
         self.cache = ExpertCache(self.device, self.slots, first.layout, first.records.shape[0], self._throttle())
         if self.cache.blocks < len(layers):  # prefill would stream every layer each chunk: the first ones stay
             self.cache.keep_when_streaming(layers[: max(0, self.cache.blocks - STREAM_TURN_BLOCKS)])
         self._gather_link = self._throttle()  # its own mark: the gathers run on the step's streams, not the copy stream
-        if self.requested_backend is Backend.GPU and self.cache.blocks < len(layers):
+
+    def _refuse_gpu_short_of(self, slots: int) -> None:
+        """ValueError where the gpu backend was asked for and `slots` slots cannot hold every layer's experts."""
+        layers = len(self.packed)
+        blocks = slots // next(iter(self.packed.values())).records.shape[0]
+        if self.requested_backend is Backend.GPU and blocks < layers:
             raise ValueError(
-                f"the gpu expert backend keeps every expert in VRAM: {len(layers)} layers of slots, "
-                f"but the cache holds {self.cache.blocks}; choose offload, cpu, hybrid or auto"
+                f"the gpu expert backend keeps every expert in VRAM: {layers} layers of slots, "
+                f"but the cache holds {blocks}; choose offload, cpu, hybrid or auto"
             )
 
     def _choose_with_cache(self) -> None:
