@@ -121,13 +121,19 @@ def load_placed(
     )
 
 
+def can_switch_plan(loaded: Placement, new: Placement) -> bool:
+    """Tell whether switch_plan can take a model loaded under `loaded` to `new` in place: the same device,
+    compute dtype and KV cache dtype, and a plan on both sides."""
+    same_kind = (loaded.device, loaded.dtype, loaded.kv_cache) == (new.device, new.dtype, new.kv_cache)
+    return same_kind and loaded.plan is not None and new.plan is not None
+
+
 def switch_plan(model: CausalLM, loaded: Placement, new: Placement) -> bool:
     """Give `model`, loaded under `loaded`, the expert cache of `new`'s plan without reading the checkpoint again
     (the slots are rebuilt from the host records); True if done, False where `new` needs a reload (another
     device, compute dtype or KV cache dtype, or a side without a plan). The plan's KV cache and prefill chunk
     are a new state's and session's to take: drop the old states first, whose KV would stay beside it."""
-    same_kind = (loaded.device, loaded.dtype, loaded.kv_cache) == (new.device, new.dtype, new.kv_cache)
-    if not same_kind or loaded.plan is None or new.plan is None:
+    if not can_switch_plan(loaded, new):
         return False
     if new.plan.expert_slots != loaded.plan.expert_slots:
         if model.decode_runner is not None:  # its graphs read the old slots and hold their memory

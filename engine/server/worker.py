@@ -168,11 +168,18 @@ class EngineWorker:
             job.cancel()
         self._thread.join(timeout=10)
 
+    def replace_session(self, session: ChatSession | None) -> None:
+        """Run the jobs after the one running against `session`; called by that job on the engine's thread, so no
+        job runs against either meanwhile. None while the job builds the next one (the old one's memory freed)."""
+        with self._lock:
+            self.session = session
+
     def _withdraw(self, job: Job) -> None:
         """Stop `job` if it runs; take it out of the queue (its place goes to the next client) if it waits."""
         with self._lock:
             if self._running is job:
-                self.session.cancel()
+                if self.session is not None:  # None: a job is replacing the session, and stops by itself
+                    self.session.cancel()
             elif job in self._waiting:
                 self._waiting.remove(job)
                 job._put(None)

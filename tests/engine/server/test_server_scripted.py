@@ -225,3 +225,38 @@ def test_the_apps_turns_share_the_queue_but_not_its_limit_or_its_stats(tokenizer
         worker.stop()
     with pytest.raises(Stopped):  # a stopped worker refuses work rather than leave it waiting forever
         worker.submit(lambda session: iter(()), lambda event: None)
+
+
+def test_a_job_can_hand_the_jobs_after_it_another_session(tokenizer):
+    """The app's plan switch: a job replaces the session on the engine's thread; a job waiting behind it runs
+    against the new one, and cancelling the replacing job while it holds no session stops nothing by mistake."""
+    first = ChatSession(scripted(tokenizer, "One."), tokenizer, context_tokens=256, enable_thinking=False)
+    second = ChatSession(scripted(tokenizer, "Two."), tokenizer, context_tokens=512, enable_thinking=False)
+    worker = EngineWorker(first, None, max_queue=0)
+    replacing, release, seen, ended = threading.Event(), threading.Event(), [], threading.Event()
+
+    def replace(session):
+        seen.append(session)
+        worker.replace_session(None)
+        replacing.set()
+        release.wait(10)
+        worker.replace_session(second)
+        return iter(())
+
+    def after(event):
+        seen.append(event)
+        if event is None:
+            ended.set()
+
+    try:
+        job = worker.submit(replace, lambda event: None, from_api=False)
+        worker.submit(lambda session: session.send("Hello"), after, from_api=False)
+        assert replacing.wait(10)
+        job.cancel()  # no session to cancel: the replacing job goes on
+        release.set()
+        assert ended.wait(10)
+        assert seen[0] is first and worker.session is second
+        assert isinstance(seen[-2], TurnFinished) and seen[-2].answer == "Two."
+        assert second.messages[-1]["content"] == "Two." and first.messages == []
+    finally:
+        worker.stop()
