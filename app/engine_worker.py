@@ -11,6 +11,7 @@ reply, not one per token.
 from __future__ import annotations
 
 import gc
+import threading
 import time
 import traceback
 from pathlib import Path
@@ -139,6 +140,7 @@ class _WindowTurn:
         except Exception as exc:  # reading the engine's measures failed, say: the reply ends, the queue lives on
             self._fail(exc)
         if event is None:
+            self.session = None  # a plan switch may drop it next: an ended turn keeps no KV cache alive
             self.worker.busyChanged.emit(False)  # the window may send again
 
     def _take(self, event) -> None:
@@ -195,6 +197,98 @@ class _WindowTurn:
         self.worker.replyFinished.emit(result)
 
 
+def _plan_placement(folder: Path, options: dict, loaded=None):
+    """Place the model as the plan `options` ask for (preset, VRAM budget, custom plan, use) says; PlanError
+    when none fits. `loaded`: the placement of the model loaded, whose GPU memory a plan replacing its plan gets."""
+    from engine.api import DEFAULT_USE, plan_placement, preset_budget_bytes
+
+    preset = options.get("preset") or "auto"
+    vram_gib = float(options.get("vram_gib") or 0)
+    budget = int(vram_gib * 2**30) if vram_gib > 0 else None
+    if budget is None and loaded is not None and loaded.device == "cuda" and not preset_budget_bytes(preset):
+        # the free VRAM lacks what the loaded model holds, which the budget it was loaded with counted as free
+        budget = torch.cuda.mem_get_info()[0] + torch.cuda.memory_reserved()
+    return plan_placement(
+        folder, preset, budget, options.get("custom_plan"), use=options.get("plan_use") or DEFAULT_USE
+    )
+
+
+def _new_session(model, tokenizer, placement, options: dict, states, **keep):
+    """Make a chat session of `model` under `placement`: its context the smallest of the one asked, the model's and
+    the plan's KV cache, its prefill chunk the plan's; `keep`: ChatSession's other settings (sampling, say)."""
+    from engine.api import DEFAULT_MAX_SNAPSHOTS, ChatSession
+
+    model_max = model.config.max_position_embeddings
+    asked = int(options.get("context_tokens") or DEFAULT_CONTEXT_TOKENS)
+    plan_tokens = placement.plan.kv_tokens if placement.plan is not None else None
+    context = min(asked, model_max, plan_tokens or asked)
+    if placement.plan is not None:  # the plan fixes the KV cache and the prefill chunk on the GPU
+        keep["prefill_chunk_tokens"] = placement.plan.prefill_chunk_tokens
+    return ChatSession(
+        model,
+        tokenizer,
+        context_tokens=context,
+        max_snapshots=int(options.get("turn_snapshots") or DEFAULT_MAX_SNAPSHOTS),
+        state_store=states,
+        context_advice=context_advice(context, asked, model_max, plan_tokens),
+        **keep,
+    )
+
+
+def _plan_info(session, placement, options: dict) -> dict:
+    """Return the model info's entries that a plan decides: the placement, the context and a restore point's size."""
+    return {
+        "context_tokens": session.context_tokens,
+        "context_asked_tokens": int(options.get("context_tokens") or DEFAULT_CONTEXT_TOKENS),
+        "context_plan_tokens": placement.plan.kv_tokens if placement.plan is not None else None,
+        "snapshot_bytes": session.snapshot_bytes,
+        "placement": placement.to_dict(),
+    }
+
+
+def _server_context(queue, name: str, session, old):
+    """Make what the local API serves for `session` on `queue`, listed as started when `old` was."""
+    from engine.api import ServerContext
+
+    return ServerContext(queue, name, session.tokenizer, session.sampling, session.context_tokens, old.started)
+
+
+def _reload_reason(loaded, new) -> str:
+    """Say why the model loaded under `loaded` cannot take `new`'s plan in place: its device, dtype or KV cache."""
+    if loaded.plan is None:
+        return "the loaded model runs on the CPU, where no plan applies"
+    if new.plan is None:
+        return "it would run on the CPU"
+    if new.kv_cache != loaded.kv_cache:
+        return f"its KV cache is {new.kv_cache}, the loaded model's {loaded.kv_cache}"
+    return f"it computes in {new.dtype}, the loaded model in {loaded.dtype}".replace("torch.", "")
+
+
+class _PlanSwitch:
+    """A switch of the loaded model's plan as a job of the engine's queue: it runs when no reply or API request
+    does, and the jobs after it run against the new plan's session."""
+
+    def __init__(self, worker: "EngineWorker", queue, loaded, options: dict):
+        self.worker, self.queue, self.loaded, self.options = worker, queue, loaded, options
+        self.ran = False
+
+    def run(self, session):
+        """Switch (a generator, so the queue's call keeps no reference to the old session while it is dropped)."""
+        del session  # the queue's own reference is the one the switch replaces
+        self.ran = True
+        self.worker._switch_on_queue(self.queue, self.loaded, self.options)
+        return
+        yield  # pragma: no cover - makes this a generator
+
+    def deliver(self, event) -> None:
+        """None at the job's end: say so when it never ran (the model was unloaded, or the app is closing)."""
+        if isinstance(event, Exception):  # the switch catches its own: this is a bug in the job itself
+            self.worker.log.emit("error", "".join(traceback.format_exception(event)))
+            self.worker.planSwitchFailed.emit(f"Switching the plan failed: {event!r}. The log page has the details.")
+        elif event is None and not self.ran:
+            self.worker.planSwitchFailed.emit("The model was unloaded before its plan could be switched.")
+
+
 class EngineWorker(QObject):
     loadStarted = Signal(str)  # model folder
     loaded = Signal(dict)  # model info: name, path, model_type, layers, experts, context_tokens, ...
@@ -206,6 +300,8 @@ class EngineWorker(QObject):
     progress = Signal(dict)  # new_tokens, decode_tokens_per_s, context_used, context_tokens
     replyFinished = Signal(dict)  # answer, reasoning, stats (TurnStats as a dict)
     busyChanged = Signal(bool)
+    planSwitched = Signal(dict)  # the model info after the loaded model took another plan in place
+    planSwitchFailed = Signal(str)  # what happened and what to do; the model runs the plan it ran before
     log = Signal(str, str)  # level ("info" | "warning" | "error"), message
     # RuntimeReserve.to_dict() plus gpu_usable and gpu_status (the GPU's name, or why none is usable)
     reserveMeasured = Signal(dict)
@@ -223,6 +319,13 @@ class EngineWorker(QObject):
         self._trial_logged = False  # auto's choice is logged once per model
         self._job = None  # the window's turn on the queue, waiting or running
         self.states = None  # the loaded model's PrefixCache: chats' and API prompts' states, with a disk tier
+        self.placement = None  # the loaded model's engine Placement: where a plan switch starts from
+        self._backend = "auto"  # the expert backend the loaded model was asked for
+        self._session_options: dict = {}  # the options its session was made with: a failed switch makes it again
+        # held while the loaded model is published or dropped: a plan switch ending on the queue's thread never
+        # publishes a session after an unload has dropped the model
+        self._publishing = threading.Lock()
+        self.clock = time.perf_counter  # what load and switch times are measured with
 
     # ---- any thread -----------------------------------------------------------------------------
 
@@ -262,8 +365,6 @@ class EngineWorker(QObject):
     def load(self, path: str, options: dict) -> None:
         from app.model_library import folder_architecture
         from engine.api import (
-            DEFAULT_MAX_SNAPSHOTS,
-            ChatSession,
             ChatTokenizer,
             CheckpointError,
             ServerContext,
@@ -277,7 +378,7 @@ class EngineWorker(QObject):
 
         self.loadStarted.emit(path)
         self.busyChanged.emit(True)
-        started = time.perf_counter()
+        started = self.clock()
         self._release_model()  # the old model's memory is free before the new one is read
         try:
             threads = int(options.get("cpu_threads") or 0)
@@ -306,19 +407,8 @@ class EngineWorker(QObject):
                 return
             tokenizer = ChatTokenizer.from_folder(Path(path))
             config = model.config
-            asked = int(options.get("context_tokens") or DEFAULT_CONTEXT_TOKENS)
-            plan_tokens = placement.plan.kv_tokens if placement.plan is not None else None
-            context = min(asked, config.max_position_embeddings, plan_tokens or asked)
-            session_options = {
-                "context_advice": context_advice(context, asked, config.max_position_embeddings, plan_tokens)
-            }
-            if placement.plan is not None:  # the plan fixes the KV cache and the prefill chunk on the GPU
-                session_options["prefill_chunk_tokens"] = placement.plan.prefill_chunk_tokens
-            snapshots = int(options.get("turn_snapshots") or DEFAULT_MAX_SNAPSHOTS)
             self.states = states = self._state_store(Path(path), placement, options)
-            self.session = session = ChatSession(
-                model, tokenizer, context_tokens=context, max_snapshots=snapshots, state_store=states, **session_options
-            )
+            self.session = session = _new_session(model, tokenizer, placement, options, states)
             self.model_info = {
                 "name": Path(path).name,
                 "path": str(path),
@@ -329,14 +419,10 @@ class EngineWorker(QObject):
                 "experts": config.num_experts,
                 "experts_per_token": config.num_experts_per_tok,
                 "vocab_size": config.vocab_size,
-                "context_tokens": context,
                 "max_context_tokens": config.max_position_embeddings,
-                "context_asked_tokens": asked,
-                "context_plan_tokens": plan_tokens,
-                "snapshot_bytes": self.session.snapshot_bytes,
                 # read here, off the GUI thread: the Engine page plans with it (an immutable value)
                 "footprint": footprint_from_checkpoint(Path(path)),
-                "placement": placement.to_dict(),
+                **_plan_info(session, placement, options),
                 **model.expert_executor.host_report,
             }
             pinned = self.model_info.get("pinned_expert_bytes")
@@ -354,12 +440,13 @@ class EngineWorker(QObject):
                     ),
                 )
             self._log_backend(model.expert_executor.stats(), backend)
+            self.placement, self._backend, self._session_options = placement, backend, dict(options)
             self.queue = EngineQueue(session, states, max_queue=API_MAX_QUEUE, on_change=self._on_queue_change)
             self.server_context = ServerContext(
-                self.queue, self.model_info["name"], tokenizer, session.sampling, context, unix_now()
+                self.queue, self.model_info["name"], tokenizer, session.sampling, session.context_tokens, unix_now()
             )
             _freeze_long_lived()
-            self.log.emit("info", f"loaded {path} in {time.perf_counter() - started:.1f} s")
+            self.log.emit("info", f"loaded {path} in {self.clock() - started:.1f} s")
             self.loaded.emit(dict(self.model_info))
         except CheckpointError as exc:
             self.session = None
@@ -375,8 +462,10 @@ class EngineWorker(QObject):
     def _release_model(self) -> None:
         """Stop the engine queue (a turn running ends cancelled, those waiting are dropped), drop the session and
         collect it, cycles included, with everything frozen at the last load."""
-        self.server_context = None  # the API answers 503 from here on
-        queue, self.queue = self.queue, None
+        with self._publishing:
+            self.server_context = None  # the API answers 503 from here on
+            queue, self.queue = self.queue, None
+            self.placement = None
         if queue is not None:
             queue.stop()
         states, self.states = self.states, None
@@ -450,20 +539,127 @@ class EngineWorker(QObject):
 
     def _placement(self, folder: Path, options: dict):
         """The GPU under the preset's plan when one fits, else the CPU, with the reason in the log."""
-        from engine.api import DEFAULT_USE, Placement, PlanError, plan_placement
+        from engine.api import Placement, PlanError
 
-        vram_gib = float(options.get("vram_gib") or 0)
         try:
-            return plan_placement(
-                folder,
-                options.get("preset") or "auto",
-                int(vram_gib * 2**30) if vram_gib > 0 else None,
-                options.get("custom_plan"),
-                use=options.get("plan_use") or DEFAULT_USE,
-            )
+            return _plan_placement(folder, options)
         except PlanError as exc:
             self.log.emit("warning", f"no VRAM plan fits, so the model runs on the CPU: {exc}")
             return Placement("cpu", torch.float32, None, f"CPU mode: no VRAM plan fits this model ({exc}).")
+
+    @Slot(dict)
+    def switch_plan(self, options: dict) -> None:
+        """Give the loaded model the plan `options` ask for without reading its weights again, once the engine
+        queue gets to it (after the reply or API request running): planSwitched with the new model info, or
+        planSwitchFailed saying why and what to do."""
+        from engine.api import Stopped
+
+        queue, loaded = self.queue, self.placement
+        if queue is None or loaded is None:
+            self.planSwitchFailed.emit("No model is loaded: the plan shown applies to the next one loaded.")
+            return
+        switch = _PlanSwitch(self, queue, loaded, dict(options))
+        try:
+            queue.submit(switch.run, switch.deliver, from_api=False)
+        except Stopped:  # the app is closing
+            self.planSwitchFailed.emit("The engine has stopped: the plan applies when the model is loaded again.")
+
+    def _switch_on_queue(self, queue, loaded, options: dict) -> None:
+        """(queue thread) Switch the model running on `queue`, loaded under `loaded`, to the plan `options` ask
+        for: its expert cache resized, a new session of the plan's context and chunk, the same states and chats."""
+        from engine.api import PlanError, can_switch_plan, switch_plan
+
+        started = self.clock()
+        folder = Path(self.model_info.get("path", ""))
+        try:
+            new = _plan_placement(folder, options, loaded)
+        except PlanError as exc:
+            self.planSwitchFailed.emit(
+                f"No VRAM plan fits this model ({exc}). The model keeps the plan it runs; choose a larger "
+                f"preset or VRAM budget."
+            )
+            return
+        except Exception as exc:  # a broken driver, say: the model runs on as it was
+            self.log.emit("error", traceback.format_exc())
+            self.planSwitchFailed.emit(f"The new plan could not be made: {exc!r}. The log page has the details.")
+            return
+        if not can_switch_plan(loaded, new):
+            self.planSwitchFailed.emit(
+                f"This plan needs the model loaded again: {_reload_reason(loaded, new)}. Load the model on the "
+                f"Models page to run it; until then it keeps the plan it runs."
+            )
+            return
+        old = queue.session
+        model, tokenizer = old.model, old.tokenizer
+        keep = {"sampling": old.sampling, "system_prompt": old.system_prompt, "enable_thinking": old.enable_thinking}
+        before = (old.context_tokens, old.prefill_chunk_tokens)
+        with self._publishing:
+            if self.queue is not queue:  # unloaded meanwhile: the queue is stopping, its model going
+                return
+            self.session = None
+        # The old session's KV cache and restore points go before the new plan's memory is taken: the plan
+        # budgets one KV cache. The chats are the app's, and their states the prefix cache's: none is lost.
+        queue.replace_session(None)
+        del old
+        gc.unfreeze()  # a cycle frozen at load would keep the old KV cache alive
+        gc.collect()
+        if model.device.type == "cuda":
+            torch.cuda.empty_cache()
+        try:
+            if not switch_plan(model, loaded, new):
+                raise RuntimeError(f"the engine refused to switch from {loaded.note} to {new.note}")
+            session = _new_session(model, tokenizer, new, options, queue.prefix_cache, **keep)
+        except Exception as exc:  # out of memory, say: the model goes back to the plan it ran
+            self.log.emit("error", traceback.format_exc())
+            self._switch_back(queue, model, tokenizer, loaded, new, keep, exc)
+            return
+        # The prefix cache stays: its states hold KV rows and recurrent states, valid for any plan of the same
+        # device, dtype and KV format, which a switch keeps. Its disk tier stays keyed by the preset loaded
+        # (state_fingerprint), so a later load with the new preset misses these states: a prefill, never a wrong
+        # state; re-keying it here would hide the states saved so far from this model's next load.
+        queue.replace_session(session)
+        info = {**self.model_info, **_plan_info(session, new, options)}
+        with self._publishing:
+            if self.queue is not queue:
+                return
+            self.server_context = _server_context(queue, info["name"], session, self.server_context)
+            self.session, self.placement, self.model_info = session, new, info
+            self._session_options = dict(options)
+        _freeze_long_lived()
+        self.log.emit("info", new.note)
+        self.log.emit(
+            "info",
+            f"switched the plan in place in {self.clock() - started:.1f} s: expert cache "
+            f"{loaded.plan.expert_slots:,} -> {new.plan.expert_slots:,} slots, context {before[0]:,} -> "
+            f"{session.context_tokens:,} tokens, prefill chunk {before[1]:,} -> {session.prefill_chunk_tokens:,}",
+        )
+        self._log_backend(model.expert_executor.stats(), self._backend)  # a resize chooses the backend again
+        self.planSwitched.emit(dict(info))
+
+    def _switch_back(self, queue, model, tokenizer, loaded, tried, keep: dict, exc: Exception) -> None:
+        """(queue thread) After a failed switch to `tried`, give `model` the expert cache and a session of the plan
+        it ran before again; failing that too, leave the queue without a session and ask for a load."""
+        from engine.api import switch_plan
+
+        try:
+            switch_plan(model, tried, loaded)  # rebuilds the cache whenever the slots differ, half-built or not
+            session = _new_session(model, tokenizer, loaded, self._session_options, queue.prefix_cache, **keep)
+        except Exception:
+            self.log.emit("error", traceback.format_exc())
+            self.planSwitchFailed.emit(
+                f"Switching the plan failed ({exc!r}) and the model could not go back to its plan: load it "
+                f"again on the Models page. The log page has the details."
+            )
+            return
+        queue.replace_session(session)
+        with self._publishing:
+            if self.queue is queue:
+                self.session = session
+                self.server_context = _server_context(queue, self.model_info["name"], session, self.server_context)
+        _freeze_long_lived()
+        self.planSwitchFailed.emit(
+            f"Switching the plan failed: {exc!r}. The model runs the plan it ran before; the log page has the details."
+        )
 
     @Slot()
     def unload(self) -> None:

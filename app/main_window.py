@@ -64,6 +64,7 @@ def first_window_size(available: QSize) -> QSize:
 
 class MainWindow(QMainWindow):
     loadRequested = Signal(str, dict)  # queued to the worker: opening a model never blocks the window
+    planSwitchRequested = Signal(dict)  # queued to the worker: the loaded model takes the plan shown, in place
     reserveRequested = Signal()  # queued to the worker before the first load: the GPU's runtime reserve
     modelReady = Signal(dict)  # re-emitted on the GUI thread once the window has taken the model in
     modelFailed = Signal(str)
@@ -75,6 +76,7 @@ class MainWindow(QMainWindow):
         self.store, self.settings = store, settings
         self.worker, self.worker_thread = start_worker()
         self.loadRequested.connect(self.worker.load)
+        self.planSwitchRequested.connect(self.worker.switch_plan)
         self.reserveRequested.connect(self.worker.measure_reserve)
         self.remote_worker, self.remote_thread = start_remote_worker()
         self.remoteEndpointChosen.connect(self.remote_worker.use_endpoint)
@@ -139,6 +141,9 @@ class MainWindow(QMainWindow):
         self.worker.loaded.connect(self._on_loaded)
         self.worker.loadFailed.connect(self._on_load_failed)
         self.worker.unloaded.connect(self._on_unloaded)
+        self.worker.planSwitched.connect(self._on_plan_switched)
+        self.worker.planSwitchFailed.connect(self.statusBar().showMessage)
+        self.engine_page.switchRequested.connect(self.switch_plan)
         self.engine_page.planChanged.connect(self.logs_page.set_plan)
         self.models_page.log.connect(self.logs_page.add_record)  # downloads report to the Logs page too
         self.models_page.engineChosen.connect(self.use_engine)
@@ -260,6 +265,10 @@ class MainWindow(QMainWindow):
         self.model_label.setText(f"Loading {folder.name}…")
         self.loadRequested.emit(str(folder), load_options(self.settings))
 
+    def switch_plan(self) -> None:
+        """Ask the worker to give the loaded model the plan the settings (the Engine page's) describe, in place."""
+        self.planSwitchRequested.emit(load_options(self.settings))
+
     def use_engine(self, endpoint_id: str) -> None:
         """Let the remote engine `endpoint_id` answer the chats, or the local engine for "" (or one since removed)."""
         endpoint = self.remotes.get(endpoint_id) if endpoint_id else None
@@ -274,17 +283,29 @@ class MainWindow(QMainWindow):
         return f"local: {self.model_info['name']}" if self.model_info else "local (no model loaded)"
 
     def _on_loaded(self, info: dict) -> None:
+        self._show_model(info)
+        self.engine_page.set_model_footprint(info["footprint"])
+        self.settings_page.set_model(info)
+        if self.chat_page.worker is self.worker:
+            self.chat_page.set_engine(self.worker, self._local_engine_text())
+        self.modelReady.emit(info)
+
+    def _on_plan_switched(self, info: dict) -> None:
+        """The loaded model runs another plan: its context size changed, and what the Settings page says of it."""
+        self._show_model(info)
+        self.settings_page.set_model(info)
+        self.statusBar().showMessage(
+            f"The loaded model runs the new plan: {info['context_tokens']:,} tokens of context"
+        )
+
+    def _show_model(self, info: dict) -> None:
+        """Name the loaded model under the sidebar: its architecture, context size and where it runs."""
         self.model_info = info
         placement = info.get("placement") or {}
         where = "GPU" if placement.get("device") == "cuda" else "CPU"
         architecture = info.get("architecture") or info["model_type"]  # as the Models list names it
         self.model_label.setText(f"{info['name']}\n{architecture}, {info['context_tokens']:,} tokens, {where}")
         self.model_label.setToolTip(placement.get("note", ""))
-        self.engine_page.set_model_footprint(info["footprint"])
-        self.settings_page.set_model(info)
-        if self.chat_page.worker is self.worker:
-            self.chat_page.set_engine(self.worker, self._local_engine_text())
-        self.modelReady.emit(info)
 
     def _on_unloaded(self) -> None:
         self.model_info = None

@@ -31,18 +31,25 @@ class FakeWorker(QObject):
     log = Signal(str, str)
     unloaded = Signal()
     reserveMeasured = Signal(dict)
+    planSwitched = Signal(dict)
+    planSwitchFailed = Signal(str)
 
     def __init__(self):
         super().__init__()
         self.sent: list[tuple[list, str, dict]] = []  # (history, text, options) per send
         self.continued: list[tuple[list, dict]] = []  # (history, options) per continue_reply
         self.load_calls: list[tuple[str, dict]] = []
+        self.switch_calls: list[dict] = []  # options per switch_plan
         self.stop_calls = 0
         self.reserve_requests = 0
 
     @Slot(str, dict)
     def load(self, path: str, options: dict) -> None:
         self.load_calls.append((path, options))
+
+    @Slot(dict)
+    def switch_plan(self, options: dict) -> None:
+        self.switch_calls.append(options)
 
     @Slot()
     def measure_reserve(self) -> None:

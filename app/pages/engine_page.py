@@ -22,6 +22,7 @@ from PySide6.QtWidgets import (
     QHBoxLayout,
     QLabel,
     QProgressBar,
+    QPushButton,
     QSpinBox,
     QVBoxLayout,
     QWidget,
@@ -54,9 +55,13 @@ SYNTHETIC_MODEL = "qwen3.6-35b-a3b-nvfp4"  # the model the presets were designed
 PRESET_CHOICES = (("4 GB", "4gb"), ("8 GB", "8gb"), ("12 GB", "12gb"), ("Auto", "auto"), ("Custom", "custom"))
 PRESET_NAMES = {key: label for label, key in PRESET_CHOICES}
 USE_NAMES = {"chat": "Chat", "long-context": "Long context"}  # engine.api.USES, as the page names them
-# what a loaded model's runtime took from its plan: a plan that differs in these takes a load to apply
+# what a loaded model's runtime took from its plan: a plan that differs in these takes a load (or a switch) to apply
 RUNTIME_PLAN_KEYS = ("expert_slots", "prefill_overlap", "prefill_chunk_tokens", "kv_tokens", "kv_cache")
 NEXT_LOAD = "The loaded model runs the plan it was loaded with ({loaded}); load it again to run this one."
+APPLY_NOW = (
+    "The loaded model runs the plan it was loaded with ({loaded}); this one applies now, without reloading the weights."
+)
+SWITCHING = "Switching the loaded model to this plan (after the reply or API request running, if any)…"
 MAX_BUDGET_GIB = 1024.0
 HISTORY_LENGTH = 60
 NOT_MEASURED = "not measured in CPU mode"
@@ -297,6 +302,7 @@ class LiveGauges(QGroupBox):
 
 class EnginePage(QWidget):
     planChanged = Signal(dict)  # MemoryPlan.to_dict(), or {} when no plan fits
+    switchRequested = Signal()  # Apply now: the loaded model is to take the plan shown, without a reload
 
     def __init__(self, worker, settings, parent: QWidget | None = None):
         super().__init__(parent)
@@ -305,6 +311,8 @@ class EnginePage(QWidget):
         self._plan: dict = {}
         self._reserve: dict | None = None  # the worker's reserveMeasured; None until it answers
         self._loaded_plan: dict | None = None  # the loaded model's plan (its placement's); None: none, or the CPU
+        self._switching = False  # Apply now was pressed and the worker has not answered yet
+        self._switch_failed: tuple[str, dict] | None = None  # (the worker's message, the plan it could not switch to)
 
         self.preset_combo = QComboBox()
         for label, key in PRESET_CHOICES:
@@ -344,6 +352,10 @@ class EnginePage(QWidget):
         self.next_load_note = QLabel()
         self.next_load_note.setWordWrap(True)
         self.next_load_note.hide()
+        self.apply_button = QPushButton("Apply now")
+        self.apply_button.setToolTip("Give the loaded model this plan: its expert cache and KV cache change in place.")
+        self.apply_button.hide()
+        self.apply_button.clicked.connect(self._on_apply)
         self.reserve_note = QLabel()
         self.reserve_note.setProperty("role", "muted")
         self.reserve_note.setWordWrap(True)
@@ -390,7 +402,10 @@ class EnginePage(QWidget):
         layout.addWidget(self.model_label)
         layout.addWidget(self.machine_label)
         layout.addWidget(self.plan_bar)
-        layout.addWidget(self.next_load_note)
+        note_row = QHBoxLayout()
+        note_row.addWidget(self.next_load_note, 1)
+        note_row.addWidget(self.apply_button, 0, Qt.AlignmentFlag.AlignTop)
+        layout.addLayout(note_row)
         layout.addWidget(self.reserve_note)
         layout.addWidget(self.error_label)
         layout.addLayout(plan_row)
@@ -414,6 +429,9 @@ class EnginePage(QWidget):
         worker.loaded.connect(self.live.on_loaded)
         worker.loaded.connect(self._on_model_loaded)
         worker.unloaded.connect(lambda: self._on_model_loaded({}))
+        worker.planSwitched.connect(self.live.on_loaded)
+        worker.planSwitched.connect(self._on_plan_switched)
+        worker.planSwitchFailed.connect(self._on_plan_switch_failed)
         worker.reserveMeasured.connect(self.set_reserve)
         self.replan()
 
@@ -438,20 +456,52 @@ class EnginePage(QWidget):
 
     def _on_model_loaded(self, info: dict) -> None:
         self._loaded_plan = (info.get("placement") or {}).get("plan")
+        self._switching, self._switch_failed = False, None
         self._show_next_load_note()
 
+    def _on_plan_switched(self, info: dict) -> None:
+        """The loaded model runs the plan it was switched to: the note goes once that is the plan shown."""
+        self._on_model_loaded(info)
+
+    def _on_plan_switch_failed(self, message: str) -> None:
+        """Say why the plan shown could not be switched to; Apply now comes back once another plan is shown."""
+        self._switching = False
+        self._switch_failed = (message, dict(self._plan))
+        self._show_next_load_note()
+
+    def _on_apply(self) -> None:
+        self._switching = True
+        self._show_next_load_note()
+        self.switchRequested.emit()
+
+    def can_switch_in_place(self) -> bool:
+        """Tell whether the loaded model can take the plan shown without a reload: the same model and KV cache format
+        on a GPU, and a budget that is not the free VRAM (which lacks what the loaded model holds)."""
+        loaded, shown = self._loaded_plan, self._plan
+        if not (loaded and shown) or self.cpu_mode():
+            return False
+        fixed_budget = self.budget_spin.value() > 0 or preset_budget_bytes(self.preset()) is not None
+        return fixed_budget and loaded["model"] == shown["model"] and loaded["kv_cache"] == shown["kv_cache"]
+
     def _show_next_load_note(self) -> None:
-        """Say when the plan shown is not the one the loaded model runs, and that a load applies it."""
+        """Say when the plan shown is not the one the loaded model runs, and whether Apply now or a load applies
+        it."""
         loaded, shown = self._loaded_plan, self._plan
         differs = bool(loaded and shown) and any(loaded.get(k) != shown.get(k) for k in RUNTIME_PLAN_KEYS)
+        failed = self._switch_failed is not None and self._switch_failed[1] == shown
+        in_place = differs and not failed and self.can_switch_in_place()
         if differs:
-            self.next_load_note.setText(
-                NEXT_LOAD.format(
-                    loaded=f"{_plural(loaded['expert_cache_layers'], 'cache layer')}, "
-                    f"{loaded['max_prompt_tokens']:,}-token prompts"
-                )
-            )
+            layers, prompts = _plural(loaded["expert_cache_layers"], "cache layer"), loaded["max_prompt_tokens"]
+            running = f"{layers}, {prompts:,}-token prompts"
+            if self._switching:
+                self.next_load_note.setText(SWITCHING)
+            elif failed:
+                self.next_load_note.setText(self._switch_failed[0])
+            else:
+                self.next_load_note.setText((APPLY_NOW if in_place else NEXT_LOAD).format(loaded=running))
         self.next_load_note.setVisible(differs)
+        self.apply_button.setVisible(in_place or (differs and self._switching))
+        self.apply_button.setEnabled(not self._switching)
 
     def set_model_footprint(self, footprint: ModelFootprint) -> None:
         """Plan for the loaded model, whose footprint the worker read from its checkpoint."""

@@ -184,6 +184,69 @@ def test_a_plan_other_than_the_loaded_models_says_it_applies_at_the_next_load(en
     engine_page.set_use("chat")
 
 
+def on_a_gpu(engine_page, worker) -> None:
+    """The worker has found a usable GPU: the page plans for it, out of CPU mode."""
+    measured = reserve.measured_reserve(900 * 2**20, "NVIDIA H200", others_included=False)
+    worker.reserveMeasured.emit(dict(measured.to_dict(), gpu_usable=True, gpu_status="NVIDIA H200"))
+
+
+def test_a_plan_the_loaded_model_can_take_in_place_is_applied_now(qtbot, engine_page, worker):
+    on_a_gpu(engine_page, worker)
+    engine_page.set_preset("8gb")
+    running = engine_page.plan()
+    worker.loaded.emit({"placement": {"device": "cuda", "plan": running}, "context_tokens": 32768})
+    assert not engine_page.apply_button.isVisibleTo(engine_page)
+    engine_page.set_use("long-context")
+    note, button = engine_page.next_load_note, engine_page.apply_button
+    assert note.isVisibleTo(engine_page) and button.isVisibleTo(engine_page) and button.isEnabled()
+    assert "applies now, without reloading the weights" in note.text() and "load it again" not in note.text()
+    with qtbot.waitSignal(engine_page.switchRequested):
+        button.click()
+    assert not button.isEnabled() and note.text().startswith("Switching the loaded model to this plan")
+    worker.planSwitched.emit({"placement": {"device": "cuda", "plan": engine_page.plan()}, "context_tokens": 65536})
+    assert not note.isVisibleTo(engine_page) and not button.isVisibleTo(engine_page)
+    assert engine_page.live.context_label.text() == "0 / 65,536"  # the gauges follow the new context
+    engine_page.set_use("chat")  # the plan it was loaded with is now the other one
+    assert button.isVisibleTo(engine_page) and button.isEnabled()
+
+
+def test_a_switch_the_worker_refuses_is_said_until_another_plan_is_shown(qtbot, engine_page, worker):
+    on_a_gpu(engine_page, worker)
+    engine_page.set_preset("8gb")
+    worker.loaded.emit({"placement": {"device": "cuda", "plan": engine_page.plan()}, "context_tokens": 32768})
+    engine_page.set_use("long-context")
+    engine_page.apply_button.click()
+    worker.planSwitchFailed.emit("This plan needs the model loaded again: its KV cache is fp8.")
+    note, button = engine_page.next_load_note, engine_page.apply_button
+    assert note.text() == "This plan needs the model loaded again: its KV cache is fp8."
+    assert note.isVisibleTo(engine_page) and not button.isVisibleTo(engine_page)
+    engine_page.set_preset("12gb")
+    assert button.isVisibleTo(engine_page) and button.isEnabled() and "applies now" in note.text()
+
+
+def test_apply_now_is_offered_only_where_a_switch_in_place_can_run(engine_page, worker, monkeypatch):
+    engine_page.set_preset("8gb")
+    running = engine_page.plan()
+    worker.loaded.emit({"placement": {"device": "cuda", "plan": running}})
+    engine_page.set_use("long-context")
+    note, button = engine_page.next_load_note, engine_page.apply_button
+    assert note.isVisibleTo(engine_page) and not button.isVisibleTo(engine_page)  # CPU mode: no GPU plan runs
+    on_a_gpu(engine_page, worker)
+    assert button.isVisibleTo(engine_page)
+    worker.loaded.emit({"placement": {"device": "cuda", "plan": dict(running, kv_cache="fp8")}})
+    assert not button.isVisibleTo(engine_page) and "load it again to run this one" in note.text()
+    worker.loaded.emit({"placement": {"device": "cuda", "plan": dict(running, model="another model")}})
+    assert not button.isVisibleTo(engine_page)
+    worker.loaded.emit({"placement": {"device": "cuda", "plan": running}})
+    engine_page.budget_spin.setValue(6.0)
+    assert button.isVisibleTo(engine_page)
+    engine_page.budget_spin.setValue(0.0)
+    gpu = {"name": "NVIDIA H200", "total_bytes": 8 * GIB, "used_bytes": 2 * GIB, "free_bytes": 6 * GIB}
+    monkeypatch.setattr(system_info, "gpu_memory", lambda: gpu)
+    engine_page.set_preset("auto")  # its budget is the free VRAM, which lacks what the loaded model holds
+    assert engine_page.plan() and note.isVisibleTo(engine_page) and not button.isVisibleTo(engine_page)
+
+
 def test_budget_override_changes_kv_tokens(engine_page, settings):
     engine_page.set_preset("8gb")
     layers_at_8 = engine_page.plan()["expert_cache_layers"]

@@ -51,6 +51,18 @@ def test_window_loads_the_model_and_pages_switch(qtbot, tmp_path, settings, mode
     window.close()
 
 
+def test_apply_now_reaches_the_worker_and_its_answer_the_status_bar(qtbot, tmp_path, settings, model_folder):
+    window = open_window(qtbot, ConversationStore(tmp_path / "c.sqlite3"), settings, model_folder)
+    with qtbot.waitSignal(window.worker.planSwitchFailed, timeout=60000) as failed:
+        window.engine_page.switchRequested.emit()  # Apply now, queued to the worker with the settings' options
+    assert failed.args[0].startswith("This plan needs the model loaded again: the loaded model runs on the CPU")
+    qtbot.waitUntil(lambda: window.statusBar().currentMessage() == failed.args[0], timeout=10000)
+    window.worker.planSwitched.emit(dict(window.model_info, context_tokens=2048))  # as after a switch on a GPU
+    assert ", 2,048 tokens, CPU" in window.model_label.text() and window.model_info["context_tokens"] == 2048
+    assert window.settings_page.model_info["context_tokens"] == 2048
+    window.close()
+
+
 def test_history_survives_a_restart(qtbot, tmp_path, settings, model_folder):
     settings.set("sampling", {"max_new_tokens": 4, "temperature": 0.0})
     db = tmp_path / "c.sqlite3"
