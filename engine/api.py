@@ -2,9 +2,9 @@
 
 app/ imports the engine only as `from engine.api import NAME` (tests/test_import_direction.py checks it), so the
 table below is what the app relies on, and the engine may rearrange anything behind it. It holds the errors the
-app shows, the bundled resources and folders, the memory planner and its constants (the Engine page's plan), the
-placement and loading of a model, the chat session with its tokenizer, sampling, prefix cache and events, the
-local API server's queue and settings, and the Hub downloads.
+app shows, the bundled resources and folders, the memory planner and its constants (the Engine page's plan), a
+plan's expected decode speed, the placement and loading of a model, the chat session with its tokenizer, sampling,
+prefix cache and events, the local API server's queue and settings, and the Hub downloads.
 
 A name loads its home module when it is first taken, not on `import engine.api`: the app takes some late (the
 server, the Hub client, the session) so that it starts fast. It is looked up in its home each time, so a test that
@@ -40,6 +40,7 @@ _HOMES: dict[str, tuple[str, ...]] = {
         "preset_budget_bytes",
     ),
     "engine.runtime.footprint": ("ModelFootprint", "footprint_from_checkpoint", "footprint_from_synthetic"),
+    "engine.runtime.decode_estimate": ("estimate_decode",),
     "engine.runtime.workspace": ("prefill_workspace",),
     "engine.runtime.placement": (
         "Placement",

@@ -4,7 +4,8 @@ Every number in the plan comes from engine.runtime.planner (the same code the ru
 to); the page only chooses the inputs: the model's footprint, the preset, the budget and the runtime
 reserve. The reserve comes from the worker, which measures it on a usable GPU (engine/runtime/reserve.py);
 until it answers, and without a GPU, the plan is the reference card's estimate and says so. Planner
-calls read safetensors headers at most, so they run on the GUI thread.
+calls read safetensors headers at most, so they run on the GUI thread, as does each use's expected decode speed
+(engine.runtime.decode_estimate: some 10 ms for a cache size not seen before, remembered after).
 """
 
 from __future__ import annotations
@@ -45,6 +46,7 @@ from engine.api import (
     MemoryPlan,
     ModelFootprint,
     PlanError,
+    estimate_decode,
     footprint_from_synthetic,
     plan_memory,
     prefill_workspace,
@@ -55,6 +57,10 @@ SYNTHETIC_MODEL = "qwen3.6-35b-a3b-nvfp4"  # the model the presets were designed
 PRESET_CHOICES = (("4 GB", "4gb"), ("8 GB", "8gb"), ("12 GB", "12gb"), ("Auto", "auto"), ("Custom", "custom"))
 PRESET_NAMES = {key: label for label, key in PRESET_CHOICES}
 USE_NAMES = {"chat": "Chat", "long-context": "Long context"}  # engine.api.USES, as the page names them
+USE_TIP = (
+    "What the memory beyond a 32K-token prompt is for: Chat gives it to the expert cache (faster replies), "
+    "Long context to the KV cache (longer prompts)."
+)
 # what a loaded model's runtime took from its plan: a plan that differs in these takes a load (or a switch) to apply
 RUNTIME_PLAN_KEYS = ("expert_slots", "prefill_overlap", "prefill_chunk_tokens", "kv_tokens", "kv_cache")
 NEXT_LOAD = "The loaded model runs the plan it was loaded with ({loaded}); load it again to run this one."
@@ -78,6 +84,11 @@ ESTIMATE = "estimate"
 
 def _plural(n: int, word: str) -> str:
     return f"{n:,} {word}" if n == 1 else f"{n:,} {word}s"
+
+
+def _speed_text(tokens_per_s: float) -> str:
+    """Write a decode speed as the use labels show it: whole tokens a second, a decimal below ten."""
+    return f"~{tokens_per_s:.1f} tok/s" if tokens_per_s < 10 else f"~{tokens_per_s:,.0f} tok/s"
 
 
 def _overlap_text(overlap: bool, layers: int) -> str:
@@ -320,10 +331,7 @@ class EnginePage(QWidget):
         self.use_combo = QComboBox()
         for use in USES:
             self.use_combo.addItem(USE_NAMES[use], use)
-        self.use_combo.setToolTip(
-            "What the memory beyond a 32K-token prompt is for: Chat gives it to the expert cache (faster replies), "
-            "Long context to the KV cache (longer prompts)."
-        )
+        self.use_combo.setToolTip(USE_TIP)
         self.budget_spin = QDoubleSpinBox()
         self.budget_spin.setRange(0.0, MAX_BUDGET_GIB)
         self.budget_spin.setDecimals(2)
@@ -573,6 +581,7 @@ class EnginePage(QWidget):
         self._show_mode(budget is None)
         self._show_fit_here()
         if budget is None:  # Auto without a card: the normal CPU-mode state, said by the notes, not an error
+            self._name_uses({})  # no plan: an earlier budget's figures would stand beside the uses
             self._show_plan(None, 0, "")
             return
         reserve = (
@@ -596,15 +605,26 @@ class EnginePage(QWidget):
         self._show_plan(plan.to_dict(), budget, "")
 
     def _name_uses(self, plans: dict) -> None:
-        """Label each use with what its plan gives on this budget, so the choice is made knowing both."""
+        """Label each use with what its plan gives on this budget, its prompts, cache layers and expected decode
+        speed, so the choice is made knowing them all; each use's tooltip says what the speed assumes."""
+        tips = {}
         for index in range(self.use_combo.count()):
             use = self.use_combo.itemData(index)
-            plan, text = plans[use], USE_NAMES[use]
-            if not isinstance(plan, PlanError):
+            plan, text = plans.get(use), USE_NAMES[use]
+            if isinstance(plan, MemoryPlan):
+                speed = estimate_decode(plan, self.footprint)
                 text += (
-                    f": {plan.max_prompt_tokens:,}-token prompts, {_plural(plan.expert_cache_layers, 'cache layer')}"
+                    f": {plan.max_prompt_tokens:,}-token prompts, {_plural(plan.expert_cache_layers, 'cache layer')}, "
+                    f"{_speed_text(speed.tokens_per_s)} expected"
+                )
+                tips[use] = (
+                    f"{USE_NAMES[use]}: {_speed_text(speed.tokens_per_s)} is an {ESTIMATE} of decode speed, not a "
+                    f"measurement. It assumes {speed.assumes}."
                 )
             self.use_combo.setItemText(index, text)
+            self.use_combo.setItemData(index, tips.get(use), Qt.ItemDataRole.ToolTipRole)
+        shown = tips.get(self.use())
+        self.use_combo.setToolTip(f"{USE_TIP}\n\n{shown}" if shown else USE_TIP)
 
     def _show_mode(self, no_budget: bool) -> None:
         """In CPU mode, say first that the plan is not used, and what the one shown stands for."""

@@ -23,6 +23,7 @@ from app.widgets.gauges import Sparkline, SystemFooter
 from app.widgets.plan_bar import PlanBar
 from engine.experts.backend import BACKENDS
 from engine.runtime import reserve
+from engine.runtime.decode_estimate import estimate_decode
 from engine.runtime.footprint import footprint_from_checkpoint, footprint_from_synthetic
 from engine.runtime.planner import GIB, plan_memory
 from engine.runtime.session import DEFAULT_MAX_SNAPSHOTS
@@ -153,7 +154,7 @@ def test_the_memory_use_trades_cache_layers_for_prompt_length(qtbot, engine_page
     engine_page.set_preset("8gb")
     labels = [engine_page.use_combo.itemText(i) for i in range(engine_page.use_combo.count())]
     assert labels[0].startswith("Chat: 32,768-token prompts, ") and "cache layers" in labels[0]
-    assert labels[1].startswith("Long context: ") and labels[1].endswith("2 cache layers")
+    assert labels[1].startswith("Long context: ") and ", 2 cache layers, ~" in labels[1]
     chat_layers = engine_page.plan()["expert_cache_layers"]
     with qtbot.waitSignal(engine_page.planChanged) as emitted:
         engine_page.set_use("long-context")
@@ -163,6 +164,26 @@ def test_the_memory_use_trades_cache_layers_for_prompt_length(qtbot, engine_page
     assert settings.get("plan_use") == "long-context" and load_options(settings)["plan_use"] == "long-context"
     engine_page.set_preset("custom")
     assert not engine_page.use_combo.isEnabled()
+
+
+def test_each_use_says_its_expected_decode_speed_and_what_that_assumes(engine_page):
+    """The figure beside each use is the engine's estimate for its plan, chat's cache faster than long context's,
+    and its tooltip says it is an estimate and what for."""
+    engine_page.set_preset("8gb")
+    footprint = footprint_from_synthetic(SYNTHETIC)
+    speeds = {}
+    for index in range(engine_page.use_combo.count()):
+        use = engine_page.use_combo.itemData(index)
+        plan = plan_memory(footprint, 8 * GIB, "8gb", use=use)
+        expected = estimate_decode(plan, footprint)
+        label = engine_page.use_combo.itemText(index)
+        assert label.endswith(f"{plan.expert_cache_layers} cache layers, ~{expected.tokens_per_s:.0f} tok/s expected")
+        speeds[use] = int(re.search(r"~(\d+) tok/s", label).group(1))
+        tip = engine_page.use_combo.itemData(index, Qt.ItemDataRole.ToolTipRole)
+        assert "an estimate of decode speed, not a measurement" in tip and "offload backend" in tip
+        assert expected.card in tip and f"hits {expected.hit_rate:.0%}" in tip
+    assert speeds["chat"] > speeds["long-context"]
+    assert "an estimate of decode speed" in engine_page.use_combo.toolTip()  # the use shown, on the closed combo
 
 
 def test_a_plan_other_than_the_loaded_models_says_it_applies_at_the_next_load(engine_page, worker):
@@ -283,8 +304,11 @@ def test_custom_plan_that_does_not_fit_shows_the_reason(qtbot, engine_page, sett
 
 def test_auto_needs_a_budget_without_a_gpu_and_uses_free_vram_with_one(engine_page, monkeypatch):
     monkeypatch.setattr(system_info, "gpu_memory", lambda: None)
+    engine_page.set_preset("8gb")
     engine_page.set_preset("auto")
     assert engine_page.plan() == {}
+    uses = [engine_page.use_combo.itemText(i) for i in range(engine_page.use_combo.count())]
+    assert uses == ["Chat", "Long context"]  # no plan, so no 8gb figures beside them
     assert not engine_page.error_label.isVisibleTo(engine_page)  # no GPU is CPU mode, a normal state: no red error
     assert engine_page.mode_label.text().startswith("CPU mode: the plan is not used.")
     assert "set a VRAM budget" in engine_page.budget_note.text()
