@@ -43,48 +43,49 @@ def _assign_kernel(
     keys = tl.load(keys_ptr + s, mask=inside, other=-2)
     ages = tl.load(ages_ptr + s, mask=inside, other=2147483647)
     tick = tl.load(clock_ptr)
+    # Hits in one elementwise pass: which chosen expert (j) each slot holds, -1 for none
+    held = tl.full((BLOCK,), -1, tl.int32)
+    for j in tl.static_range(K):
+        held = tl.where(keys == key_base + tl.load(ids_ptr + j).to(tl.int32), j, held)
+    found_bits = tl.sum(tl.where(held >= 0, 1 << tl.maximum(held, 0), 0), axis=0)
+    # A hit's tick is one more than the hits before it, in the order of the chosen experts
+    rank = tl.zeros((BLOCK,), tl.int32)
     hits = 0
-    for j in tl.static_range(K):  # hits first, so the misses cannot evict them
-        key = key_base + tl.load(ids_ptr + j).to(tl.int32)
-        match = keys == key
-        found = tl.max(match.to(tl.int32), axis=0)
-        slot = tl.min(tl.where(match, s, BLOCK), axis=0)
-        tick += found
-        ages = tl.where(match, tick, ages)
-        tl.store(slots_ptr + j, slot, mask=found > 0)
+    for j in tl.static_range(K):
+        found = (found_bits >> j) & 1
+        rank += tl.where(held >= j, found, 0)
+        hits += found
         tl.store(table_ptr + 2 * j, -1)
         tl.store(table_ptr + 2 * j + 1, -1)
         if SPLIT:
             tl.store(gpu_rows_ptr + j, 1.0)
-        hits += found
+    ages = tl.where(held >= 0, tick + rank, ages)
+    tl.store(slots_ptr + held, s, mask=held >= 0)
+    tick += hits
     on_gpu = K - hits  # misses the GPU copies: all, or with SPLIT those the CPU does not compute
     if SPLIT:
         on_gpu -= tl.load(cpu_counts_ptr + K - hits)
-    for j in tl.static_range(K):
-        expert = tl.load(ids_ptr + j).to(tl.int32)
-        key = key_base + expert
-        cached = tl.max((keys == key).to(tl.int32), axis=0)  # a hit above (this pass only adds other keys)
-        victim = tl.argmin(ages, axis=0, tie_break_left=True)
-        miss = (cached == 0) & (on_gpu > 0)
-        if SPLIT:  # a miss beyond the GPU's count is the CPU's: slot 0, never read, and no weight on the GPU
-            cpu = (cached == 0) & (on_gpu <= 0)
-            tl.store(slots_ptr + j, 0, mask=cpu)
-            tl.store(gpu_rows_ptr + j, 0.0, mask=cpu)
-        on_gpu -= miss.to(tl.int32)
-        tick += miss.to(tl.int32)
-        chosen = (s == victim) & miss
-        keys = tl.where(chosen, key, keys)
-        ages = tl.where(chosen, tick, ages)
-        tl.store(slots_ptr + j, victim, mask=miss)
-        tl.store(table_ptr + 2 * j, expert, mask=miss)
-        tl.store(table_ptr + 2 * j + 1, victim, mask=miss)
+    copies = on_gpu
+    for j in tl.static_range(K):  # each miss in order: the oldest slot's, or with SPLIT past on_gpu the CPU's
+        if ((found_bits >> j) & 1) == 0:
+            if on_gpu > 0:
+                victim = tl.argmin(ages, axis=0, tie_break_left=True)
+                expert = tl.load(ids_ptr + j).to(tl.int32)
+                tick += 1
+                chosen = s == victim
+                keys = tl.where(chosen, key_base + expert, keys)
+                ages = tl.where(chosen, tick, ages)
+                tl.store(slots_ptr + j, victim)
+                tl.store(table_ptr + 2 * j, expert)
+                tl.store(table_ptr + 2 * j + 1, victim)
+            elif SPLIT:  # slot 0, never read, and no weight on the GPU
+                tl.store(slots_ptr + j, 0)
+                tl.store(gpu_rows_ptr + j, 0.0)
+            on_gpu -= 1
     tl.store(keys_ptr + s, keys, mask=inside)
     tl.store(ages_ptr + s, ages, mask=inside)
     tl.store(clock_ptr, tick)
     tl.store(counts_ptr, tl.load(counts_ptr) + hits)
-    copies = K - hits
-    if SPLIT:  # the CPU's misses are no lookups of the cache, as when the host chooses
-        copies -= tl.load(cpu_counts_ptr + K - hits)
     tl.store(counts_ptr + 1, tl.load(counts_ptr + 1) + copies)
 
 
