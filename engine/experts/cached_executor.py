@@ -315,9 +315,9 @@ class CachedExpertExecutor:
         """Start a planned decode step's host work: the device's slot table, the CPU threads' share."""
         self.decode.begin()
 
-    def decode_layer(self, layer: int, y, ids, weights, residual, shared, step: DecodeStep):
+    def decode_layer(self, layer: int, y, ids, weights, residual, shared, shared_gate, step: DecodeStep):
         """`residual` plus one token's experts of `layer` (ids [k] and weights on the device)."""
-        return self.decode.layer(layer, y, ids, weights, residual, shared, step)
+        return self.decode.layer(layer, y, ids, weights, residual, shared, shared_gate, step)
 
     def end_decode(self) -> None:
         """Wait for the CPU threads' share of the step just queued."""

@@ -147,9 +147,11 @@ class ExpertDecodeStep:
         weights: torch.Tensor,
         residual: torch.Tensor,
         shared,
+        shared_gate: torch.Tensor | None,
         step: DecodeStep,
     ) -> torch.Tensor:
-        """`residual` plus layer `layer`'s experts for one token routed to `ids` with `weights`."""
+        """`residual` plus layer `layer`'s experts for one token routed to `ids` with `weights`, and its shared
+        expert `shared` (or None) gated by sigmoid(shared_gate) in the layer's combine."""
         executor, cache, table = self.executor, self.executor.cache, self.slot_table
         k = self.top_k
         if table is not None:  # the slots, and the misses' copy table, chosen on the device: no host action
@@ -177,11 +179,13 @@ class ExpertDecodeStep:
                 torch.cuda.current_stream().wait_stream(self._side)
             routed = executor.slot_swiglu(y.expand(k, y.shape[-1]), self.slots)
             if not share:
-                return kernels.combine_experts(residual, routed, weights, None, shared_out, None)
+                return kernels.combine_experts(residual, routed, weights, None, shared_out, None, shared_gate)
             kernels.wait_cpu_share(
                 self.gpu_rows, self.share_base, ordinal, self.share.mailbox, self.cpu_routed, self.share_waits
             )
-            return kernels.combine_experts(residual, routed, weights, self.gpu_rows, shared_out, self.cpu_routed)
+            return kernels.combine_experts(
+                residual, routed, weights, self.gpu_rows, shared_out, self.cpu_routed, shared_gate
+            )
         cuda = executor.device.type == "cuda"
         if cuda:
             if self.with_cpu_share:  # the CPU's inputs first: the host waits for the ids, the last copy
@@ -198,9 +202,11 @@ class ExpertDecodeStep:
         routed = executor.slot_swiglu(y.expand(k, y.shape[-1]), self.slots)
         step.when_queued(self._release_slots)
         if not self.with_cpu_share:
-            return kernels.combine_experts(residual, routed, weights, None, shared_out, None)
+            return kernels.combine_experts(residual, routed, weights, None, shared_out, None, shared_gate)
         step.host(lambda: self._cpu_share(layer))  # while the GPU copies and computes its share
-        return kernels.combine_experts(residual, routed, weights, self.gpu_rows, shared_out, self.cpu_routed)
+        return kernels.combine_experts(
+            residual, routed, weights, self.gpu_rows, shared_out, self.cpu_routed, shared_gate
+        )
 
     # ---- host actions ------------------------------------------------------------------------------------
 

@@ -48,7 +48,7 @@ class ExpertExecutor(Protocol):
 
     def begin_decode(self) -> None: ...
 
-    def decode_layer(self, layer: int, y, ids, weights, residual, shared, step: DecodeStep): ...
+    def decode_layer(self, layer: int, y, ids, weights, residual, shared, shared_gate, step: DecodeStep): ...
 
     def end_decode(self) -> None: ...
 
@@ -101,10 +101,14 @@ class ReferenceExpertExecutor:
     def begin_decode(self) -> None:
         """Nothing to start."""
 
-    def decode_layer(self, layer: int, y, ids, weights, residual, shared, step: DecodeStep):
-        """`residual` plus one token's routed experts of `layer` (and its shared expert)."""
+    def decode_layer(self, layer: int, y, ids, weights, residual, shared, shared_gate, step: DecodeStep):
+        """`residual` plus one token's routed experts of `layer` (and its shared expert, gated by
+        sigmoid(shared_gate) when given)."""
         routed = self.start(self._banks[layer], layer, y, ids.reshape(1, -1), weights.reshape(1, -1)).wait()
-        return residual + (routed if shared is None else routed + shared(y))
+        if shared is None:
+            return residual + routed
+        out = shared(y)
+        return residual + (routed + (out if shared_gate is None else torch.sigmoid(shared_gate) * out))
 
     def end_decode(self) -> None:
         """Nothing to wait for."""

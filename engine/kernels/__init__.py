@@ -30,8 +30,10 @@ def _capturable(op: str, device, *args) -> bool:
     return bool(check and check(*args))
 
 
-def linear(x, weight):
-    return _kernel("linear", x)(x, weight)
+def linear(x, weight, swiglu=False):
+    """x [..., K] @ W^T for any stored format; with swiglu, x [..., 2K] holds gate then up and the input is
+    silu(gate) * up (reference.linear)."""
+    return _kernel("linear", x)(x, weight, swiglu=swiglu)
 
 
 def rms_norm(x, weight, eps, offset=0.0):
@@ -123,11 +125,12 @@ def wait_cpu_share(gpu_rows, sequence_base, ordinal, mailbox, cpu_routed, waits)
     _kernel("wait_cpu_share", gpu_rows)(gpu_rows, sequence_base, ordinal, mailbox, cpu_routed, waits)
 
 
-def combine_experts(h, routed, weights, gpu_rows=None, shared=None, cpu_routed=None):
-    """The residual h [1, H] plus a token's MoE output: its shared expert [1, H], routed rows [k, H] times
+def combine_experts(h, routed, weights, gpu_rows=None, shared=None, cpu_routed=None, shared_gate=None):
+    """The residual h [1, H] plus a token's MoE output: its shared expert [1, H] (gated by sigmoid(shared_gate)
+    when given), routed rows [k, H] times
     weights [k] (rows with gpu_rows 0 masked out) and the CPU's sum [1, H], in float32 (reference.combine_experts).
     On CUDA one kernel: a captured decode step's layer ends in one launch."""
-    return _kernel("combine_experts", h)(h, routed, weights, gpu_rows, shared, cpu_routed)
+    return _kernel("combine_experts", h)(h, routed, weights, gpu_rows, shared, cpu_routed, shared_gate)
 
 
 def assign_slots_capturable(keys) -> bool:

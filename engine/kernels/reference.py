@@ -22,7 +22,10 @@ ATTENTION_QUERY_BLOCK = 128
 ATTENTION_KEY_BLOCK = 512
 
 
-def linear(x: torch.Tensor, weight: StoredWeight) -> torch.Tensor:
+def linear(x: torch.Tensor, weight: StoredWeight, swiglu: bool = False) -> torch.Tensor:
+    """x @ W^T with W dequantised to x's dtype; with swiglu the input is silu_mul(x)."""
+    if swiglu:
+        x = silu_mul(x)
     return F.linear(x, weight.dequantize(x.dtype))
 
 
@@ -294,14 +297,18 @@ def combine_experts(
     gpu_rows: torch.Tensor | None = None,
     shared: torch.Tensor | None = None,
     cpu_routed: torch.Tensor | None = None,
+    shared_gate: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """One token's MoE layer output plus its residual, in float32, returned in h's dtype: h [1, H] + shared
-    [1, H] + the sum of routed [k, H] rows times weights [k] + cpu_routed [1, H]. Rows whose gpu_rows [k] is 0
-    (the CPU's: they read any slot) count for nothing, even as NaN; shared and cpu_routed may be absent."""
+    [1, H] (times sigmoid(shared_gate [1, 1]) in shared's dtype, as the prompt path computes it) + the sum of
+    routed [k, H] rows times weights [k] + cpu_routed [1, H]. Rows whose gpu_rows [k] is 0 (the CPU's: they read
+    any slot) count for nothing, even as NaN; shared, its gate and cpu_routed may be absent."""
     weight = weights.reshape(-1, 1).float()
     if gpu_rows is not None:
         weight = torch.where(gpu_rows.reshape(-1, 1) > 0, weight, 0.0)
     total = h.float() + torch.where(weight != 0, routed.float() * weight, 0.0).sum(0, keepdim=True)
+    if shared is not None and shared_gate is not None:
+        shared = torch.sigmoid(shared_gate.reshape(1, 1)) * shared
     for extra in (shared, cpu_routed):
         if extra is not None:
             total = total + extra.float()

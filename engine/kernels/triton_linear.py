@@ -104,28 +104,32 @@ def linear(
     x: torch.Tensor,
     weight: StoredWeight,
     *,
+    swiglu: bool = False,
     gemv: bool | None = None,
     block_m: int | None = None,
     splits: int | None = None,
 ) -> torch.Tensor:
-    """x [..., K] @ W^T for a quantised weight [N, K]; float32 accumulation, output in x's dtype. Formats the
+    """x [..., K] @ W^T for a quantised weight [N, K]; float32 accumulation, output in x's dtype. With swiglu,
+    x [..., 2K] holds gate then up and the input is silu(gate) * up (fused in the GEMV path). Formats the
     kernels do not take (dense among them) go to the reference. gemv/block_m/splits force a tiling (tests)."""
     ops = _operands(weight, stacked=False) if len(weight.shape) == 2 and weight.format != DENSE else None
     if ops is None:
-        return reference.linear(x, weight)
+        return reference.linear(x, weight, swiglu)
     n_out, k_in = weight.shape
-    flat = x.reshape(-1, k_in)
+    flat = x.reshape(-1, x.shape[-1])
     if flat.stride(-1) != 1:
         flat = flat.contiguous()
     rows = flat.shape[0]
     if gemv is None:
         gemv = rows <= GEMV_MAX_ROWS
+    if swiglu and not gemv:  # the tiles path reads its inputs as they are stored
+        flat, swiglu = reference.silu_mul(flat), False
     if gemv:
         bm, tiles_m = 1, rows
     else:
         bm = block_m or (16 if rows <= 16 else 32 if rows <= 32 else 64 if rows <= 128 else 128)
         tiles_m = cdiv(rows, bm)
-    out = launch(flat, ops, n_out, k_in, None, tiles_m, bm, gemv, splits)
+    out = launch(flat, ops, n_out, k_in, None, tiles_m, bm, gemv, splits, swiglu=swiglu)
     return out.reshape(*x.shape[:-1], n_out)
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from engine import kernels
 from engine.checkpoint.source import WeightSource
 from engine.layers.linear import JoinedLinear, Linear
 
@@ -17,6 +18,8 @@ class SwiGLU:
         self.down_proj = Linear(source, f"{prefix}.down_proj", intermediate, hidden)
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        if len(self.gate_up_proj.weights) == 1:  # [gate | up] rows: the down projection applies the activation
+            return kernels.linear(kernels.linear(x, self.gate_up_proj.weights[0]), self.down_proj.weight, swiglu=True)
         gate, up = self.gate_up_proj(x)
         return self.down_proj(F.silu(gate) * up)
 

@@ -39,6 +39,22 @@ def test_combine_matches_the_reference(k, hidden, dtype, with_cpu):
     assert torch.allclose(got.float(), expected.float(), rtol=tolerance, atol=tolerance)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_the_shared_expert_gated_by_its_logit(dtype):
+    """The shared expert's gate applied in the combine: sigmoid(logit) times the expert, each rounded to the
+    input dtype as the prompt path stores them, then the sums in float32."""
+    h, routed, weights, shared, cpu_routed = _inputs(8, 2048, dtype, seed=11)
+    gate = torch.tensor([[-0.7]], device=DEVICE).to(dtype)
+    got = triton_combine.combine_experts(h, routed, weights, None, shared, cpu_routed, gate)
+    expected = reference.combine_experts(h, routed, weights, None, shared, cpu_routed, gate)
+    plain = reference.combine_experts(h, routed, weights, None, torch.sigmoid(gate) * shared, cpu_routed)
+    assert torch.equal(expected, plain)
+    tolerance = 1e-5 if dtype == torch.float32 else 2**-7
+    assert torch.allclose(got.float(), expected.float(), rtol=tolerance, atol=tolerance)
+    ungated = reference.combine_experts(h, routed, weights, None, shared, cpu_routed)
+    assert not torch.allclose(got.float(), ungated.float(), rtol=tolerance, atol=tolerance)
+
+
 def test_without_shared_expert_or_cpu_share():
     h, routed, weights, _, _ = _inputs(4, 96, torch.float32, seed=5)
     got = triton_combine.combine_experts(h, routed, weights)

@@ -389,6 +389,25 @@ def test_slot_linear_takes_swiglu_inputs(fmt, out_features, in_features, dtype):
     assert _rel_error(got, expected) <= (BF16_TOLERANCE if dtype == torch.bfloat16 else FLOAT32_TOLERANCE)
 
 
+@pytest.mark.parametrize("name", ["nvfp4", "fp8 per-row", "fp8 block"])
+@pytest.mark.parametrize("tokens, dtype", [(1, torch.float32), (1, torch.bfloat16), (5, torch.float32)])
+def test_linear_takes_swiglu_inputs(name, tokens, dtype):
+    """A shared expert's down projection reading [gate | up]: the GEMV path computes silu(gate) * up in the
+    kernel, the tiles path (several rows) writes it out first; both against the activation in the input's dtype,
+    then dequantise-then-matmul."""
+    weight = WEIGHTS[name]()
+    k_in = weight.shape[1]
+    gate_up = (2 * torch.randn(tokens, 2 * k_in, generator=_gen(18))).to(DEVICE).to(dtype)
+    got = triton_linear.linear(gate_up, weight, swiglu=True)
+    activation = (F.silu(gate_up[:, :k_in].float()) * gate_up[:, k_in:].float()).to(dtype)
+    expected = reference.linear(activation.float(), weight)
+    assert got.shape == (tokens, weight.shape[0]) and got.dtype == dtype
+    # bf16: the activation's rounding and the output's; Triton's CPU interpreter truncates them (CUDA rounds)
+    assert _rel_error(got, expected) <= (2 * BF16_TOLERANCE if dtype == torch.bfloat16 else FLOAT32_TOLERANCE)
+    plain = reference.linear(gate_up, weight, swiglu=True)  # the reference's swiglu is the activation first
+    assert torch.equal(plain, reference.linear(reference.silu_mul(gate_up), weight))
+
+
 @pytest.mark.parametrize("fmt", [FP8_BLOCK, NVFP4_CT])
 def test_grouped_formats_without_a_kernel_go_to_the_reference(fmt):
     weight, _pool = _stacked_experts(fmt, 3, 24, 64, seed=40)
