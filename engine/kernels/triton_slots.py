@@ -3,10 +3,11 @@ no host action between a router and its experts: with the host choosing slots, e
 router's ids to reach Python and the slots to come back (about 85 us a layer, 3.4 ms of a 20 ms step on the H200).
 
 Same contract as reference.assign_slots, whose rule is the slot table's (engine/kernels/slot_table.py): one
-program holds the whole table (keys and last-use ticks) in registers; the chosen experts that are cached are hits
-and are touched first, in order, then each miss takes the slot with the oldest tick (free slots hold -1, lowest
-index first) and is listed in the copy table for triton_gather. tests/engine/kernels/test_slot_replay.py replays long runs of
-lookups through it, the host's lookups on the same table, and a textbook LRU, which must agree at every step.
+program reads the whole key table; one elementwise pass finds the hits (touched first, in order, their ticks from
+their ranks), and only a miss reads the ages, taking the slot with the oldest tick (free slots hold -1, lowest
+index first) and a row of the copy table for triton_gather. tests/engine/kernels/test_slot_replay.py replays long
+runs of lookups through it, the host's lookups on the same table, and a textbook LRU, which must agree at every
+step.
 With a CPU share (engine/kernels/cpu_share.py), the last misses of the CPU's count take no slot.
 """
 
@@ -41,13 +42,13 @@ def _assign_kernel(
     s = tl.arange(0, BLOCK)
     inside = s < slots
     keys = tl.load(keys_ptr + s, mask=inside, other=-2)
-    ages = tl.load(ages_ptr + s, mask=inside, other=2147483647)
     tick = tl.load(clock_ptr)
     # Hits in one elementwise pass: which chosen expert (j) each slot holds, -1 for none
     held = tl.full((BLOCK,), -1, tl.int32)
     for j in tl.static_range(K):
         held = tl.where(keys == key_base + tl.load(ids_ptr + j).to(tl.int32), j, held)
-    found_bits = tl.sum(tl.where(held >= 0, 1 << tl.maximum(held, 0), 0), axis=0)
+    hit = held >= 0
+    found_bits = tl.sum(tl.where(hit, 1 << tl.maximum(held, 0), 0), axis=0)
     # A hit's tick is one more than the hits before it, in the order of the chosen experts
     rank = tl.zeros((BLOCK,), tl.int32)
     hits = 0
@@ -59,22 +60,26 @@ def _assign_kernel(
         tl.store(table_ptr + 2 * j + 1, -1)
         if SPLIT:
             tl.store(gpu_rows_ptr + j, 1.0)
-    ages = tl.where(held >= 0, tick + rank, ages)
-    tl.store(slots_ptr + held, s, mask=held >= 0)
+    tl.store(ages_ptr + s, tick + rank, mask=hit)
+    tl.store(slots_ptr + held, s, mask=hit)
     tick += hits
     on_gpu = K - hits  # misses the GPU copies: all, or with SPLIT those the CPU does not compute
     if SPLIT:
         on_gpu -= tl.load(cpu_counts_ptr + K - hits)
     copies = on_gpu
+    if on_gpu > 0:  # the ages are read only for a miss: a layer whose experts are all cached writes K of them
+        ages = tl.where(hit, tick - hits + rank, tl.load(ages_ptr + s, mask=inside, other=2147483647))
+    else:
+        ages = tl.zeros((BLOCK,), tl.int32)  # never read
     for j in tl.static_range(K):  # each miss in order: the oldest slot's, or with SPLIT past on_gpu the CPU's
         if ((found_bits >> j) & 1) == 0:
             if on_gpu > 0:
                 victim = tl.argmin(ages, axis=0, tie_break_left=True)
                 expert = tl.load(ids_ptr + j).to(tl.int32)
                 tick += 1
-                chosen = s == victim
-                keys = tl.where(chosen, key_base + expert, keys)
-                ages = tl.where(chosen, tick, ages)
+                ages = tl.where(s == victim, tick, ages)
+                tl.store(keys_ptr + victim, key_base + expert)
+                tl.store(ages_ptr + victim, tick)
                 tl.store(slots_ptr + j, victim)
                 tl.store(table_ptr + 2 * j, expert)
                 tl.store(table_ptr + 2 * j + 1, victim)
@@ -82,8 +87,6 @@ def _assign_kernel(
                 tl.store(slots_ptr + j, 0)
                 tl.store(gpu_rows_ptr + j, 0.0)
             on_gpu -= 1
-    tl.store(keys_ptr + s, keys, mask=inside)
-    tl.store(ages_ptr + s, ages, mask=inside)
     tl.store(clock_ptr, tick)
     tl.store(counts_ptr, tl.load(counts_ptr) + hits)
     tl.store(counts_ptr + 1, tl.load(counts_ptr + 1) + copies)
@@ -130,6 +133,5 @@ def assign_slots(
 
 
 def _warps(block: int) -> int:
-    """Warps for a table of `block` slots (H200, 8 experts, 100 calls in a graph: 4 warps took 7 us at 1,024 slots
-    and 13 at 4,096, but 43 at 8,192 and 83 at 16,384, where 8 warps took 19 and 16 took 34)."""
+    """Warps for a table of `block` slots: more for bigger tables, whose misses each reduce the whole table."""
     return 4 if block <= 2048 else 8 if block <= 8192 else 16
