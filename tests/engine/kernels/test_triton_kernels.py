@@ -225,7 +225,7 @@ def test_grouped_reads_the_pool_in_place(monkeypatch):
     assert _rel_error(got, reference.grouped_linear(x, weight, groups)) <= FLOAT32_TOLERANCE
 
 
-def test_dense_goes_to_the_reference():
+def test_dense_rows_go_to_the_reference():
     w = torch.randn(9, 16, generator=_gen(4)).to(DEVICE)
     weight = StoredWeight(DENSE, {"weight": w}, (9, 16), "w")
     x = torch.randn(2, 16, generator=_gen(5)).to(DEVICE)
@@ -387,6 +387,26 @@ def test_slot_linear_takes_swiglu_inputs(fmt, out_features, in_features, dtype):
     )
     assert got.shape == (3, out_features) and got.dtype == dtype
     assert _rel_error(got, expected) <= (BF16_TOLERANCE if dtype == torch.bfloat16 else FLOAT32_TOLERANCE)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("out_features", [257, 64, 3])
+def test_one_row_through_a_dense_weight_takes_the_gemv(dtype, out_features, monkeypatch):
+    """A decode step's dense linear (a router and its shared expert's gate) runs the kernel's GEMV, not the
+    reference; several rows, or a weight of another dtype than the input, go to the reference."""
+    w = torch.randn(out_features, 96, generator=_gen(19)).to(DEVICE, dtype)
+    weight = StoredWeight(DENSE, {"weight": w}, (out_features, 96), "w")
+    x = torch.randn(1, 96, generator=_gen(20)).to(DEVICE, dtype)
+    launched = []
+    launch = triton_linear.launch
+    monkeypatch.setattr(triton_linear, "launch", lambda *a, **k: launched.append(a) or launch(*a, **k))
+    got = triton_linear.linear(x, weight)
+    assert len(launched) == 1 and got.dtype == dtype and got.shape == (1, out_features)
+    expected = x.float() @ w.float().T
+    assert _rel_error(got, expected) <= (BF16_TOLERANCE if dtype == torch.bfloat16 else FLOAT32_TOLERANCE)
+    triton_linear.linear(x.expand(3, 96), weight)
+    triton_linear.linear(x.to(torch.float16), weight)
+    assert len(launched) == 1
 
 
 @pytest.mark.parametrize("name", ["nvfp4", "fp8 per-row", "fp8 block"])
