@@ -24,6 +24,7 @@ from engine.kernels import (
     triton_link,
     triton_norm,
     triton_prefill_attention,
+    triton_rope,
     triton_router,
     triton_slots,
 )
@@ -243,6 +244,18 @@ CASES = {
             "CPU": True,
         },
         (),
+    ),
+    "norm rope": (
+        triton_rope._norm_rope_kernel,
+        {
+            "x_ptr": "*bf16",
+            "w_ptr": "*fp32",
+            "positions_ptr": "*i64",
+            "inv_freq_ptr": "*fp32",
+            "out_ptr": "*bf16",
+        },
+        {"ROTARY": 64, "BLOCK": 256},
+        ("eps", "offset"),
     ),
     "nvfp4 gemv grouped": _linear_case(triton_linear_kernel.F_NVFP4, True, 1),
     "nvfp4 gemv slots swiglu": _linear_case(triton_linear_kernel.F_NVFP4, True, 2, swiglu=True),

@@ -101,6 +101,12 @@ def decode_attention_capturable(q, keys, values) -> bool:
     return _capturable("decode_attention", q.device, q, keys, values)
 
 
+def norm_rope(x, weight, eps, offset, positions, inv_freq):
+    """Each head's RMSNorm of x [T, H, D] and the rotary embedding of positions [T] (a device tensor) on its
+    first 2 * len(inv_freq) features (reference.norm_rope); on CUDA one kernel, reading the positions there."""
+    return _kernel("norm_rope", x)(x, weight, eps, offset, positions, inv_freq)
+
+
 def router_topk(logits, top_k, normalise):
     """An MoE router's choice from its logits [T, E]: (ids [T, k] int64, weights [T, k] float32) of the k most
     probable experts, renormalised to sum to one when `normalise` (reference.router_topk)."""
@@ -184,6 +190,7 @@ def _register_cuda_kernels() -> None:
             triton_linear,
             triton_norm,
             triton_prefill_attention,
+            triton_rope,
             triton_router,
             triton_slots,
         )
@@ -198,6 +205,7 @@ def _register_cuda_kernels() -> None:
     register("cuda", triton_gdn, ["gated_deltanet"])
     register("cuda", triton_prefill_attention, ["fp8_causal_attention"])
     register("cuda", triton_norm, ["rms_norm"])
+    register("cuda", triton_rope, ["norm_rope"])
     register("cuda", triton_linear, ["linear", "grouped_linear", "slot_linear", "slot_linear_capturable"])
 
 

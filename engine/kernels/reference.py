@@ -192,6 +192,27 @@ def _delta_chunks(q, k, v, g, beta, s, recurrence=delta_chunk_states):
     return o, states[chunks]
 
 
+def norm_rope(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    eps: float,
+    offset: float,
+    positions: torch.Tensor,
+    inv_freq: torch.Tensor,
+) -> torch.Tensor:
+    """Each head's RMSNorm of x [T, H, D] (rms_norm), then the rotary embedding of positions [T] on its first
+    2 * len(inv_freq) features (rotate-half layout), cos and sin and the products in x's dtype; the rest pass."""
+    x = rms_norm(x, weight, eps, offset)
+    rotary = 2 * inv_freq.numel()
+    freqs = positions.float()[:, None] * inv_freq[None, :]
+    angles = torch.cat([freqs, freqs], dim=-1)[:, None, :]  # [T, 1, rotary]
+    cos, sin = angles.cos().to(x.dtype), angles.sin().to(x.dtype)
+    rot, rest = x[..., :rotary], x[..., rotary:]
+    first, second = rot.chunk(2, dim=-1)
+    rotated = rot * cos + torch.cat([-second, first], dim=-1) * sin
+    return torch.cat([rotated, rest], dim=-1)
+
+
 def router_topk(logits: torch.Tensor, top_k: int, normalise: bool) -> tuple[torch.Tensor, torch.Tensor]:
     """(expert ids [T, k], weights [T, k] float32): the k most probable experts of softmax(logits) in float32,
     most probable first, their probabilities divided by their sum when `normalise`."""

@@ -208,11 +208,12 @@ class Attention:
         gate = None
         if self.output_gate:  # each head's projection is [query | gate]
             q, gate = q.split(self.head_dim, dim=-1)
-        q = self.q_norm(q)
-        k = self.k_norm(k.reshape(tokens, self.kv_heads, self.head_dim))
+        k = k.reshape(tokens, self.kv_heads, self.head_dim)
         v = v.reshape(tokens, self.kv_heads, self.head_dim)
-        cos, sin = self.rotary.cos_sin(positions, x.dtype)
-        return self.rotary.apply(q, cos, sin), self.rotary.apply(k, cos, sin), v, gate
+        return self._norm_rope(q, self.q_norm, positions), self._norm_rope(k, self.k_norm, positions), v, gate
+
+    def _norm_rope(self, x: torch.Tensor, norm: RMSNorm, positions: torch.Tensor) -> torch.Tensor:
+        return kernels.norm_rope(x, norm.weight, norm.eps, norm.offset, positions, self.rotary.inv_freq)
 
     def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cache: KVCache) -> torch.Tensor:
         keys, values = cache.append(k, v)

@@ -47,6 +47,7 @@ KERNELS = [
     "post cpu share",
     "wait cpu share",
     "combine experts",
+    "norm rope",
     "nvfp4 gemv grouped",
     "nvfp4 gemv slots swiglu",
     "nvfp4 tiles",
