@@ -27,6 +27,7 @@
 #             each tree measures the runtime reserve afresh (its kernels differ)
 #   uses8gb   issue 24's plans at 8gb: --use chat against --use long-context, prefill 4,096, decode 128 after it,
 #             routings locality and uniform, hybrid and auto
+#   decode4gb issue 24's 4gb decode: prefill 4,096 then decode 128, routings uniform and locality, hybrid and auto
 #   switch    issue 24's plan switch in place at 8gb, chat -> long context -> chat -> long context, timed, each
 #             followed by a 512-token prompt and 8 decoded tokens (tools/gpu/switch_plan.py)
 #   laptop    the field report's laptop emulated (issue 22): 4gb, expert copies held to 6.5 GB/s (PCIe 4.0 x4),
@@ -139,6 +140,9 @@ for part in "$@"; do
                 bench "8gb_$use" "${LIMIT:-200}" --preset 8gb --use "$use" --prompt-tokens 4096 --decode-after 4096 \
                     --decode-tokens 128 --decode-inputs random --routing locality,uniform --expert-backends hybrid,auto
             done ;;
+        decode4gb)
+            bench 4gb_decode "${LIMIT:-200}" --preset 4gb --prompt-tokens 4096 --decode-tokens 128 \
+                --decode-inputs random --routing uniform,locality --expert-backends hybrid,auto ;;
         switch)
             timeout "${LIMIT:-200}" python3 tools/gpu/switch_plan.py --preset 8gb --output "$OUT/switch_8gb.json" 2>&1 \
                 | tail -6 ;;
