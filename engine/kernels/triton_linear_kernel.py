@@ -29,9 +29,17 @@ _E4M3_UNIT = tl.constexpr(256.0)  # 2^8: decoded E4M3 bits are the value / 2^8
 
 
 @triton.jit
-def _e2m1_bits(code):
-    """4-bit E2M1 code (int32) -> float32 value / 2^14 (sign bit 3, exponent bits 2-1, mantissa bit 0)."""
-    bits = ((code & 7) << 9) | ((code & 8) << 12)
+def _e2m1_low(byte):
+    """The low E2M1 code of a byte (int32) -> float32 value / 2^14: its sign (bit 3) and magnitude bits (exponent
+    bits 2-1, mantissa bit 0) shifted into a float16's sign, exponent and mantissa."""
+    bits = ((byte & 7) << 9) | ((byte & 8) << 12)
+    return bits.to(tl.uint16).to(tl.float16, bitcast=True).to(tl.float32)
+
+
+@triton.jit
+def _e2m1_high(byte):
+    """The high E2M1 code of a byte (int32) -> float32 value / 2^14."""
+    bits = ((byte & 0x70) << 5) | ((byte & 0x80) << 8)
     return bits.to(tl.uint16).to(tl.float16, bitcast=True).to(tl.float32)
 
 
@@ -184,7 +192,7 @@ def linear_kernel(
         if FORMAT == 3:  # NVFP4: packed bytes [BN, BK/2]; inputs (2j, 2j+1) of byte j loaded as pairs
             half = tl.arange(0, BK // 2)
             groups = tl.arange(0, BK // 16)
-            acc2 = tl.zeros((BN, BK // 2), dtype=tl.float32)
+            acc2 = tl.zeros((BN, BK // 16), dtype=tl.float32)  # one sum per 16-input group: scaled once
             for k0 in range(k_lo, k_hi, BK):
                 byte = k0 // 2 + half
                 byte_ok = _below(2 * byte, K, EVEN_K)
@@ -200,9 +208,9 @@ def linear_kernel(
                     mask=col_ok[:, None] & group_ok[None, :],
                     other=0,
                 ).to(tl.int32)
-                scale = _e4m3_bits16(scale_bits).to(tl.float32)
-                scale = tl.reshape(tl.broadcast_to(scale[:, :, None], (BN, BK // 16, 8)), (BN, BK // 2))
-                acc2 += (_e2m1_bits(packed & 15) * x_even[None, :] + _e2m1_bits(packed >> 4) * x_odd[None, :]) * scale
+                products = _e2m1_low(packed) * x_even[None, :] + _e2m1_high(packed) * x_odd[None, :]
+                group_sums = tl.sum(tl.reshape(products, (BN, BK // 16, 8)), axis=2)
+                acc2 += group_sums * _e4m3_bits16(scale_bits).to(tl.float32)
             acc = tl.sum(acc2, axis=1) * (_E2M1_UNIT * _E4M3_UNIT)
         else:
             ks = tl.arange(0, BK)
@@ -266,7 +274,7 @@ def linear_kernel(
                     mask=col_ok[:, None] & _below(2 * byte, K, EVEN_K)[None, :],
                     other=0,
                 ).to(tl.int32)
-                codes = tl.reshape(tl.join(_e2m1_bits(packed & 15), _e2m1_bits(packed >> 4)), (BN, BK))
+                codes = tl.reshape(tl.join(_e2m1_low(packed), _e2m1_high(packed)), (BN, BK))
                 group = k0 // 16 + groups
                 group_ok = _below(16 * group, K, EVEN_K)
                 scale_bits = tl.load(
