@@ -236,14 +236,22 @@ def _new_session(model, tokenizer, placement, options: dict, states, **keep):
 
 
 def _plan_info(session, placement, options: dict) -> dict:
-    """Return the model info's entries that a plan decides: the placement, the context and a restore point's size."""
+    """Return the model info's entries that a plan decides: the placement, the context, a restore point's size and
+    the GPU memory the model's allocator holds (which the card's free memory lacks)."""
     return {
         "context_tokens": session.context_tokens,
         "context_asked_tokens": int(options.get("context_tokens") or DEFAULT_CONTEXT_TOKENS),
         "context_plan_tokens": placement.plan.kv_tokens if placement.plan is not None else None,
         "snapshot_bytes": session.snapshot_bytes,
         "placement": placement.to_dict(),
+        **_vram_reserved(session.model),
     }
+
+
+def _vram_reserved(model) -> dict:
+    """{"vram_reserved_bytes": what the allocator holds} for a model on a GPU, else {}: a plan replacing the
+    model's gets it besides the free memory."""
+    return {"vram_reserved_bytes": torch.cuda.memory_reserved()} if model.device.type == "cuda" else {}
 
 
 def _server_context(queue, name: str, session, old):
@@ -745,7 +753,7 @@ class EngineWorker(QObject):
             from engine.api import process_usage_bytes
 
             measures["vram_used_bytes"] = process_usage_bytes()
-        return measures
+        return {**measures, **_vram_reserved(session.model)}
 
 
 def _freeze_long_lived() -> None:

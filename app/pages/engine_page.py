@@ -322,6 +322,7 @@ class EnginePage(QWidget):
         self._plan: dict = {}
         self._reserve: dict | None = None  # the worker's reserveMeasured; None until it answers
         self._loaded_plan: dict | None = None  # the loaded model's plan (its placement's); None: none, or the CPU
+        self._loaded_reserved = 0  # GPU memory the loaded model's allocator holds, which the free memory lacks
         self._switching = False  # Apply now was pressed and the worker has not answered yet
         self._switch_failed: tuple[str, dict] | None = None  # (the worker's message, the plan it could not switch to)
 
@@ -434,6 +435,7 @@ class EnginePage(QWidget):
         self.custom_editor.changed.connect(self._on_custom_changed)
         worker.progress.connect(self.live.on_progress)
         worker.replyFinished.connect(self.live.on_reply_finished)
+        worker.replyFinished.connect(self._on_reply_finished)
         worker.loaded.connect(self.live.on_loaded)
         worker.loaded.connect(self._on_model_loaded)
         worker.unloaded.connect(lambda: self._on_model_loaded({}))
@@ -464,8 +466,24 @@ class EnginePage(QWidget):
 
     def _on_model_loaded(self, info: dict) -> None:
         self._loaded_plan = (info.get("placement") or {}).get("plan")
+        held = int(info.get("vram_reserved_bytes") or 0)
         self._switching, self._switch_failed = False, None
+        self._count_loaded_reserve(held)
         self._show_next_load_note()
+
+    def _on_reply_finished(self, reply: dict) -> None:
+        held = (reply.get("stats") or {}).get("vram_reserved_bytes")
+        if held is not None and self._loaded_plan is not None:
+            self._count_loaded_reserve(int(held))
+
+    def _count_loaded_reserve(self, held: int) -> None:
+        """Count what the loaded model's allocator holds (prefill grows it) in a budget of free memory, which
+        lacks it; replan when that budget changes."""
+        if held == self._loaded_reserved:
+            return
+        self._loaded_reserved = held
+        if not preset_budget_bytes(self.preset()) and self.budget_spin.value() <= 0:
+            self.replan()
 
     def _on_plan_switched(self, info: dict) -> None:
         """The loaded model runs the plan it was switched to: the note goes once that is the plan shown."""
@@ -558,7 +576,11 @@ class EnginePage(QWidget):
         gpu = system_info.gpu_memory()
         if gpu is None:
             return None, NO_GPU_BUDGET.format(preset=PRESET_NAMES[preset])
-        return gpu["free_bytes"], f"Budget {format_bytes(gpu['free_bytes'])}: the free memory of {gpu['name']}."
+        free = f"Budget {format_bytes(gpu['free_bytes'] + self._loaded_reserved)}: the free memory of {gpu['name']}"
+        if self._loaded_plan is None or not self._loaded_reserved:
+            return gpu["free_bytes"], free + "."
+        held = self._loaded_reserved
+        return gpu["free_bytes"] + held, f"{free} and the {format_bytes(held)} the loaded model holds."
 
     # ---- the plan --------------------------------------------------------------------------------
 

@@ -326,6 +326,28 @@ def test_auto_needs_a_budget_without_a_gpu_and_uses_free_vram_with_one(engine_pa
     assert not engine_page.mode_label.isVisibleTo(engine_page)  # GPU mode: the plan is the one used
 
 
+def test_auto_counts_what_the_loaded_model_holds_as_free(engine_page, worker, monkeypatch):
+    """The card's free memory lacks what the loaded model's allocator holds, which a plan replacing the model's
+    gets: Auto's budget adds it, as the worker reports it at load and after each reply, until the model goes."""
+    gpu = {"name": "RTX 3060", "total_bytes": 16 * GIB, "used_bytes": 10 * GIB, "free_bytes": 6 * GIB}
+    monkeypatch.setattr(system_info, "gpu_memory", lambda: gpu)
+    engine_page.set_preset("8gb")
+    engine_page.set_preset("auto")
+    assert engine_page.plan()["budget_bytes"] == 6 * GIB, engine_page.error_label.text()
+    running = dict(engine_page.plan())
+    worker.loaded.emit({"placement": {"device": "cuda", "plan": running}, "vram_reserved_bytes": 5 * GIB})
+    assert engine_page.plan()["budget_bytes"] == 11 * GIB
+    assert "RTX 3060 and the 5.00 GiB the loaded model holds" in engine_page.budget_note.text()
+    worker.replyFinished.emit({"answer": "", "stats": {"new_tokens": 3, "vram_reserved_bytes": 5 * GIB + GIB // 2}})
+    assert engine_page.plan()["budget_bytes"] == 11 * GIB + GIB // 2
+    engine_page.set_preset("8gb")  # a card's size: nothing to add
+    assert engine_page.plan()["budget_bytes"] == 8 * GIB
+    engine_page.set_preset("auto")
+    worker.unloaded.emit()
+    assert engine_page.plan()["budget_bytes"] == 6 * GIB
+    assert engine_page.budget_note.text().endswith("the free memory of RTX 3060.")
+
+
 def test_the_engine_page_plans_with_the_reserve_measured_on_the_gpu_and_says_so(engine_page, worker):
     engine_page.set_preset("4gb")
     footprint = footprint_from_synthetic(SYNTHETIC)
