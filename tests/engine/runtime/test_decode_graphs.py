@@ -13,12 +13,13 @@ from engine.runtime.graph_runner import GraphRunner
 from engine.step import DecodeStep
 
 
-def _step_alongside(plain, steps, states, token: int, count: int) -> int:
-    """`count` greedy steps of the plain forward and of `steps` side by side, their logits equal each time."""
+def _step_alongside(plain, steps, states, token: int, count: int, tolerance: float = 1e-5) -> int:
+    """`count` greedy steps of the plain forward and of `steps` side by side, their logits equal each time (to
+    `tolerance` of the largest)."""
     for _ in range(count):
         expected = plain.forward([token], states[0])
         got = steps.step(token, states[1])
-        assert torch.allclose(got, expected, rtol=0, atol=1e-5 * float(expected.abs().max()))
+        assert torch.allclose(got, expected, rtol=0, atol=tolerance * float(expected.abs().max()))
         assert states[1].position == states[0].position
         token = int(expected.argmax())
     return token
@@ -183,6 +184,9 @@ def test_auto_times_the_backends_that_can_win_and_keeps_the_fastest(
     # unquantised KV: the CPU backends' sums differ from offload's in the last bits, which an FP8 cache's rounding
     # can turn into a whole e4m3 step of a key
     plain, auto = (engine.load_model(folder, expert_cache_slots=8, kv_cache_dtype="bf16") for _ in range(2))
+    # the CPU share's sums vary from run to run in their last bits (its threads' order); through the bf16 KV
+    # cache that has moved logits by 1.0e-5 of the largest here, so the steps are held to ten times that
+    tolerance = 1e-4
     executor = auto.expert_executor
     assert not any(packed.pinned for packed in executor.packed.values())
     executor.cpu_kernel = CpuExpertKernel(executor.cache.layout, "float32")  # on CUDA prepare() makes these
@@ -204,15 +208,15 @@ def test_auto_times_the_backends_that_can_win_and_keeps_the_fastest(
     prompt = torch.randint(2, 320, (9,), generator=torch.Generator().manual_seed(8))
     plain.forward(prompt, states[0])
     auto.forward(prompt, states[1])
-    token = _step_alongside(plain, steps, states, 4, 5)
+    token = _step_alongside(plain, steps, states, 4, 5, tolerance)
     plain.forward(prompt[:3], states[0])
     auto.forward(prompt[:3], states[1])
     trial = executor.backend_trial
-    token = _step_alongside(plain, steps, states, token, trial.steps - 4)  # steps + 1 steps, steps - 1 timed
+    token = _step_alongside(plain, steps, states, token, trial.steps - 4, tolerance)  # steps + 1 steps, steps - 1 timed
     assert trial.chosen is None  # a step short: the prompt broke one pair of steps
     assert set(ran) == set(timed) and len(ran) == trial.steps + 1 <= BackendTrial.STEPS + 1
     assert executor.stats()["cpu_expert_calls"] > 0
-    _step_alongside(plain, steps, states, token, 3)
+    _step_alongside(plain, steps, states, token, 3, tolerance)
     assert executor.backend == trial.chosen == fastest
     assert executor.decode.with_cpu_share == (fastest != "offload")
     every_layer = auto.config.num_hidden_layers  # every layer is MoE
