@@ -105,8 +105,8 @@ def _decode_attention_case(fp8: bool):
 CASES = {
     "rms_norm": (
         triton_norm._rms_norm_kernel,
-        {"x_ptr": "*bf16", "w_ptr": "*bf16", "out_ptr": "*bf16"},
-        {"BLOCK": 2048},
+        {"x_ptr": "*bf16", "w_ptr": "*bf16", "out_ptr": "*bf16", "y_ptr": "*bf16", "sum_ptr": "*bf16"},
+        {"BLOCK": 2048, "ADD": True},
         ("eps", "offset"),
     ),
     "gdn delta": (

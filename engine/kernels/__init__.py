@@ -40,6 +40,11 @@ def rms_norm(x, weight, eps, offset=0.0):
     return _kernel("rms_norm", x)(x, weight, eps, offset)
 
 
+def add_rms_norm(x, y, weight, eps, offset=0.0):
+    """(x + y, rms_norm of it) (reference.add_rms_norm); on CUDA one kernel."""
+    return _kernel("add_rms_norm", x)(x, y, weight, eps, offset)
+
+
 def gated_deltanet(
     qkv,
     z,
@@ -204,7 +209,7 @@ def _register_cuda_kernels() -> None:
     register("cuda", triton_attention, ["decode_attention", "decode_attention_capturable"])
     register("cuda", triton_gdn, ["gated_deltanet"])
     register("cuda", triton_prefill_attention, ["fp8_causal_attention"])
-    register("cuda", triton_norm, ["rms_norm"])
+    register("cuda", triton_norm, ["rms_norm", "add_rms_norm"])
     register("cuda", triton_rope, ["norm_rope"])
     register("cuda", triton_linear, ["linear", "grouped_linear", "slot_linear", "slot_linear_capturable"])
 

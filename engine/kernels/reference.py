@@ -192,6 +192,14 @@ def _delta_chunks(q, k, v, g, beta, s, recurrence=delta_chunk_states):
     return o, states[chunks]
 
 
+def add_rms_norm(
+    x: torch.Tensor, y: torch.Tensor, weight: torch.Tensor, eps: float, offset: float
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(x + y, its rms_norm): a decoder layer's residual sum and the norm of it that the next block reads."""
+    total = x + y
+    return total, rms_norm(total, weight, eps, offset)
+
+
 def norm_rope(
     x: torch.Tensor,
     weight: torch.Tensor,

@@ -16,3 +16,7 @@ class RMSNorm:
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         return kernels.rms_norm(x, self.weight, self.eps, self.offset)
+
+    def add(self, x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(x + y, the norm of it), in one launch where the device has it."""
+        return kernels.add_rms_norm(x, y, self.weight, self.eps, self.offset)

@@ -33,13 +33,14 @@ class DecoderLayer:
         )
 
     def __call__(self, x: torch.Tensor, positions: torch.Tensor, mixer_state) -> torch.Tensor:
-        x = x + self.mixer(self.input_norm(x), positions, mixer_state)
-        return x + self.mlp(self.post_attention_norm(x))
+        h, normed = self.post_attention_norm.add(x, self.mixer(self.input_norm(x), positions, mixer_state))
+        return h + self.mlp(normed)
 
     def decode_step(self, x: torch.Tensor, positions: torch.Tensor, mixer_state, step: DecodeStep) -> torch.Tensor:
         """The same layer for one token, each part's decode step telling `step` where the host acts."""
-        h = x + self.mixer.decode_step(self.input_norm(x), positions, mixer_state, step)
-        return self.mlp.decode_step(self.post_attention_norm(h), h, step)
+        mixed = self.mixer.decode_step(self.input_norm(x), positions, mixer_state, step)
+        h, normed = self.post_attention_norm.add(x, mixed)
+        return self.mlp.decode_step(normed, h, step)
 
 
 @dataclass
