@@ -41,8 +41,8 @@ from engine.runtime.step_model import (
 )
 
 # The GPU's own decode step: qwen3.6-35b-a3b-nvfp4 at 12gb on an H200 with every expert a cache hit, offload backend
-# (tools/gpu/decode_profile.py, docs/results/2026-12-04/profile_12gb.txt, 2026-12-04).
-MEASURED_STEP_SECONDS = 6.03e-3
+# (tools/gpu/decode_profile.py, docs/results/2026-12-04-s2/profile_12gb.txt, 2026-12-04).
+MEASURED_STEP_SECONDS = 3.83e-3
 MEASURED_STEP_MODEL = "qwen3.6-35b-a3b-nvfp4"
 MEASURED_STEP_GPU = "H200"
 STEP_CONTEXT_TOKENS = 4096  # the KV rows a token reads: the benchmark decodes after a 4,096-token prompt
