@@ -155,7 +155,7 @@ CASES = {
     "gather records": (
         triton_gather._gather_kernel,
         {"records_ptr": "*i32", "pool_ptr": "*i32", "table_ptr": "*i32"},
-        {"BLOCK": triton_gather.BLOCK},
+        {"BLOCK": triton_gather.BLOCK, "ROWS": 8},
         (),
     ),
     "link mark": (triton_link._mark_kernel, {"mark_ptr": "*i64"}, {}, ()),
