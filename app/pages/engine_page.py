@@ -466,9 +466,8 @@ class EnginePage(QWidget):
 
     def _on_model_loaded(self, info: dict) -> None:
         self._loaded_plan = (info.get("placement") or {}).get("plan")
-        held = int(info.get("vram_reserved_bytes") or 0)
         self._switching, self._switch_failed = False, None
-        self._count_loaded_reserve(held)
+        self._count_loaded_reserve(int(info.get("vram_reserved_bytes") or 0))
         self._show_next_load_note()
 
     def _on_reply_finished(self, reply: dict) -> None:
@@ -576,11 +575,11 @@ class EnginePage(QWidget):
         gpu = system_info.gpu_memory()
         if gpu is None:
             return None, NO_GPU_BUDGET.format(preset=PRESET_NAMES[preset])
-        free = f"Budget {format_bytes(gpu['free_bytes'] + self._loaded_reserved)}: the free memory of {gpu['name']}"
-        if self._loaded_plan is None or not self._loaded_reserved:
-            return gpu["free_bytes"], free + "."
-        held = self._loaded_reserved
-        return gpu["free_bytes"] + held, f"{free} and the {format_bytes(held)} the loaded model holds."
+        held = self._loaded_reserved if self._loaded_plan is not None else 0
+        text = f"Budget {format_bytes(gpu['free_bytes'] + held)}: the free memory of {gpu['name']}"
+        return gpu["free_bytes"] + held, text + (
+            f" and the {format_bytes(held)} the loaded model holds." if held else "."
+        )
 
     # ---- the plan --------------------------------------------------------------------------------
 

@@ -112,7 +112,12 @@ def linear(
     """x [..., K] @ W^T for a quantised weight [N, K]; float32 accumulation, output in x's dtype. With swiglu,
     x [..., 2K] holds gate then up and the input is silu(gate) * up (fused in the GEMV path). Formats the
     kernels do not take (dense among them) go to the reference. gemv/block_m/splits force a tiling (tests)."""
-    ops = _operands(weight, stacked=False) if len(weight.shape) == 2 and _takes(weight, x, gemv) else None
+    if gemv is None:
+        gemv = x.numel() <= GEMV_MAX_ROWS * x.shape[-1]
+    # a dense weight only for the GEMV, in x's dtype: cuBLAS tiles a one-row matmul for many rows
+    dense_gemv = gemv and weight.format == DENSE and weight.tensors["weight"].dtype == x.dtype
+    takes = len(weight.shape) == 2 and (weight.format != DENSE or dense_gemv)
+    ops = _operands(weight, stacked=False) if takes else None
     if ops is None:
         return reference.linear(x, weight, swiglu)
     n_out, k_in = weight.shape
@@ -120,8 +125,6 @@ def linear(
     if flat.stride(-1) != 1:
         flat = flat.contiguous()
     rows = flat.shape[0]
-    if gemv is None:
-        gemv = rows <= GEMV_MAX_ROWS
     if swiglu and not gemv:  # the tiles path reads its inputs as they are stored
         flat, swiglu = reference.silu_mul(flat), False
     if gemv:
@@ -131,15 +134,6 @@ def linear(
         tiles_m = cdiv(rows, bm)
     out = launch(flat, ops, n_out, k_in, None, tiles_m, bm, gemv, splits, swiglu=swiglu)
     return out.reshape(*x.shape[:-1], n_out)
-
-
-def _takes(weight: StoredWeight, x: torch.Tensor, gemv: bool | None) -> bool:
-    """Whether the kernel computes this linear: every quantised format, and a dense weight of x's dtype for one
-    row (a decode step's GEMV, where cuBLAS picks a matmul tiled for many rows)."""
-    if weight.format != DENSE:
-        return True
-    one_row = gemv if gemv is not None else x.numel() == x.shape[-1]
-    return one_row and weight.tensors["weight"].dtype == x.dtype
 
 
 def _group_block_m(groups: ExpertGroups) -> int:

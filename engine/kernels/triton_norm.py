@@ -1,5 +1,6 @@
-"""RMSNorm in one Triton kernel, for CUDA, alone or after the residual add before it: the reference's nine elementwise and reduction launches cost more
-than the work itself on a decode step (four norms a layer, ~160 a token), whether launched or replayed.
+"""RMSNorm in one Triton kernel, for CUDA, alone or after the residual add before it: the reference's nine
+elementwise and reduction launches cost more than the work itself on a decode step (four norms a layer, ~160 a
+token), whether launched or replayed.
 
 Same contract and float32 arithmetic as reference.rms_norm: x * rsqrt(mean(x^2) + eps) * (offset + weight), in
 x's dtype. One program per row, the whole row in registers (hidden sizes are a few thousand at most). Runs under
