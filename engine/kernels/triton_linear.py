@@ -36,6 +36,11 @@ def _row_scale(t: torch.Tensor, rows: int, stacked: bool):
     raise ValueError(f"a scale of shape {list(t.shape)} fits no output rows ({rows})")
 
 
+def _words_aligned(codes: torch.Tensor) -> bool:
+    """Whether packed E2M1 bytes can be read as 32-bit words (the GEMV's loads): 4-byte aligned rows and slots."""
+    return codes.data_ptr() % 4 == 0 and all(stride % 4 == 0 for stride in codes.stride()[:-1])
+
+
 def _operands(weight: StoredWeight, stacked: bool) -> Operands | None:
     """None when the kernels do not take this weight (its format or layout), so the reference computes it."""
     fmt = weight.format
@@ -52,7 +57,7 @@ def _operands(weight: StoredWeight, stacked: bool) -> Operands | None:
     if fmt in (NVFP4, NVFP4_CT):
         codes = tensors["weight" if fmt == NVFP4 else "weight_packed"]
         scales = tensors["weight_scale"]
-        if k_in % NVFP4_GROUP or not (inner_ok(codes) and inner_ok(scales)):
+        if k_in % NVFP4_GROUP or not (inner_ok(codes) and inner_ok(scales) and _words_aligned(codes)):
             return None
         r, r_slot, r_row = _row_scale(
             tensors["weight_scale_2" if fmt == NVFP4 else "weight_global_scale"], n_out, stacked

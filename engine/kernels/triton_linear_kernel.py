@@ -7,14 +7,17 @@ per row), FP8 block (a scale per block) or NVFP4 (E2M1 codes, an E4M3 scale per 
 
 One kernel, two paths, grid (row tiles, column tiles, K splits):
 - GEMV (BM == 1, one input row per program; decode and one-row expert groups): no tl.dot. A [BN, BK] weight tile
-  times the row accumulates elementwise in registers over the K steps and is reduced once at the end.
+  times the row accumulates elementwise in registers over the K steps and is reduced once at the end. NVFP4 reads
+  its codes as 32-bit words, a 16-input group's two words in one thread, so a group's sum needs no shuffles.
 - tiles (BM 16..128): tl.dot on [BM, BK] x [BK, BN], the weight tile decoded (and block-scaled) to the dot's
   dtype; NVFP4's two nibbles of a byte are joined into one [BN, BK] tile so x loads stay contiguous.
 With K split over the third grid axis, float32 partial sums meet by atomic adds (ATOMIC).
 
 Decoding: an E2M1 code's three magnitude bits shifted into a float16's exponent/mantissa give the value times
 2^-14 (code 1, the subnormal 0.5, lands on a float16 subnormal, which the hardware keeps exactly); an E4M3 byte's
-seven bits likewise give the value times 2^-8. The powers of two are folded into the final scaling.
+seven bits likewise give the value times 2^-8. The powers of two are folded into the final scaling. The NVFP4
+GEMV decodes two codes of a word at once into a pair of bfloat16 bit patterns (_e2m1_pair), each widened to a
+float32 by a shift or a mask: about half the instructions a code of decoding byte by byte through float16.
 """
 
 from __future__ import annotations
@@ -26,6 +29,10 @@ import triton.language as tl
 F_DENSE, F_FP8, F_FP8_BLOCK, F_NVFP4 = 0, 1, 2, 3
 _E2M1_UNIT = tl.constexpr(16384.0)  # 2^14: decoded E2M1 bits are the value / 2^14
 _E4M3_UNIT = tl.constexpr(256.0)  # 2^8: decoded E4M3 bits are the value / 2^8
+# The GEMV's E2M1 pairs are the values / 2^126 (_e2m1_pair); its inputs are scaled by 2^64 so that products stay
+# normal floats, and the sums by 2^62 afterwards
+_X_UNIT = tl.constexpr(2.0**64)
+_PAIR_UNIT = tl.constexpr(2.0**62)
 
 
 @triton.jit
@@ -41,6 +48,19 @@ def _e2m1_high(byte):
     """The high E2M1 code of a byte (int32) -> float32 value / 2^14."""
     bits = ((byte & 0x70) << 5) | ((byte & 0x80) << 8)
     return bits.to(tl.uint16).to(tl.float16, bitcast=True).to(tl.float32)
+
+
+@triton.jit
+def _e2m1_pair(word, i: tl.constexpr):
+    """Codes i and i + 4 of a 32-bit word of eight E2M1 codes (code j in bits 4j..4j+3) -> the int32 bits of two
+    bfloat16 values / 2^126, code i's in the low half: each code's magnitude bits shifted into the lowest two
+    exponent bits and the top mantissa bit of a half (bits 6-8), its sign into the half's sign (bit 15). Code 1,
+    0.5, is a float32 subnormal once widened, which multiply-adds keep exactly (the kernels never flush them)."""
+    if i < 2:
+        magnitude = word << (6 - 4 * i)
+    else:
+        magnitude = word >> (4 * i - 6)
+    return (magnitude & 0x01C001C0) | ((word << (12 - 4 * i)) & -0x7FFF8000)
 
 
 @triton.jit
@@ -189,29 +209,36 @@ def linear_kernel(
         # ---------------------------------------------------------------- GEMV: broadcast-multiply and tl.sum
         # Products accumulate elementwise across K steps; the one cross-thread reduction is at the end.
         x_row = x_ptr + row_begin.to(tl.int64) * stride_xm
-        if FORMAT == 3:  # NVFP4: packed bytes [BN, BK/2]; inputs (2j, 2j+1) of byte j loaded as pairs
-            half = tl.arange(0, BK // 2)
-            groups = tl.arange(0, BK // 16)
+        if FORMAT == 3:  # NVFP4: a 16-input group is two 32-bit words of eight codes, [BN, BK/16, 2] a step
+            words = w_ptr.to(tl.pointer_type(tl.int32))
+            group_in_step = tl.arange(0, BK // 16)
+            half = tl.arange(0, 2)
             acc2 = tl.zeros((BN, BK // 16), dtype=tl.float32)  # one sum per 16-input group: scaled once
             for k0 in range(k_lo, k_hi, BK):
-                byte = k0 // 2 + half
-                byte_ok = _below(2 * byte, K, EVEN_K)
-                packed = tl.load(
-                    w_ptr + cols[:, None] * stride_wn + byte[None, :], mask=col_ok[:, None] & byte_ok[None, :], other=0
-                ).to(tl.int32)
-                pair = _gemv_input(x_row, 2 * byte[:, None] + tl.arange(0, 2)[None, :], byte_ok[:, None], K, SWIGLU)
-                x_even, x_odd = tl.split(pair)
-                group = k0 // 16 + groups
+                group = k0 // 16 + group_in_step
                 group_ok = _below(16 * group, K, EVEN_K)
+                word = 2 * group[:, None] + half[None, :]
+                packed = tl.load(
+                    words + cols[:, None, None] * (stride_wn // 4) + word[None, :, :],
+                    mask=col_ok[:, None, None] & group_ok[None, :, None],
+                    other=0,
+                )
                 scale_bits = tl.load(
                     s_ptr + cols[:, None] * stride_sn + group[None, :],
                     mask=col_ok[:, None] & group_ok[None, :],
                     other=0,
                 ).to(tl.int32)
-                products = _e2m1_low(packed) * x_even[None, :] + _e2m1_high(packed) * x_odd[None, :]
-                group_sums = tl.sum(tl.reshape(products, (BN, BK // 16, 8)), axis=2)
-                acc2 += group_sums * _e4m3_bits16(scale_bits).to(tl.float32)
-            acc = tl.sum(acc2, axis=1) * (_E2M1_UNIT * _E4M3_UNIT)
+                sums = tl.zeros((BN, BK // 16, 2), dtype=tl.float32)
+                for i in tl.static_range(4):  # codes i and i + 4 of every word as one bfloat16 pair
+                    bits = _e2m1_pair(packed, i)
+                    low = (bits << 16).to(tl.float32, bitcast=True)
+                    high = (bits & -65536).to(tl.float32, bitcast=True)
+                    x_low = _gemv_input(x_row, 8 * word + i, group_ok[:, None], K, SWIGLU) * _X_UNIT
+                    x_high = _gemv_input(x_row, 8 * word + i + 4, group_ok[:, None], K, SWIGLU) * _X_UNIT
+                    sums += low * x_low[None, :, :]  # two fused multiply-adds a pair
+                    sums += high * x_high[None, :, :]
+                acc2 += tl.sum(sums, axis=2) * _e4m3_bits16(scale_bits).to(tl.float32)
+            acc = tl.sum(acc2, axis=1) * (_PAIR_UNIT * _E4M3_UNIT)
         else:
             ks = tl.arange(0, BK)
             acc2 = tl.zeros((BN, BK), dtype=tl.float32)

@@ -232,6 +232,18 @@ def test_dense_rows_go_to_the_reference():
     assert torch.equal(triton_linear.linear(x, weight), reference.linear(x, weight))
 
 
+def test_nvfp4_codes_off_word_alignment_go_to_the_reference():
+    weight = WEIGHTS["nvfp4"]()
+    codes = weight.tensors["weight"]
+    shifted = torch.empty(codes.numel() + 1, dtype=torch.uint8, device=codes.device)[1:].view(codes.shape)
+    shifted.copy_(codes)
+    moved = StoredWeight(weight.format, {**weight.tensors, "weight": shifted}, weight.shape, "w")
+    assert triton_linear._operands(weight, stacked=False) is not None
+    assert triton_linear._operands(moved, stacked=False) is None
+    x = torch.randn(1, 80, generator=_gen(6)).to(DEVICE)
+    assert torch.equal(triton_linear.linear(x, moved), reference.linear(x, moved))
+
+
 def test_cuda_dispatch_registers_both_ops():
     saved = {device: dict(ops) for device, ops in kernels._BY_DEVICE.items()}
     try:
