@@ -19,10 +19,11 @@ link would hold it. Hits, misses and bytes copied are counted for the app's gaug
 
 Which expert sits in which slot, and the recency order, is one table (engine/kernels/slot_table.py) with one
 replacement rule. The host's lookups apply the rule to it; decode steps that choose their slots on the device
-(`device_table`) apply it there with kernels.assign_slots, and the host's next lookup reads the table back
-(on CUDA one copy of the same tensors; on the host's device they are the same memory). Whole-layer blocks are
-read off the table: a block holds a layer when its slots hold the layer's experts in order, and its last use is
-the latest age of its slots.
+(`device_table`) apply it there with kernels.assign_slots, which finds the hits through a reverse index of the
+keys (`where`, rebuilt from the keys whenever the host's changes go down, and kept by the kernel), and the host's
+next lookup reads the table back (on CUDA one copy of the same tensors; on the host's device they are the same
+memory; `where` stays on the device). Whole-layer blocks are read off the table: a block holds a layer when its
+slots hold the layer's experts in order, and its last use is the latest age of its slots.
 """
 
 from __future__ import annotations
@@ -50,12 +51,15 @@ class ExpertCache:
         slots: int,
         layout: RecordLayout,
         experts_per_layer: int,
+        layers: int,
         link: LinkThrottle | None = None,
     ):
+        """Allocate a pool of `slots` records of `layout` for the experts of layers 0 .. layers - 1 (keys below
+        layers * experts_per_layer); with `link`, copies are held as that link would hold them."""
         if slots < 1:
             raise ValueError(f"the expert cache needs at least one slot, got {slots}")
         self.device = torch.device(device)
-        self.slots, self.experts_per_layer, self.layout = slots, experts_per_layer, layout
+        self.slots, self.experts_per_layer, self.layers, self.layout = slots, experts_per_layer, layers, layout
         self.pool = torch.empty((slots, layout.record_bytes), dtype=torch.uint8, device=self.device)
         self.weights = layout.view(self.pool)  # stacked [slots, out, in] views: what the kernels read
         self._slot_rows = list(self.pool.unbind(0))  # one view per slot, made once: a decode step copies into them
@@ -184,21 +188,25 @@ class ExpertCache:
     # ---- the slot table where decode steps choose slots inside their graphs --------------------------------
 
     def device_table(self, lookups: int = 0) -> dict[str, torch.Tensor]:
-        """The slot table as kernels.assign_slots takes it (keys, ages, clock, and counts: the device's hits and
-        misses), for `lookups` more lookups (a step's): the same tensors every time. On the host's device they
-        are the table's own; on CUDA the host's changes are copied down first. The clock is int32: before it
-        could run out (a long stretch of decoding with no prompt in between), the ages are renumbered."""
+        """The slot table as kernels.assign_slots takes it (keys, ages, clock, where: the reverse index of the
+        keys, and counts: the device's hits and misses), for `lookups` more lookups (a step's): the same tensors
+        every time. On the host's device keys, ages and clock are the table's own; on CUDA the host's changes are
+        copied down first; either way `where` is rebuilt from the keys after the host's changes. The clock is
+        int32: before it could run out (a long stretch of decoding with no prompt in between), the ages are
+        renumbered."""
         if self._device_current and self._clock_bound + lookups > slot_table.TICKS:
             self._host_table()
         if self._device_table is None:
             on_device = [t.to(self.device) if self.device.type == "cuda" else t for t in self.table.tensors]
+            where = torch.empty(self.layers * self.experts_per_layer, dtype=torch.int32, device=self.device)
             counts = torch.zeros(2, dtype=torch.int64, device=self.device)
-            self._device_table = dict(zip(("keys", "ages", "clock", "counts"), [*on_device, counts]))
+            self._device_table = dict(zip(("keys", "ages", "clock", "where", "counts"), [*on_device, where, counts]))
         if not self._device_current:
             self.table.reserve(lookups)
             for name, on_host in zip(("keys", "ages", "clock"), self.table.tensors):
                 if self._device_table[name] is not on_host:
                     self._device_table[name].copy_(on_host)
+            slot_table.index_keys(self._device_table["keys"], self._device_table["where"])
             self._clock_bound = int(self.table.clock[0])
             self._device_current = True
         self._clock_bound += lookups

@@ -104,7 +104,8 @@ class CachedExpertExecutor:
         self._refuse_gpu_short_of(self.slots)
         layers = sorted(self.packed)
         first = self.packed[layers[0]]
-        self.cache = ExpertCache(self.device, self.slots, first.layout, first.records.shape[0], self._throttle())
+        experts = first.records.shape[0]
+        self.cache = ExpertCache(self.device, self.slots, first.layout, experts, layers[-1] + 1, self._throttle())
         if self.cache.blocks < len(layers):  # prefill would stream every layer each chunk: the first ones stay
             self.cache.keep_when_streaming(layers[: max(0, self.cache.blocks - STREAM_TURN_BLOCKS)])
         self._gather_link = self._throttle()  # its own mark: the gathers run on the step's streams, not the copy stream

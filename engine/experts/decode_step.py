@@ -163,6 +163,7 @@ class ExpertDecodeStep:
                 table["keys"],
                 table["ages"],
                 table["clock"],
+                table["where"],
                 self.slots,
                 self.copy_table,
                 table["counts"],

@@ -118,10 +118,10 @@ def router_topk(logits, top_k, normalise):
     return _kernel("router_topk", logits)(logits, top_k, normalise)
 
 
-def assign_slots(ids, key_base, keys, ages, clock, slots, table, counts, cpu_counts=None, gpu_rows=None) -> None:
-    """The expert cache's LRU slot choice for one token's experts, on the device, leaving the CPU its count of
-    the misses when cpu_counts is given (reference.assign_slots)."""
-    _kernel("assign_slots", keys)(ids, key_base, keys, ages, clock, slots, table, counts, cpu_counts, gpu_rows)
+def assign_slots(ids, key_base, keys, ages, clock, where, slots, table, counts, cpu_counts=None, gpu_rows=None) -> None:
+    """The expert cache's LRU slot choice for one token's experts, on the device, keeping the reverse index
+    `where` of the keys, leaving the CPU its count of the misses when cpu_counts is given (reference.assign_slots)."""
+    _kernel("assign_slots", keys)(ids, key_base, keys, ages, clock, where, slots, table, counts, cpu_counts, gpu_rows)
 
 
 def post_cpu_share(ids, weights, gpu_rows, y, sequence_base, ordinal, mailbox) -> None:

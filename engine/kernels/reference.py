@@ -236,6 +236,7 @@ def assign_slots(
     keys: torch.Tensor,
     ages: torch.Tensor,
     clock: torch.Tensor,
+    where: torch.Tensor,
     slots: torch.Tensor,
     table: torch.Tensor,
     counts: torch.Tensor,
@@ -244,8 +245,9 @@ def assign_slots(
 ) -> None:
     """Least-recently-used cache slots for one token's distinct chosen experts `ids` [k] of one layer (key =
     key_base + expert), by the rule of engine/kernels/slot_table.py, updating the slot table in place: keys [S]
-    (int32, -1 free), ages [S] (int32 last-use tick, -1 free), clock [1] (the last tick). Each miss that takes a
-    slot gets a row (expert, slot) of the copy table [k, 2], whose other rows are -1. slots [k] receives every
+    (int32, -1 free), ages [S] (int32 last-use tick, -1 free), clock [1] (the last tick) and the reverse index
+    where [keys' range] (int32 slot of each key, -1 for none), which each placement updates. Each miss that takes
+    a slot gets a row (expert, slot) of the copy table [k, 2], whose other rows are -1. slots [k] receives every
     expert's slot; counts [2] (int64) adds (hits, misses that took a slot).
     With cpu_counts [k + 1] (int32: of m misses, how many the CPU computes), the last cpu_counts[m] misses take
     no slot (slot 0, no copy, the table unchanged, not counted) and gpu_rows [k] (float32) is 0 for them, 1 for
@@ -253,10 +255,17 @@ def assign_slots(
     host = [t.cpu() for t in (keys, ages, clock)]  # the table itself when it lives on the host
     split = cpu_counts.tolist() if cpu_counts is not None else None
     chosen = [key_base + int(e) for e in ids.tolist()]
+    held = host[0].tolist()  # each slot's key, as the call's placements change it
     found, misses = SlotTable(*host).lookup(chosen, (lambda m: m - split[m]) if split is not None else None)
     for tensor, on_host in zip((keys, ages, clock), host):
         if tensor is not on_host:
             tensor.copy_(on_host)
+    for j in misses:
+        slot = found[j]
+        if slot is not None:  # the evicted key leaves the index, the placed one enters it
+            if held[slot] >= 0:
+                where[held[slot]] = -1
+            where[chosen[j]], held[slot] = slot, chosen[j]
     slots.copy_(torch.tensor([0 if slot is None else slot for slot in found], dtype=slots.dtype))
     rows = [
         [key - key_base, slot] if j in misses and slot is not None else [-1, -1]

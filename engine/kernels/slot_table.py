@@ -6,6 +6,10 @@ keys: the held ones are hits and are touched first, in order, so the call's miss
 advances the clock one tick and gives the slot that age); then each miss takes the slot of the lowest age, the
 lowest index among equals (so free slots first, lowest index first), and is touched.
 
+Where the device applies the rule it also keeps `where` [keys' range] (int32): the slot holding each key, -1 for
+none, so a call's hits are K reads rather than a pass over every slot. It is derived from the keys
+(`index_keys`), and each placement updates it: the evicted key's entry to -1, the new key's to its slot.
+
 `SlotTable.lookup` is that rule, the only definition of it: the host applies it to the cache's table
 (engine/experts/cache.py), `reference.assign_slots` applies it to tensors it is given, and the device's kernel
 (triton_slots.py) is checked against that reference, step by step, by tests/engine/kernels/test_slot_replay.py.
@@ -19,6 +23,13 @@ import numpy as np
 import torch
 
 TICKS = 2**31 - 2**20  # the int32 clock's room, with a margin
+
+
+def index_keys(keys: torch.Tensor, where: torch.Tensor) -> None:
+    """Fill `where` with the slot of each key that `keys` holds and -1 for the others (any device)."""
+    where.fill_(-1)
+    held = torch.nonzero(keys >= 0).squeeze(1)
+    where[keys[held].long()] = held.to(where.dtype)
 
 
 class SlotTable:

@@ -37,7 +37,7 @@ def packed_layers(layers=2, experts=4):
 
 def cache_for(packed, slots):
     first = packed[0]
-    return ExpertCache("cpu", slots, first.layout, first.records.shape[0])
+    return ExpertCache("cpu", slots, first.layout, first.records.shape[0], max(packed) + 1)
 
 
 def expert_in_slot(cache, slot):
@@ -144,13 +144,25 @@ def test_a_decode_steps_lookups_on_the_device_make_their_block_the_recent_one():
     cache = cache_for(packed, slots=8)  # two blocks of four
     base0, base1 = cache.stream_layer(0, packed[0]), cache.stream_layer(1, packed[1])
     table = cache.device_table(lookups=1)
+    layer0, layer1, absent = [*range(base0, base0 + 4)], [*range(base1, base1 + 4)], [-1] * 4  # where's entries
+    assert table["where"].tolist() == [*layer0, *layer1, *absent]
     slots, copies = torch.zeros(1, dtype=torch.int32), torch.zeros(1, 2, dtype=torch.int32)
     kernels.assign_slots(
-        torch.tensor([2]), 0, table["keys"], table["ages"], table["clock"], slots, copies, table["counts"]
+        torch.tensor([2]),
+        0,
+        table["keys"],
+        table["ages"],
+        table["clock"],
+        table["where"],
+        slots,
+        copies,
+        table["counts"],
     )
     assert int(slots[0]) == base0 + 2 and copies.tolist() == [[-1, -1]]  # layer 0's expert 2: a hit
     assert cache.stream_layer(2, packed[2]) == base1  # layer 0 was used last, by the device
     assert cache.missing(0, [0, 1, 2, 3]) == [] and cache.missing(1, [0]) == [0]
+    # the host's stream went to the table: the next device table's index has it
+    assert cache.device_table()["where"].tolist() == [*layer0, *absent, *layer1]
     stats = cache.stats()
     assert (stats["expert_cache_hits"], stats["expert_cache_misses"]) == (1, 12)
 

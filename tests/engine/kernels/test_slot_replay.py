@@ -1,8 +1,9 @@
 """The expert cache's one replacement rule (engine/kernels/slot_table.py), replayed over a long run of lookups
 with repeats and locality by: the cache's host path (ExpertCache.fetch, records copied into the pool), the
-device's kernel (triton_slots, in Triton's CPU interpreter or on CUDA), a textbook LRU written here, and one
-cache whose lookups switch at random between the host and the kernel working on its one table. Slot contents
-and hits and misses must agree at every step."""
+device's kernel (triton_slots, in Triton's CPU interpreter or on CUDA), the reference (reference.assign_slots), a
+textbook LRU written here, and one cache whose lookups switch at random between the host and the kernel working
+on its one table. Slot contents and hits and misses must agree at every step, kernel and reference tensor by
+tensor, and the reverse index `where` the kernel keeps must be the one the keys give."""
 
 import random
 from collections import OrderedDict
@@ -84,46 +85,67 @@ def lookups(seed, count):
 def new_cache(device="cpu"):
     packed, _ = pack_banks({layer: Bank(layer) for layer in range(LAYERS)}, None, pin=False)
     first = packed[0]
-    return ExpertCache(device, SLOTS, first.layout, first.records.shape[0]), packed
+    return ExpertCache(device, SLOTS, first.layout, first.records.shape[0], LAYERS), packed
 
 
-def kernel_lookup(table, layer, experts, device):
-    """One token's lookup by the device's kernel on `table` (keys, ages, clock, counts): slots and copy table."""
+def new_table(device):
+    """An empty slot table as kernels.assign_slots takes it, on `device`."""
+    return {
+        "keys": torch.full((SLOTS,), -1, dtype=torch.int32, device=device),
+        "ages": torch.full((SLOTS,), -1, dtype=torch.int32, device=device),
+        "clock": torch.full((1,), -1, dtype=torch.int32, device=device),
+        "where": torch.full((LAYERS * EXPERTS,), -1, dtype=torch.int32, device=device),
+        "counts": torch.zeros(2, dtype=torch.int64, device=device),
+    }
+
+
+def kernel_lookup(table, layer, experts, device, assign=triton_slots.assign_slots):
+    """One token's lookup by the device's kernel (or `assign`) on `table`: slots and copy table."""
     slots = torch.zeros(TOP_K, dtype=torch.int32, device=device)
     copies = torch.zeros(TOP_K, 2, dtype=torch.int32, device=device)
     ids = torch.tensor(experts, device=device)
-    triton_slots.assign_slots(
-        ids, layer * EXPERTS, table["keys"], table["ages"], table["clock"], slots, copies, table["counts"]
-    )
+    keys, ages, clock, where, counts = (table[name] for name in ("keys", "ages", "clock", "where", "counts"))
+    assign(ids, layer * EXPERTS, keys, ages, clock, where, slots, copies, counts)
     return slots.tolist(), copies
 
 
-def records_in_pool(cache):
-    """The key each slot's record is of, from the bytes in the pool (the bank's values name them)."""
-    return [int(v) // 100 * EXPERTS + int(v) % 100 for v in cache.weights["down"].tensors["weight"][:, 0, 0]]
+def indexed(keys):
+    """The reverse index the keys [S] give: each key's slot, -1 for keys no slot holds."""
+    where = [-1] * (LAYERS * EXPERTS)
+    for slot, key in enumerate(keys.tolist()):
+        if key >= 0:
+            where[key] = slot
+    return where
+
+
+def records_in_pool(cache, slots):
+    """The key the record in each of `slots` is of, from the bytes in the pool (the bank's values name them); only
+    filled slots: the others hold whatever the allocation did, NaN at times."""
+    values = cache.weights["down"].tensors["weight"][:, 0, 0].tolist()
+    return [int(values[s]) // 100 * EXPERTS + int(values[s]) % 100 for s in slots]
 
 
 def test_host_path_kernel_and_textbook_lru_agree_at_every_step():
     host, packed = new_cache()
-    kernel = {
-        "keys": torch.full((SLOTS,), -1, dtype=torch.int32, device=DEVICE),
-        "ages": torch.full((SLOTS,), -1, dtype=torch.int32, device=DEVICE),
-        "clock": torch.full((1,), -1, dtype=torch.int32, device=DEVICE),
-        "counts": torch.zeros(2, dtype=torch.int64, device=DEVICE),
-    }
+    kernel, theirs = new_table(DEVICE), new_table("cpu")
     textbook = TextbookLru(SLOTS)
     for step, (layer, experts) in enumerate(lookups(seed=5, count=300)):
         keys = [layer * EXPERTS + e for e in experts]
         host_slots = host.fetch(layer, experts, packed[layer])
-        kernel_slots, _ = kernel_lookup(kernel, layer, experts, DEVICE)
+        kernel_slots, kernel_copies = kernel_lookup(kernel, layer, experts, DEVICE)
+        reference_slots, reference_copies = kernel_lookup(theirs, layer, experts, "cpu", reference.assign_slots)
         expected = textbook.lookup(keys)
-        assert host_slots == kernel_slots == expected, step
+        assert host_slots == kernel_slots == reference_slots == expected, step
+        assert torch.equal(kernel_copies.cpu(), reference_copies), step
+        for name in theirs:
+            assert torch.equal(kernel[name].cpu(), theirs[name]), (step, name)
+        assert kernel["where"].tolist() == indexed(kernel["keys"]), step
         contents = textbook.contents()
         assert host.table.keys.tolist() == kernel["keys"].tolist() == contents, step
         assert host.table.ages.tolist() == kernel["ages"].tolist(), step  # one rule, the same ticks
         assert (host.hits, host.misses) == tuple(kernel["counts"].tolist()) == (textbook.hits, textbook.misses)
         held = [slot for slot, key in enumerate(contents) if key >= 0]
-        assert [records_in_pool(host)[s] for s in held] == [contents[s] for s in held], step
+        assert records_in_pool(host, held) == [contents[s] for s in held], step
     assert textbook.hits > 600 and textbook.misses > 200 and not textbook.free  # every kind of step happened
 
 
@@ -139,7 +161,9 @@ def test_one_table_shared_by_host_lookups_and_the_kernel_agrees_with_the_textboo
         if rng.random() < 0.5:
             on_device += 1
             table = cache.device_table(TOP_K)
+            assert table["where"].tolist() == indexed(table["keys"]), step  # rebuilt after the host's lookups
             slots, copies = kernel_lookup(table, layer, experts, DEVICE)
+            assert table["where"].tolist() == indexed(table["keys"]), step  # kept by the kernel
             reference.gather_records(packed[layer].records, cache.pool, copies)
         else:
             slots = cache.fetch(layer, experts, packed[layer])
@@ -151,5 +175,5 @@ def test_one_table_shared_by_host_lookups_and_the_kernel_agrees_with_the_textboo
             held = [e for e in range(EXPERTS) if other * EXPERTS + e in contents]
             assert cache.missing(other, list(range(EXPERTS))) == [e for e in range(EXPERTS) if e not in held], step
         held = [slot for slot, key in enumerate(contents) if key >= 0]
-        assert [records_in_pool(cache)[s] for s in held] == [contents[s] for s in held], step
+        assert records_in_pool(cache, held) == [contents[s] for s in held], step
     assert 100 < on_device < 200 and textbook.misses > 200
